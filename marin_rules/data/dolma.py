@@ -1,0 +1,83 @@
+"""Dolma-style document shards: what `download` writes and everything else reads.
+
+Model: a split of a raw-data artifact is a folder of gzipped JSON-lines shards
+`{artifact}/{split}/shard-00000.jsonl.gz`, ... Each line is one document
+`{id, text, source, added, metadata}` (the Dolma format). Shards are read in name
+order and lines in file order, so a split is one deterministic sequence of
+documents. Works on any fsspec location (local path, `gs://...`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from typing import Any, Iterable, Iterator
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import StepError
+
+MANIFEST = "manifest.json"  # written last by `download`: lists the shards of each split
+SPLITS = ("train", "heldout")
+SHARD_PATTERN = "shard-*.jsonl.gz"
+SHARD_BYTES = 64 * 2**20  # start a new shard after this much uncompressed JSON
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.jsonl.gz"
+
+
+def write_split(location: str, split: str, docs: Iterable[dict[str, Any]]) -> list[str]:
+    """Write documents as shards under `{location}/{split}/`; returns the shard
+    names (relative to the split). Always writes at least one (maybe empty) shard,
+    so every split of an artifact has the same layout."""
+    names: list[str] = []
+    buffer = io.BytesIO()
+
+    def flush() -> None:
+        name = shard_name(len(names))
+        data = gzip.compress(buffer.getvalue(), compresslevel=5, mtime=0)
+        storage.write_bytes_atomic(storage.join(location, split, name), data)
+        names.append(name)
+        buffer.seek(0)
+        buffer.truncate()
+
+    for doc in docs:
+        buffer.write(json.dumps(doc, ensure_ascii=False, sort_keys=True).encode("utf-8") + b"\n")
+        if buffer.tell() >= SHARD_BYTES:
+            flush()
+    if buffer.tell() or not names:
+        flush()
+    return names
+
+
+def split_shards(location: str, split: str) -> list[str]:
+    """The shard files present under a split folder, in name order."""
+    folder = storage.join(location, split)
+    return storage.list_files(folder, SHARD_PATTERN) if storage.exists(folder) else []
+
+
+def read_manifest(location: str, field: str = "deps.corpus") -> dict[str, Any]:
+    manifest = storage.join(location, MANIFEST)
+    if not storage.exists(manifest):
+        raise StepError(f"{field}: {manifest} is missing: is {location} a finished `download` artifact?")
+    return storage.read_json(manifest)
+
+
+def read_split(location: str, split: str, field: str = "deps.corpus") -> Iterator[dict[str, Any]]:
+    """Every document of a split, in order (the shards its manifest lists)."""
+    for name in read_manifest(location, field)["shards"][split]:
+        yield from read_shard(storage.join(location, split, name))
+
+
+def remove(location: str) -> None:
+    fs, path = storage.filesystem(location)
+    if fs.exists(path):
+        fs.rm(path)
+
+
+def read_shard(location: str) -> Iterator[dict[str, Any]]:
+    data = gzip.decompress(storage.read_bytes(location))
+    for line in data.splitlines():
+        if line.strip():
+            yield json.loads(line)
