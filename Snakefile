@@ -1,0 +1,24 @@
+# marin-rules: every step from raw text to evaluated model is a versioned artifact
+# {prefix}/{name}/{version}, built once, recorded in .artifact.json (the declared output).
+#
+#   snakemake -n                                    plan (drift warnings on stderr)
+#   snakemake                                       build the default experiment
+#   snakemake --configfile experiments/X.yaml       another experiment (never merged)
+#   snakemake --config target=checkpoints/nano-moe@v1   one artifact and what it needs
+#   snakemake --forcerun train                      rebuild every training job and its consumers
+from marin_rules import snakemake as marin
+
+M = marin.begin(workflow, config)
+
+
+rule all:
+    default_target: True
+    localrule: True
+    input:
+        M.targets(),
+
+
+include: "rules/data.smk"
+include: "rules/train.smk"
+include: "rules/evaluate.smk"
+include: "rules/custom.smk"

@@ -1,0 +1,445 @@
+"""The glue between Snakemake and the artifact core.
+
+Model: the Snakefile calls `begin(workflow, config)` once per parse; it selects and
+validates the experiment and returns a `Session`. Rules (one per step kind) declare
+the success record `{prefix}/{name}/{version}/.artifact.json` as their only output,
+with the wildcard `artifact` = `name/version` constrained to that step's artifacts.
+Input functions (`Session.inputs`) run on the submitting host for every job reachable
+from the targets, in real runs, `-n`, `--dag` and `--rulegraph`: that is where recipe
+drift is reported (stderr, once per artifact) and where edges are made `ancient()`,
+so that newer upstream files never rebuild a finished artifact. Only a new
+name@version or an explicit `--forcerun`/`-R`/`-f`/`-F` builds again; forcing cascades
+to consumers as in plain Snakemake. The `run:` wrapper (`Session.run_job`) calls the
+step and writes the success record last, or a failure record and re-raises.
+
+Remote prefixes (`gs://...`): Snakemake sees a local mirror of the records under
+`.snakemake/marin-mirror/`, refreshed from one listing of the prefix per invocation;
+the real records and all data live on the prefix, written by the steps.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import yaml
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.canonical import canonical_value
+from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.drift import drift_message, recipe_diff
+from marin_rules.artifacts.errors import DriftError, MarinError, StepError
+from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
+from marin_rules.artifacts.records import Provenance, iso, utc_now, write_failure, write_success
+from marin_rules.experiment import Artifact, Experiment, load_experiment
+from marin_rules.steps import BUILTIN_STEPS
+
+DEFAULT_EXPERIMENT = "experiments/default.yaml"
+DEFAULT_PREFIX = "artifacts"
+CUSTOM_RULE = "custom"
+MIRROR_DIR = ".snakemake/marin-mirror"
+COMMAND_ENV = "MARIN_USER_COMMAND"  # internal: the user's command line, main -> job process
+
+
+def rule_of(step: str) -> str:
+    """The Snakemake rule that runs a step kind (user steps share `custom`)."""
+    return step if step in BUILTIN_STEPS else CUSTOM_RULE
+
+
+def select_experiment(config: dict, configfiles: list[str], workdir: str, workflow_dir: str) -> str:
+    """The experiment file: `--config experiment=`, else an experiment `--configfile`, else the default."""
+    experiment_files = [f for f in configfiles if _is_experiment_file(f)]
+    chosen = config.get("experiment")
+    if len(experiment_files) > 1:
+        raise MarinError(f"more than one experiment --configfile given ({', '.join(experiment_files)}); pick one")
+    if chosen and experiment_files and not _same_file(str(chosen), experiment_files[0], workdir):
+        raise MarinError(
+            f"--config experiment={chosen} and --configfile {experiment_files[0]} name different experiments; give one"
+        )
+    if chosen:
+        return str(chosen)
+    if experiment_files:
+        return experiment_files[0]
+    return os.path.join(workflow_dir, DEFAULT_EXPERIMENT)
+
+
+def _is_experiment_file(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and ("artifacts" in data or "sweeps" in data)
+
+
+def _same_file(a: str, b: str, workdir: str) -> bool:
+    return os.path.realpath(os.path.join(workdir, a)) == os.path.realpath(os.path.join(workdir, b))
+
+
+@dataclass
+class Session:
+    """Everything one Snakemake invocation knows about the experiment."""
+
+    experiment: Experiment
+    prefix: str  # where artifacts live: a local path or URL
+    records_root: str  # where Snakemake sees records: the prefix, or the local mirror of a remote one
+    workflow: Any
+    main_process: bool
+    workflow_dir: str
+    command: list[str]
+    targets_config: str | None = None
+    warned: set[str] = field(default_factory=set)
+    _forced: dict[str, bool] = field(default_factory=dict)
+    _records: dict[str, dict | None] = field(default_factory=dict)
+
+    # ---- paths -------------------------------------------------------------------
+    def location(self, key: str) -> str:
+        return artifact_location(self.prefix, self.experiment[key].id)
+
+    def record_path(self, key: str) -> str:
+        """The record as Snakemake sees it (a local path)."""
+        return f"{self.records_root}/{self.experiment[key].id.path}/{RECORD_FILE}"
+
+    def record_pattern(self) -> str:
+        return f"{self.records_root}/{{artifact}}/{RECORD_FILE}"
+
+    def constraint(self, rule: str) -> str:
+        """Regex for the `artifact` wildcard: exactly the artifacts this rule builds."""
+        import re
+
+        paths = [a.id.path for a in self.experiment.artifacts.values() if rule_of(a.step) == rule]
+        return "|".join(re.escape(p) for p in paths) if paths else "(?!)"
+
+    def recorded(self, key: str) -> dict | None:
+        if key not in self._records:
+            try:
+                self._records[key] = storage.read_json(self.record_path(key))
+            except (FileNotFoundError, ValueError):
+                self._records[key] = None
+        return self._records[key]
+
+    # ---- targets -----------------------------------------------------------------
+    def targets(self) -> list[str]:
+        """Records the `all` rule asks for: everything, or `--config target=KEY[,KEY...]`."""
+        if not self.targets_config:
+            return [self.record_path(k) for k in self.experiment.artifacts]
+        keys = []
+        for item in str(self.targets_config).split(","):
+            item = item.strip()
+            if item in self.experiment.artifacts:
+                keys.append(item)
+            elif any(rule_of(a.step) == item for a in self.experiment.artifacts.values()):
+                keys.extend(k for k, a in self.experiment.artifacts.items() if rule_of(a.step) == item)
+            else:
+                raise MarinError(
+                    f"--config target={item}: not an artifact of {self.experiment.path} "
+                    "(use name@version, or a step kind such as train)"
+                )
+        return [self.record_path(k) for k in keys]
+
+    # ---- forcing -----------------------------------------------------------------
+    def is_forced(self, key: str) -> bool:
+        """Will Snakemake force this job, directly or through a forced upstream?"""
+        if key not in self._forced:
+            self._forced[key] = False  # cycles are impossible; guard recursion anyway
+            settings = self.workflow.dag_settings
+            artifact = self.experiment[key]
+            direct = False
+            if settings is not None:
+                forcerun = {_normalized(str(f)) for f in settings.forcerun or ()}
+                records = {_normalized(self.record_path(key)), _normalized(self.location(key) + "/" + RECORD_FILE)}
+                targets = {_normalized(str(t)) for t in settings.targets or ()}
+                direct = (
+                    bool(settings.forceall)
+                    or rule_of(artifact.step) in forcerun
+                    or bool(records & forcerun)
+                    or (bool(settings.forcetargets) and bool(records & targets))
+                )
+            self._forced[key] = direct or any(self.is_forced(u) for u in artifact.upstream_keys())
+        return self._forced[key]
+
+    # ---- input functions -----------------------------------------------------------
+    def inputs(self, wildcards) -> dict[str, Any]:
+        """Input function of every rule: upstream records, drift report, ancient edges."""
+        from snakemake.io import ancient
+
+        artifact = self.experiment.by_path[wildcards.artifact]
+        record = self.recorded(artifact.key)
+        forced = self.is_forced(artifact.key)
+        if self.main_process:
+            self.report(artifact, record, forced)
+            if forced:
+                self.keep_history(artifact.key)
+        inputs: dict[str, Any] = {}
+        for role, dep in artifact.deps.items():
+            upstreams = [dep] if isinstance(dep, str) else list(dep)
+            for i, upstream in enumerate(upstreams):
+                if record is not None and not forced and self.recorded(upstream) is None:
+                    continue  # a finished artifact is served; an unbuilt new upstream cannot force it
+                path = self.record_path(upstream)
+                name = role if isinstance(dep, str) else f"{role}_{i}"
+                inputs[name] = path if self.is_forced(upstream) else ancient(path)
+        return inputs
+
+    def report(self, artifact: Artifact, record: dict | None, forced: bool) -> None:
+        """Print drift and upstream advisories once per artifact; raise on pinned drift."""
+        if artifact.key in self.warned or record is None:
+            return
+        self.warned.add(artifact.key)
+        recorded_fp = record.get("fingerprint")
+        if recorded_fp != artifact.fingerprint and not forced:
+            recorded_payload = {
+                "step": record.get("step"),
+                "config": record.get("config", {}),
+                "deps": _dep_keys(record.get("deps", {})),
+            }
+            lines = recipe_diff(recorded_payload, artifact.payload())
+            if artifact.expect_fingerprint is not None:
+                raise DriftError(
+                    f"{artifact.key}: recipe drift on a pinned artifact: recorded fingerprint {recorded_fp}, "
+                    f"pinned {artifact.expect_fingerprint}; restore the recipe that was built, or bump the version"
+                )
+            print(drift_message(artifact.key, recorded_fp, artifact.fingerprint, lines), file=sys.stderr)
+        if forced:
+            return
+        for upstream in artifact.upstream_keys():
+            seen = _recorded_dep_fingerprint(record.get("deps", {}), upstream)
+            now = (self.recorded(upstream) or {}).get("fingerprint")
+            if seen and now and seen != now:
+                print(
+                    f"{artifact.key}: upstream {upstream} was rebuilt since this artifact was built "
+                    f"(fingerprint {seen} then, {now} now); serving the cached output "
+                    f"(--forcerun {self.record_path(artifact.key)} rebuilds it).",
+                    file=sys.stderr,
+                )
+
+    def keep_history(self, key: str) -> None:
+        """Before a forced rebuild deletes the record, copy it to `.history/` (no-op in dry runs)."""
+        record = self.recorded(key)
+        if record is None or getattr(self.workflow, "dryrun", False):
+            return
+        stamp = str(record.get("provenance", {}).get("ended", "unknown")).replace(":", "").replace("-", "")
+        target = storage.join(self.location(key), ".history", f"{stamp}-{record.get('fingerprint')}.json")
+        if not storage.exists(target):
+            storage.write_json_atomic(target, record)
+
+    # ---- the job -------------------------------------------------------------------
+    def run_job(self, wildcards, rule: str, jobid: int | None) -> None:
+        """Run one artifact's step; write its success record last, or a failure record."""
+        artifact = self.experiment.by_path[wildcards.artifact]
+        location = self.location(artifact.key)
+        deps_record, deps_ctx = {}, {}
+        for role, dep in artifact.deps.items():
+            if isinstance(dep, str):
+                deps_record[role] = self._dep_entry(dep)
+                deps_ctx[role] = self.location(dep)
+            else:
+                deps_record[role] = [{**self._dep_entry(k), "weight": w} for k, w in dep.items()]
+                deps_ctx[role] = {self.location(k): w for k, w in dep.items()}
+        entry = {
+            "name": artifact.id.name,
+            "version": artifact.id.version,
+            "step": artifact.step,
+            "fingerprint": artifact.fingerprint,
+            "config": artifact.config,
+            "deps": deps_record,
+            "runtime": artifact.runtime,
+            "path": location,
+        }
+        ctx = StepContext(
+            name=artifact.id.name,
+            version=artifact.id.version,
+            config=artifact.config,
+            deps=deps_ctx,
+            runtime=artifact.runtime,
+            output=location,
+        )
+        provenance = Provenance(self.workflow_dir, self.command, rule, jobid)
+        run_step(ctx, entry, provenance, self._step_function(artifact))
+        if self.records_root != self.prefix:  # remote prefix: refresh the local mirror
+            data = storage.read_bytes(storage.join(location, RECORD_FILE))
+            storage.write_bytes_atomic(self.record_path(artifact.key), data)
+
+    def _step_function(self, artifact: Artifact) -> Callable[[StepContext], Any]:
+        from marin_rules.steps import step_function
+
+        return step_function(artifact.step)
+
+    def _dep_entry(self, key: str) -> dict[str, Any]:
+        upstream = self.experiment[key]
+        return {
+            "name": upstream.id.name,
+            "version": upstream.id.version,
+            "path": self.location(key),
+            "fingerprint": (self.recorded(key) or {}).get("fingerprint"),
+        }
+
+
+class JobTerminated(BaseException):
+    """Raised inside a job when Snakemake (or a user) sends SIGTERM."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"terminated by signal {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def run_step(ctx: StepContext, entry: dict, provenance: Provenance, function: Callable) -> dict:
+    """Call a step; success record last, or failure record then re-raise."""
+    started = utc_now()
+    storage.makedirs(ctx.output)
+
+    def on_term(signum, frame):
+        raise JobTerminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, on_term) if _in_main_thread() else None
+    try:
+        result = function(ctx)
+        result = canonical_value({} if result is None else result, "result")
+    except BaseException as error:  # noqa: BLE001 - every failure leaves a record
+        ended = utc_now()
+        status: int | str | None = None
+        if isinstance(error, JobTerminated):
+            status = signal.Signals(error.signum).name
+        elif isinstance(error, KeyboardInterrupt):
+            status = "SIGINT"
+        elif isinstance(error, SystemExit):
+            status = error.code if isinstance(error.code, int) else 1
+        where = write_failure(ctx.output, entry, error, provenance.as_dict(started, ended), status)
+        print(f"{ctx.key}: step failed ({type(error).__name__}: {error}); failure record {where}", file=sys.stderr)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    return write_success(ctx.output, entry, result, provenance.as_dict(started, utc_now()))
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _normalized(path: str) -> str:
+    """A comparable form of a record path given on the command line."""
+    return path if storage.is_remote(path) else os.path.abspath(storage.local_path(path))
+
+
+def _dep_keys(recorded_deps: dict) -> dict:
+    """Recorded deps (role -> {name, version, ...} or list) as in a fingerprint payload."""
+    out: dict[str, Any] = {}
+    for role, dep in recorded_deps.items():
+        if isinstance(dep, list):
+            out[role] = {f"{d['name']}@{d['version']}": d.get("weight") for d in dep}
+        elif isinstance(dep, dict):
+            out[role] = f"{dep['name']}@{dep['version']}"
+    return out
+
+
+def _recorded_dep_fingerprint(recorded_deps: dict, key: str) -> str | None:
+    for dep in recorded_deps.values():
+        for d in dep if isinstance(dep, list) else [dep]:
+            if isinstance(d, dict) and f"{d.get('name')}@{d.get('version')}" == key:
+                return d.get("fingerprint")
+    return None
+
+
+def refresh_mirror(prefix: str, mirror: str) -> None:
+    """Make the local mirror hold exactly the records found on a remote prefix (one listing)."""
+    fs, root = storage.filesystem(prefix)
+    root = root.rstrip("/")
+    try:
+        found = [p for p in fs.find(root) if p.endswith("/" + RECORD_FILE)]
+    except FileNotFoundError:
+        found = []
+    remote = {p[len(root) + 1 :]: p for p in found if "/.history/" not in p}
+    if os.path.isdir(mirror):
+        for dirpath, _, files in os.walk(mirror):
+            for f in files:
+                rel = os.path.relpath(os.path.join(dirpath, f), mirror)
+                if f == RECORD_FILE and rel not in remote:
+                    os.remove(os.path.join(dirpath, f))
+    for rel, path in remote.items():
+        data = fs.cat_file(path)
+        local = os.path.join(mirror, rel)
+        try:
+            with open(local, "rb") as f:
+                if f.read() == data:
+                    continue
+        except FileNotFoundError:
+            pass
+        storage.write_bytes_atomic(local, data)
+
+
+def mirror_root(prefix: str) -> str:
+    scheme, _, rest = prefix.partition("://")
+    return f"{MIRROR_DIR}/{scheme}/{rest.strip('/')}"
+
+
+_session: Session | None = None
+
+
+def begin(workflow: Any, config: dict) -> Session:
+    """Select, load and validate the experiment; called once per Snakefile parse."""
+    global _session
+    from snakemake.settings.types import ExecMode
+
+    main_process = workflow.exec_mode == ExecMode.DEFAULT
+    workdir = os.getcwd()
+    workflow_dir = os.path.dirname(os.path.abspath(workflow.main_snakefile))
+    configfiles = [str(f) for f in (getattr(workflow, "overwrite_configfiles", None) or [])]
+    try:
+        path = select_experiment(config, configfiles, workdir, workflow_dir)
+        experiment = load_experiment(path)
+    except MarinError as e:
+        print(f"marin-rules: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    prefix = str(config.get("prefix", DEFAULT_PREFIX)).rstrip("/") or DEFAULT_PREFIX
+    if prefix.startswith("file://"):
+        prefix = storage.local_path(prefix)
+    records_root = prefix
+    if storage.is_remote(prefix):
+        records_root = mirror_root(prefix)
+        if main_process:
+            refresh_mirror(prefix, records_root)
+    if main_process:
+        os.environ[COMMAND_ENV] = shlex.join(sys.argv)
+        command = list(sys.argv)
+    else:
+        command = shlex.split(os.environ.get(COMMAND_ENV, "")) or list(sys.argv)
+    _session = Session(
+        experiment=experiment,
+        prefix=prefix,
+        records_root=records_root,
+        workflow=workflow,
+        main_process=main_process,
+        workflow_dir=workflow_dir,
+        command=command,
+        targets_config=config.get("target"),
+    )
+    _install_dag_labels()
+    return _session
+
+
+def _install_dag_labels() -> None:
+    """Show `name@version` in `--dag` job labels (Snakemake labels jobs by wildcards)."""
+    from snakemake.dag import DAG
+
+    if getattr(DAG.new_wildcards, "_marin", False):
+        return
+    original = DAG.new_wildcards
+
+    def new_wildcards(self, job):
+        wildcards = dict(job.wildcards.items()) if job.wildcards else {}
+        session = _session
+        if session is not None and "artifact" in wildcards:
+            artifact = session.experiment.by_path.get(wildcards["artifact"])
+            if artifact is not None:
+                return {("artifact", artifact.key)}
+        return original(self, job)
+
+    new_wildcards._marin = True
+    DAG.new_wildcards = new_wildcards

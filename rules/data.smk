@@ -1,0 +1,35 @@
+# Data steps: raw text -> tokenizer -> token shards. See marin_rules/data/.
+
+
+rule download:
+    input:
+        unpack(M.inputs),
+    output:
+        M.record_pattern(),
+    wildcard_constraints:
+        artifact=M.constraint("download"),
+    run:
+        M.run_job(wildcards, rule, jobid)
+
+
+rule train_tokenizer:
+    input:
+        unpack(M.inputs),
+    output:
+        M.record_pattern(),
+    wildcard_constraints:
+        artifact=M.constraint("train_tokenizer"),
+    run:
+        M.run_job(wildcards, rule, jobid)
+
+
+rule tokenize:
+    input:
+        unpack(M.inputs),
+    output:
+        M.record_pattern(),
+    wildcard_constraints:
+        artifact=M.constraint("tokenize"),
+    threads: 2
+    run:
+        M.run_job(wildcards, rule, jobid)

@@ -1,0 +1,13 @@
+# Evaluation with lm-eval (the `marin` model, local held-out tasks). See marin_rules/eval/.
+
+
+rule evaluate:
+    input:
+        unpack(M.inputs),
+    output:
+        M.record_pattern(),
+    wildcard_constraints:
+        artifact=M.constraint("evaluate"),
+    threads: 2
+    run:
+        M.run_job(wildcards, rule, jobid)
