@@ -1,0 +1,143 @@
+"""Expert dispatch backends: how tokens reach their `top_k` SwiGLU experts and back.
+
+Model: every backend computes y[t] = sum_j weights[t, j] * FFN_{experts[t, j]}(x[t]),
+with expert weights stacked as w_gate, w_up [E, D, I] and w_down [E, I, D], and
+returns (y [T, D], dropped assignments as a fraction of T*k). They differ in cost:
+
+- `dense`: every expert on every token, then masked by the combine weights. E/k times
+  the useful FLOPs; the exact reference the others are tested against.
+- `capacity`: GShard buckets. Each expert takes at most C = ceil(capacity_factor *
+  T*k / E) assignments (first choices before second choices, then token order); the
+  rest are dropped (counted, contribute 0). Tokens go into an [E, C, D] buffer by
+  scatter and come back by gather. Under a mesh whose `expert` axis is > 1 this runs
+  in `jax.shard_map`: each (data, expert) shard buckets its own tokens, an
+  `all_to_all` over `expert` sends every bucket to the shard holding that expert,
+  the local experts run, and a second `all_to_all` brings results home.
+- `ragged`: dropless. Assignments sorted by expert, one `jax.lax.ragged_dot` per
+  matrix over the contiguous groups, weighted results scatter-added back.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from marin_rules.model.sharding import BATCH_AXES, EXPERT_AXIS, current_mesh
+
+
+def expert_ffn(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+    """SwiGLU per expert on bucketed tokens: x [E, C, D] -> [E, C, D]."""
+    h = jax.nn.silu(jnp.einsum("ecd,edi->eci", x, w_gate)) * jnp.einsum("ecd,edi->eci", x, w_up)
+    return jnp.einsum("eci,eid->ecd", h, w_down)
+
+
+def dispatch_dense(x, experts, weights, w_gate, w_up, w_down, *, capacity_factor):
+    del capacity_factor
+    T, E = x.shape[0], w_gate.shape[0]
+    h = jax.nn.silu(jnp.einsum("td,edi->tei", x, w_gate)) * jnp.einsum("td,edi->tei", x, w_up)
+    y_all = jnp.einsum("tei,eid->ted", h, w_down)
+    combine = jnp.zeros((T, E), weights.dtype).at[jnp.arange(T)[:, None], experts].add(weights)
+    y = jnp.einsum("ted,te->td", y_all, combine.astype(y_all.dtype))
+    return y, jnp.zeros((), jnp.float32)
+
+
+def dispatch_ragged(x, experts, weights, w_gate, w_up, w_down, *, capacity_factor):
+    del capacity_factor
+    T, k = experts.shape
+    E = w_gate.shape[0]
+    flat = experts.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    token = order // k
+    xs = x[token]  # [T*k, D], grouped by expert
+    group_sizes = jnp.zeros((E,), jnp.int32).at[flat].add(1)
+    h = jax.nn.silu(jax.lax.ragged_dot(xs, w_gate, group_sizes)) * jax.lax.ragged_dot(xs, w_up, group_sizes)
+    ys = jax.lax.ragged_dot(h, w_down, group_sizes)
+    ys = ys * weights.reshape(-1)[order][:, None].astype(ys.dtype)
+    y = jnp.zeros_like(x).at[token].add(ys)
+    return y, jnp.zeros((), jnp.float32)
+
+
+def capacity(n_tokens: int, k: int, n_experts: int, capacity_factor: float) -> int:
+    """Slots per expert for `n_tokens` local tokens: ceil(cf * T * k / E), at least 1."""
+    return max(1, math.ceil(capacity_factor * n_tokens * k / n_experts))
+
+
+def _bucket_slots(experts: jax.Array, n_experts: int, cap: int) -> jax.Array:
+    """Slot e * cap + position for each assignment [T, k]; n_experts * cap (out of
+    range, hence dropped) when the expert's bucket is full. Priority: all first
+    choices in token order, then all second choices, and so on (GShard)."""
+    T, k = experts.shape
+    by_choice = experts.T.reshape(-1)  # [k*T]: choice-major
+    onehot = jax.nn.one_hot(by_choice, n_experts, dtype=jnp.int32)
+    position = jnp.sum((jnp.cumsum(onehot, axis=0) - 1) * onehot, axis=-1).reshape(k, T).T
+    slot = experts * cap + position
+    return jnp.where(position < cap, slot, n_experts * cap)
+
+
+def _bucket(x, experts, n_experts, cap):
+    """Scatter tokens into [E, cap, D]; returns (buffer, slots, dropped count)."""
+    T, k = experts.shape
+    slots = _bucket_slots(experts, n_experts, cap)
+    source = jnp.broadcast_to(x[:, None, :], (T, k, x.shape[-1])).reshape(T * k, -1)
+    buffer = jnp.zeros((n_experts * cap, x.shape[-1]), x.dtype)
+    buffer = buffer.at[slots.reshape(-1)].add(source, mode="drop")
+    dropped = jnp.sum(slots == n_experts * cap).astype(jnp.float32)
+    return buffer.reshape(n_experts, cap, -1), slots, dropped
+
+
+def _unbucket(y_buckets, slots, weights):
+    """Gather each assignment's result ([E, cap, D] -> [T, D]), weighted; dropped = 0."""
+    flat = y_buckets.reshape(-1, y_buckets.shape[-1])
+    gathered = flat.at[slots].get(mode="fill", fill_value=0)  # [T, k, D]
+    return jnp.sum(gathered * weights[..., None].astype(gathered.dtype), axis=1)
+
+
+def _capacity_local(x, experts, weights, w_gate, w_up, w_down, *, capacity_factor):
+    T, k = experts.shape
+    E = w_gate.shape[0]
+    cap = capacity(T, k, E, capacity_factor)
+    buckets, slots, dropped = _bucket(x, experts, E, cap)
+    y = _unbucket(expert_ffn(buckets, w_gate, w_up, w_down), slots, weights)
+    return y, dropped / (T * k)
+
+
+def _capacity_expert_parallel(mesh, x, experts, weights, w_gate, w_up, w_down, *, capacity_factor):
+    E = w_gate.shape[0]
+    ep = mesh.shape[EXPERT_AXIS]
+    if E % ep:
+        raise ValueError(f"n_experts={E} must be a multiple of the mesh's expert axis ({ep})")
+
+    def shard(x, experts, weights, w_gate, w_up, w_down):
+        T, k = experts.shape  # this shard's tokens; w_* hold its E/ep experts
+        cap = capacity(T, k, E, capacity_factor)
+        buckets, slots, dropped = _bucket(x, experts, E, cap)
+        # [E, cap, D] -> [E/ep, ep*cap, D]: each expert's buckets from every peer
+        local = jax.lax.all_to_all(buckets, EXPERT_AXIS, 0, 1, tiled=True)
+        y_local = expert_ffn(local, w_gate, w_up, w_down)
+        y_buckets = jax.lax.all_to_all(y_local, EXPERT_AXIS, 1, 0, tiled=True)
+        y = _unbucket(y_buckets, slots, weights)
+        dropped = jax.lax.psum(dropped, BATCH_AXES) / jax.lax.psum(float(T * k), BATCH_AXES)
+        return y, dropped
+
+    tokens, experts_spec = P(BATCH_AXES, None), P(EXPERT_AXIS, None, None)
+    return jax.shard_map(
+        shard,
+        mesh=mesh,
+        in_specs=(tokens, tokens, tokens, experts_spec, experts_spec, experts_spec),
+        out_specs=(tokens, P()),
+    )(x, experts, weights, w_gate, w_up, w_down)
+
+
+def dispatch_capacity(x, experts, weights, w_gate, w_up, w_down, *, capacity_factor):
+    mesh = current_mesh()
+    if mesh is not None and mesh.shape.get(EXPERT_AXIS, 1) > 1:
+        return _capacity_expert_parallel(
+            mesh, x, experts, weights, w_gate, w_up, w_down, capacity_factor=capacity_factor
+        )
+    return _capacity_local(x, experts, weights, w_gate, w_up, w_down, capacity_factor=capacity_factor)
+
+
+DISPATCH = {"dense": dispatch_dense, "capacity": dispatch_capacity, "ragged": dispatch_ragged}

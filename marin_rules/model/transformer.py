@@ -1,0 +1,236 @@
+"""A decoder-only mixture-of-experts transformer in flax nnx, readable top to bottom.
+
+Model: token embedding -> n_layers x [RMSNorm -> causal grouped-query attention with
+rotary positions -> residual; RMSNorm -> SwiGLU or MoE -> residual] -> RMSNorm ->
+logits (tied to the embedding by default). `MoETransformer(config, rngs=...)(tokens)`
+returns (logits f32 [B, T, V], aux) where aux holds the routers' statistics averaged
+over MoE layers (`balance_loss`, `z_loss`, `dropped_fraction`, `routing_entropy`),
+per layer `expert_load` [L_moe, E], and `quantile_beta` [L_moe, E] when
+balance='quantile'. `loss_and_aux` is the training and evaluation objective;
+`update_router_bias` applies quantile balancing after each optimizer step.
+
+Parameters are float32; matmuls run in `compute_dtype`; the router and the logits are
+float32. References: nanoGPT model.py, Llama (RMSNorm, rotary, SwiGLU, GQA), GShard
+and Switch Transformer (MoE), Marin grug MoE (router bias).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from marin_rules.model.config import ModelConfig
+from marin_rules.model.moe import DISPATCH
+from marin_rules.model.router import Router, new_router_bias
+from marin_rules.model.sharding import constrain_batch
+
+
+def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], std: float) -> nnx.Param:
+    return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32))
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float):
+        self.eps = eps
+        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (x32 * self.scale[...]).astype(x.dtype)
+
+
+def rotary_tables(seq_len: int, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [T, head_dim/2] for rotary position embeddings (RoFormer)."""
+    freqs = 1.0 / theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * freqs[None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate pairs (first half, second half) of each head: x [B, T, N, H]."""
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return jnp.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Causal grouped-query attention: n_heads queries share n_kv_heads keys/values."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        c = config
+        self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
+        self.dtype = jnp.dtype(c.compute_dtype)
+        self.w_q = _normal(rngs, (c.d_model, c.n_heads * c.head_dim), c.init_std)
+        self.w_k = _normal(rngs, (c.d_model, c.n_kv_heads * c.head_dim), c.init_std)
+        self.w_v = _normal(rngs, (c.d_model, c.n_kv_heads * c.head_dim), c.init_std)
+        self.w_o = _normal(rngs, (c.n_heads * c.head_dim, c.d_model), c.init_std / (2 * c.n_layers) ** 0.5)
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+        B, T, _ = x.shape
+        dt = self.dtype
+        q = (x @ self.w_q[...].astype(dt)).reshape(B, T, self.n_heads, self.head_dim)
+        k = (x @ self.w_k[...].astype(dt)).reshape(B, T, self.n_kv_heads, self.head_dim)
+        v = (x @ self.w_v[...].astype(dt)).reshape(B, T, self.n_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        y = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # [B, T, n_heads, head_dim]
+        return y.reshape(B, T, -1) @ self.w_o[...].astype(dt)
+
+
+class SwiGLU(nnx.Module):
+    """The dense feed-forward: w_down(silu(x w_gate) * x w_up)."""
+
+    def __init__(self, config: ModelConfig, hidden: int, *, rngs: nnx.Rngs):
+        c = config
+        self.dtype = jnp.dtype(c.compute_dtype)
+        self.w_gate = _normal(rngs, (c.d_model, hidden), c.init_std)
+        self.w_up = _normal(rngs, (c.d_model, hidden), c.init_std)
+        self.w_down = _normal(rngs, (hidden, c.d_model), c.init_std / (2 * c.n_layers) ** 0.5)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dt = self.dtype
+        h = jax.nn.silu(x @ self.w_gate[...].astype(dt)) * (x @ self.w_up[...].astype(dt))
+        return h @ self.w_down[...].astype(dt)
+
+
+class MoE(nnx.Module):
+    """Router + n_experts stacked SwiGLU experts (+ an optional shared expert); the
+    dispatch backend (`moe_impl`, see moe.py) only changes how the work is laid out."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        c = config
+        self.dtype = jnp.dtype(c.compute_dtype)
+        self.dispatch = DISPATCH[c.moe_impl]
+        self.capacity_factor = c.capacity_factor
+        self.router = Router(c, rngs=rngs)
+        self.w_gate = _normal(rngs, (c.n_experts, c.d_model, c.d_expert), c.init_std)
+        self.w_up = _normal(rngs, (c.n_experts, c.d_model, c.d_expert), c.init_std)
+        self.w_down = _normal(rngs, (c.n_experts, c.d_expert, c.d_model), c.init_std / (2 * c.n_layers) ** 0.5)
+        self.shared = SwiGLU(c, c.d_expert, rngs=rngs) if c.shared_expert else None
+
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        B, T, D = x.shape
+        tokens = x.reshape(B * T, D)
+        route = self.router(tokens)
+        dt = self.dtype
+        y, dropped = self.dispatch(
+            tokens,
+            route.experts,
+            route.weights,
+            self.w_gate[...].astype(dt),
+            self.w_up[...].astype(dt),
+            self.w_down[...].astype(dt),
+            capacity_factor=self.capacity_factor,
+        )
+        if self.shared is not None:
+            y = y + self.shared(tokens)
+        stats = {
+            "balance_loss": route.balance_loss,
+            "z_loss": route.z_loss,
+            "dropped_fraction": dropped,
+            "routing_entropy": route.entropy,
+            "expert_load": route.load,
+        }
+        if route.quantile_beta is not None:
+            stats["quantile_beta"] = route.quantile_beta
+        return y.reshape(B, T, D), stats
+
+
+class Block(nnx.Module):
+    def __init__(self, config: ModelConfig, layer: int, *, rngs: nnx.Rngs):
+        c = config
+        self.attn_norm = RMSNorm(c.d_model, c.norm_eps)
+        self.attn = Attention(c, rngs=rngs)
+        self.ffn_norm = RMSNorm(c.d_model, c.norm_eps)
+        self.is_moe = c.is_moe_layer(layer)
+        self.ffn = MoE(c, rngs=rngs) if self.is_moe else SwiGLU(c, c.d_ff, rngs=rngs)
+
+    def __call__(self, x, cos, sin) -> tuple[jax.Array, dict[str, jax.Array] | None]:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        if self.is_moe:
+            y, stats = self.ffn(self.ffn_norm(x))
+        else:
+            y, stats = self.ffn(self.ffn_norm(x)), None
+        return constrain_batch(x + y), stats
+
+
+class MoETransformer(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        c = config
+        self.config = c
+        self.embed = _normal(rngs, (c.vocab_size, c.d_model), c.init_std)
+        self.blocks = nnx.List([Block(c, i, rngs=rngs) for i in range(c.n_layers)])
+        self.norm = RMSNorm(c.d_model, c.norm_eps)
+        self.head = None if c.tie_embeddings else _normal(rngs, (c.d_model, c.vocab_size), c.init_std)
+
+    def __call__(self, tokens: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        c = self.config
+        B, T = tokens.shape
+        if T > c.max_seq_len:
+            raise ValueError(f"sequence length {T} exceeds max_seq_len={c.max_seq_len}")
+        dt = jnp.dtype(c.compute_dtype)
+        x = constrain_batch(self.embed[...][tokens].astype(dt))
+        cos, sin = rotary_tables(T, c.head_dim, c.rope_theta)
+        layer_stats = []
+        for block in self.blocks:
+            x, stats = block(x, cos, sin)
+            if stats is not None:
+                layer_stats.append(stats)
+        x = self.norm(x)
+        head = self.embed[...].T if self.head is None else self.head[...]
+        logits = (x @ head.astype(dt)).astype(jnp.float32)
+        return logits, _collect_aux(layer_stats, c.n_experts)
+
+
+def _collect_aux(layer_stats: list[dict], n_experts: int) -> dict[str, jax.Array]:
+    """Average scalar statistics over MoE layers; stack per-expert ones [L_moe, E]."""
+    if not layer_stats:  # a dense model: zeros of the same structure
+        zero = jnp.zeros((), jnp.float32)
+        return {
+            "balance_loss": zero,
+            "z_loss": zero,
+            "dropped_fraction": zero,
+            "routing_entropy": zero,
+            "expert_load": jnp.zeros((0, n_experts), jnp.float32),
+        }
+    aux = {}
+    for key in layer_stats[0]:
+        values = jnp.stack([s[key] for s in layer_stats])
+        aux[key] = values if values.ndim == 2 else jnp.mean(values)
+    return aux
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean next-token cross-entropy in nats: logits [B, T, V] f32, targets [B, T]."""
+    target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - target_logits)
+
+
+def loss_and_aux(model: MoETransformer, tokens_with_targets: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The objective on windows of seq_len+1 tokens [B, T+1]: inputs [:, :-1], targets
+    [:, 1:]. loss = cross-entropy + z_loss_coef * z_loss, + balance_loss_coef *
+    balance_loss when balance='aux_loss' (under 'quantile' the bias balances; the
+    Switch loss is only reported). Metrics: `loss`, `ce_loss` and every aux entry."""
+    c = model.config
+    inputs, targets = tokens_with_targets[:, :-1], tokens_with_targets[:, 1:]
+    logits, aux = model(inputs)
+    ce = cross_entropy(logits, targets)
+    loss = ce + c.z_loss_coef * aux["z_loss"]
+    if c.balance == "aux_loss":
+        loss = loss + c.balance_loss_coef * aux["balance_loss"]
+    return loss, {"loss": loss, "ce_loss": ce, **aux}
+
+
+def moe_layers(model: MoETransformer) -> list[MoE]:
+    return [block.ffn for block in model.blocks if block.is_moe]
+
+
+def update_router_bias(model: MoETransformer, aux: dict[str, jax.Array]) -> None:
+    """Quantile balancing, after the optimizer step: each MoE layer's router bias is
+    REPLACED by -(beta - mean(beta)) from this step's aux. A no-op unless
+    balance='quantile'. Works eagerly or inside `nnx.jit` (it mutates the model)."""
+    if model.config.balance != "quantile" or "quantile_beta" not in aux:
+        return
+    for layer, beta in zip(moe_layers(model), aux["quantile_beta"]):
+        layer.router.bias[...] = new_router_bias(beta)
