@@ -1,0 +1,270 @@
+"""The `tokenize` step: documents -> token shards that training reads.
+
+Model: the training documents of `deps.corpus` (a `download` artifact), in their
+order and capped by `config.sample_count`, are encoded with `deps.tokenizer`'s
+tokenizer.json; each document's ids are followed by the eos id. A fixed, evenly
+spaced `validation_fraction` of the documents (at least one when the fraction is
+above zero) forms the validation split, the rest the train split: the two never
+share a document. Each split is one stream of tokens stored as numpy shards
+`{split}/tokens-00000.npy`, ... of dtype uint16 when the vocabulary fits in 65,536
+ids, else uint32 (`config.dtype` may force one; it must hold every id).
+
+Encoding runs in batches of documents: in this process for one worker, across a
+pool of `num_workers` spawned processes otherwise, with results consumed in order
+so the output does not depend on the worker count. `num_workers` and `batch_size`
+only change speed: put them in the entry's `runtime` to keep them out of the
+fingerprint (they are read from `config` too). A tqdm bar on stderr shows progress.
+
+`index.json` is written last; its presence means every shard it lists is whole:
+{format, vocab_size, dtype, tokenizer (location of tokenizer.json), tokenizer_digest,
+bos_id, eos_id, pad_id, corpus, splits: {train|validation: {tokens, documents,
+shards: [{path, tokens, documents}]}}}.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import sys
+import time
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import xxhash
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.errors import StepError
+from marin_rules.data import dolma
+from marin_rules.data.checks import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_NUM_WORKERS,
+    DEFAULT_VALIDATION_FRACTION,
+    check_tokenize,
+    token_dtype,
+)
+from marin_rules.data.tokenizer import TOKENIZER_FILE, load_special_tokens
+
+INDEX = "index.json"
+INDEX_FORMAT = "marin-rules-tokens/1"
+SPLITS = ("train", "validation")
+SHARD_TOKENS = 2**26  # tokens per shard file (128 MiB as uint16)
+TASK_BYTES = 2**18  # a batch also ends once it holds this much text
+
+
+def tokenize(ctx: StepContext) -> dict[str, Any]:
+    check_tokenize(ctx.config, ctx.deps)
+    started = time.perf_counter()
+    setting = {**ctx.config, **{k: v for k, v in ctx.runtime.items() if k in ("num_workers", "batch_size")}}
+    num_workers = int(setting.get("num_workers") or DEFAULT_NUM_WORKERS)
+    batch_size = int(setting.get("batch_size") or DEFAULT_BATCH_SIZE)
+    fraction = float(ctx.config.get("validation_fraction", DEFAULT_VALIDATION_FRACTION))
+    tokenizer_location = storage.join(ctx.deps["tokenizer"], TOKENIZER_FILE)
+    corpus = ctx.deps["corpus"]
+
+    vocab = describe_tokenizer(ctx.deps["tokenizer"], ctx.config.get("dtype"))
+    index_location = storage.join(ctx.output, INDEX)
+    dolma.remove(index_location)  # a retry: no old index may describe new shards
+    for split in SPLITS:
+        folder = storage.join(ctx.output, split)
+        if storage.exists(folder):
+            for stale in storage.list_files(folder, "tokens-*.npy"):
+                dolma.remove(stale)
+
+    available = dolma.read_manifest(corpus)["train_documents"]
+    n_docs = min(available, ctx.config.get("sample_count") or available)
+    labels = split_labels(n_docs, fraction)
+    texts = (doc["text"] for doc, _ in zip(dolma.read_split(corpus, "train"), range(n_docs)))
+
+    writers = {split: ShardWriter(ctx.output, split, vocab["dtype"]) for split in SPLITS}
+    progress = tqdm(total=n_docs, desc="tokenize", unit="doc", file=sys.stderr, mininterval=1.0)
+    position = 0
+    for tokens, lengths in encode_stream(
+        texts, vocab["tokenizer_json"], vocab["eos_id"], vocab["dtype"], num_workers=num_workers, batch_size=batch_size
+    ):
+        start = 0
+        for length in lengths:
+            writers[labels[position]].add(tokens[start : start + length])
+            start += length
+            position += 1
+        progress.update(len(lengths))
+    progress.close()
+    if position != n_docs:
+        raise StepError(f"deps.corpus: {corpus} lists {n_docs} training documents but holds {position}")
+    if writers["train"].tokens == 0:
+        raise StepError(f"deps.corpus: no training documents in {corpus}")
+
+    splits = {split: writer.close() for split, writer in writers.items()}
+    index = {
+        "format": INDEX_FORMAT,
+        "vocab_size": vocab["vocab_size"],
+        "dtype": vocab["dtype"],
+        "tokenizer": tokenizer_location,
+        "tokenizer_digest": vocab["digest"],
+        "bos_id": vocab["bos_id"],
+        "eos_id": vocab["eos_id"],
+        "pad_id": vocab["pad_id"],
+        "corpus": corpus,
+        "validation_fraction": fraction,
+        "splits": splits,
+    }
+    storage.write_json_atomic(index_location, index)
+    seconds = time.perf_counter() - started
+    total = sum(s["tokens"] for s in splits.values())
+    return {
+        "tokens": total,
+        "documents": n_docs,
+        "train_tokens": splits["train"]["tokens"],
+        "train_documents": splits["train"]["documents"],
+        "validation_tokens": splits["validation"]["tokens"],
+        "validation_documents": splits["validation"]["documents"],
+        "vocab_size": vocab["vocab_size"],
+        "dtype": vocab["dtype"],
+        "num_workers": num_workers,
+        "seconds": round(seconds, 3),
+        "tokens_per_second": round(total / seconds) if seconds > 0 else None,
+    }
+
+
+def describe_tokenizer(location: str, dtype: str | None) -> dict[str, Any]:
+    """Load a `train_tokenizer` artifact and check its ids fit the token dtype."""
+    path = storage.join(location, TOKENIZER_FILE)
+    if not storage.exists(path):
+        raise StepError(f"deps.tokenizer: {path} is missing: is {location} a finished `train_tokenizer` artifact?")
+    special = load_special_tokens(location)
+    tokenizer_json = storage.read_text(path)
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    ids = tokenizer.get_vocab(with_added_tokens=True).values()
+    vocab_size = max(tokenizer.get_vocab_size(with_added_tokens=True), max(ids) + 1)
+    dtype = dtype or token_dtype(vocab_size)
+    capacity = int(np.iinfo(dtype).max) + 1
+    if vocab_size > capacity:
+        raise StepError(
+            f"config.dtype: {dtype} holds ids below {capacity}, but the tokenizer at {location} has "
+            f"{vocab_size} ids: use {token_dtype(vocab_size)} (or leave dtype out)"
+        )
+    for role, entry in special.items():
+        if tokenizer.token_to_id(entry["token"]) != entry["id"]:
+            raise StepError(
+                f"deps.tokenizer: special_tokens.json says {role} is {entry['token']!r} = {entry['id']}, "
+                f"but tokenizer.json gives {tokenizer.token_to_id(entry['token'])}"
+            )
+    return {
+        "tokenizer_json": tokenizer_json,
+        "vocab_size": vocab_size,
+        "dtype": dtype,
+        "digest": xxhash.xxh3_64_hexdigest(tokenizer_json.encode("utf-8")),
+        **{f"{role}_id": special[role]["id"] for role in ("bos", "eos", "pad")},
+    }
+
+
+def split_labels(n_docs: int, fraction: float) -> list[str]:
+    """Which split each document goes to: round(fraction * n) documents (at least one
+    when fraction > 0), evenly spaced through the corpus, go to validation."""
+    if fraction <= 0:
+        return ["train"] * n_docs
+    if n_docs < 2:
+        raise StepError(
+            f"config.validation_fraction: {n_docs} document(s) cannot be split into train and validation; "
+            "set validation_fraction: 0 or use a larger corpus"
+        )
+    n_val = min(max(1, round(fraction * n_docs)), n_docs - 1)
+    # document i is validation when the running count floor((i+1) * n_val / n) steps up
+    return ["validation" if (i + 1) * n_val // n_docs > i * n_val // n_docs else "train" for i in range(n_docs)]
+
+
+# ---- encoding -------------------------------------------------------------------
+
+
+def batches(texts: Iterator[str], batch_size: int) -> Iterator[list[str]]:
+    """Consecutive documents, at most `batch_size` of them and about TASK_BYTES of text."""
+    batch: list[str] = []
+    size = 0
+    for text in texts:
+        batch.append(text)
+        size += len(text)
+        if len(batch) >= batch_size or size >= TASK_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def encode_stream(
+    texts: Iterator[str], tokenizer_json: str, eos_id: int, dtype: str, *, num_workers: int, batch_size: int
+) -> Iterator[tuple[np.ndarray, list[int]]]:
+    """(tokens, per-document lengths) for each batch, in document order."""
+    if num_workers <= 1:
+        _init_worker(tokenizer_json, eos_id, dtype)
+        for batch in batches(texts, batch_size):
+            yield encode_batch(batch)
+        return
+    # spawn, not fork: the parent may hold threads (a tokenizers thread pool, JAX).
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer_json, eos_id, dtype)) as pool:
+        pending: collections.deque = collections.deque()
+        for batch in batches(texts, batch_size):
+            pending.append(pool.apply_async(encode_batch, (batch,)))
+            if len(pending) >= 2 * num_workers:  # bounded: memory stays flat on large corpora
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer_json: str, eos_id: int, dtype: str) -> None:
+    _WORKER.update(tokenizer=Tokenizer.from_str(tokenizer_json), eos_id=eos_id, dtype=np.dtype(dtype))
+
+
+def encode_batch(texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:
+    """Encode documents; each one's ids end with eos. Returns the concatenated ids
+    and each document's length (eos included)."""
+    encodings = _WORKER["tokenizer"].encode_batch_fast(list(texts), add_special_tokens=False)
+    lengths = [len(e.ids) + 1 for e in encodings]
+    out = np.empty(sum(lengths), dtype=_WORKER["dtype"])
+    start = 0
+    for encoding, length in zip(encodings, lengths):
+        out[start : start + length - 1] = encoding.ids
+        out[start + length - 1] = _WORKER["eos_id"]
+        start += length
+    return out, lengths
+
+
+# ---- shards ---------------------------------------------------------------------
+
+
+class ShardWriter:
+    """Appends documents' tokens to one split, cutting `.npy` shards of SHARD_TOKENS."""
+
+    def __init__(self, location: str, split: str, dtype: str):
+        self.location, self.split, self.dtype = location, split, dtype
+        self.shards: list[dict[str, Any]] = []
+        self.pending: list[np.ndarray] = []
+        self.pending_tokens = self.pending_docs = 0
+        self.tokens = self.documents = 0
+
+    def add(self, tokens: np.ndarray) -> None:
+        self.pending.append(tokens)
+        self.pending_tokens += len(tokens)
+        self.pending_docs += 1
+        self.tokens += len(tokens)
+        self.documents += 1
+        if self.pending_tokens >= SHARD_TOKENS:
+            self._flush()
+
+    def close(self) -> dict[str, Any]:
+        if self.pending:
+            self._flush()
+        return {"tokens": self.tokens, "documents": self.documents, "shards": self.shards}
+
+    def _flush(self) -> None:
+        path = f"{self.split}/tokens-{len(self.shards):05d}.npy"
+        array = np.concatenate(self.pending).astype(self.dtype, copy=False)
+        with storage.open_file(storage.join(self.location, path), "wb") as f:
+            np.save(f, array, allow_pickle=False)
+        self.shards.append({"path": path, "tokens": int(len(array)), "documents": self.pending_docs})
+        self.pending, self.pending_tokens, self.pending_docs = [], 0, 0
