@@ -1,0 +1,1 @@
+"""Helpers for the train step's tests: synthetic token data and subprocess runners."""
