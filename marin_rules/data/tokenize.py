@@ -2,12 +2,14 @@
 
 Model: the training documents of `deps.corpus` (a `download` artifact), in their
 order and capped by `config.sample_count`, are encoded with `deps.tokenizer`'s
-tokenizer.json; each document's ids are followed by the eos id. A fixed, evenly
-spaced `validation_fraction` of the documents (at least one when the fraction is
-above zero) forms the validation split, the rest the train split: the two never
-share a document. Each split is one stream of tokens stored as numpy shards
-`{split}/tokens-00000.npy`, ... of dtype uint16 when the vocabulary fits in 65,536
-ids, else uint32 (`config.dtype` may force one; it must hold every id).
+tokenizer.json; each document's ids are followed by the eos id (special-token
+strings inside a text are encoded as plain text, so eos only ever ends a
+document). A fixed, evenly spaced `validation_fraction` of the documents (at least
+one when the fraction is above zero) forms the validation split, the rest the
+train split: the two never share a document. Each split is one stream of tokens
+stored as numpy shards `{split}/tokens-00000.npy`, ... of dtype uint16 when the
+vocabulary fits in 65,536 ids, else uint32 (`config.dtype` may force one; it must
+hold every id).
 
 Encoding runs in batches of documents: in this process for one worker, across a
 pool of `num_workers` spawned processes otherwise, with results consumed in order
@@ -217,7 +219,9 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(tokenizer_json: str, eos_id: int, dtype: str) -> None:
-    _WORKER.update(tokenizer=Tokenizer.from_str(tokenizer_json), eos_id=eos_id, dtype=np.dtype(dtype))
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    tokenizer.encode_special_tokens = True  # a literal "<|endoftext|>" in a text is text, not eos
+    _WORKER.update(tokenizer=tokenizer, eos_id=eos_id, dtype=np.dtype(dtype))
 
 
 def encode_batch(texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:

