@@ -15,7 +15,9 @@ of (step, seed): a resumed run sees exactly the batches it would have seen.
 Process `i` of `p` data-parallel processes takes rows `[i * b/p, (i+1) * b/p)` of
 each global batch.
 
-A single location is a mixture of one. All sources must share one tokenizer.
+A single location is a mixture of one. All sources must share one tokenizer
+(same tokenizer.json digest). Local shards are memory-mapped; remote ones
+(`gs://...`) are read whole into memory when the loader is made.
 """
 
 from __future__ import annotations
