@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import configparser
 import datetime as dt
+import gzip
 import importlib.util
 import json
 import os
@@ -89,19 +90,15 @@ def download(ctx: StepContext) -> dict[str, Any]:
         seen.add(doc_id)
         doc = dolma_doc(raw, doc_id, source, added)
         if raw.key in heldout_keys:
-            heldout[raw.key] = doc
+            heldout.setdefault(raw.key, doc)
         elif sample_count is None or len(train) < sample_count:
             train.append(doc)
     if not train and not heldout:
         raise StepError(f"config.source: {source!r} holds no non-empty documents")
     missing = [k for k in heldout_keys if k not in heldout]
     if missing:
-        raise StepError(
-            f"config.heldout: no document with key {missing[0]!r} in {source!r} "
-            f"(keys look like {train[0]['metadata']['key']!r}; duplicates and empty documents are dropped)"
-            if train
-            else f"config.heldout: no document with key {missing[0]!r} in {source!r}"
-        )
+        example = f" (keys look like {train[0]['metadata']['key']!r})" if train else ""
+        raise StepError(f"config.heldout: no document with key {missing[0]!r} in {source!r}{example}")
     if not train:
         raise StepError(f"config.heldout: every document of {source!r} is held out; nothing is left to train on")
     heldout_docs = [heldout[k] for k in heldout_keys]
@@ -126,7 +123,7 @@ def download(ctx: StepContext) -> dict[str, Any]:
     manifest = {
         "format": "dolma",
         "source": source,
-        "granularity": "file" if not source.startswith("package:") else "work (play or poem)",
+        "granularity": "work (play or poem)" if source.startswith("package:") else "file (.txt) or record",
         "shards": shards,
         "heldout_keys": heldout_keys,
         **result,
@@ -220,8 +217,6 @@ def read_file(location: str) -> Iterator[RawDoc]:
 def _jsonl_records(location: str) -> Iterator[dict[str, Any]]:
     data = storage.read_bytes(location)
     if location.endswith(".gz"):
-        import gzip
-
         data = gzip.decompress(data)
     for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
         if not line.strip():
