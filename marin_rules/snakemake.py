@@ -150,12 +150,13 @@ class Session:
             artifact = self.experiment[key]
             direct = False
             if settings is not None:
-                forcerun = {_normalized(str(f)) for f in settings.forcerun or ()}
+                rules = {str(f) for f in settings.forcerun or ()}
+                forcerun = {_normalized(f) for f in rules}
                 records = {_normalized(self.record_path(key)), _normalized(self.location(key) + "/" + RECORD_FILE)}
                 targets = {_normalized(str(t)) for t in settings.targets or ()}
                 direct = (
                     bool(settings.forceall)
-                    or rule_of(artifact.step) in forcerun
+                    or rule_of(artifact.step) in rules
                     or bool(records & forcerun)
                     or (bool(settings.forcetargets) and bool(records & targets))
                 )

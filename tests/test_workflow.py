@@ -1,0 +1,347 @@
+"""Real Snakemake runs of the Snakefile on throwaway prefixes, with user steps.
+
+The user steps live in a module written into each test's folder (as a user's own
+package would), so these tests exercise exactly the `pkg.module:function` contract.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from marin_rules.artifacts import storage
+
+STEPS = textwrap.dedent(
+    '''
+    """User steps for workflow tests."""
+    import os
+    import signal
+    from marin_rules.artifacts import storage
+
+    def make(ctx):
+        text = str(ctx.config.get("text", ""))
+        for role, loc in sorted(ctx.deps.items()):
+            locs = [loc] if isinstance(loc, str) else sorted(loc)
+            for l in locs:
+                text += "|" + storage.read_text(storage.join(l, "data.txt"))
+        storage.write_text_atomic(storage.join(ctx.output, "data.txt"), text)
+        return {"chars": len(text), "output_seen": ctx.output}
+
+    def fail(ctx):
+        storage.write_text_atomic(storage.join(ctx.output, "checkpoint-1.txt"), "progress")
+        if not ctx.config.get("ok"):
+            raise RuntimeError("simulated crash at step 1")
+        storage.write_text_atomic(storage.join(ctx.output, "data.txt"), "done")
+        return {"ok": True}
+    '''
+)
+
+
+class Workspace:
+    def __init__(self, root: Path, run):
+        self.root = root
+        self.prefix = str(root / "art")
+        self._run = run
+        (root / "usersteps.py").write_text(STEPS)
+        self.env = {"PYTHONPATH": str(root)}
+
+    def write(self, artifacts: dict, name: str = "exp.yaml") -> Path:
+        path = self.root / name
+        path.write_text(yaml.safe_dump({"artifacts": artifacts}, sort_keys=False))
+        return path
+
+    def snakemake(self, *args: str, exp: str = "exp.yaml", check: bool = True, prefix: str | None = None, env=None):
+        config = ["--config", f"prefix={prefix or self.prefix}"]
+        return self._run("--configfile", exp, *config, *args, cwd=self.root, env={**self.env, **(env or {})}, check=check)
+
+    def record(self, key: str, prefix: str | None = None) -> dict:
+        name, version = key.split("@")
+        return storage.read_json(f"{prefix or self.prefix}/{name}/{version}/.artifact.json")
+
+    def record_path(self, key: str) -> str:
+        name, version = key.split("@")
+        return f"{self.prefix}/{name}/{version}/.artifact.json"
+
+
+@pytest.fixture
+def ws(tmp_path, snakemake_cmd):
+    return Workspace(tmp_path, snakemake_cmd)
+
+
+@pytest.fixture(scope="module")
+def built_chain(tmp_path_factory):
+    """The `chain()` experiment built once; tests get a copy (mtimes preserved)."""
+    from conftest import run_snakemake
+
+    template = Workspace(tmp_path_factory.mktemp("chain"), run_snakemake)
+    template.write(chain())
+    template.snakemake()
+    return template
+
+
+@pytest.fixture
+def built(ws, built_chain):
+    import shutil
+
+    shutil.copytree(built_chain.prefix, ws.prefix)
+    ws.write(chain())
+    return ws
+
+
+def chain(text_b="b", extra_b=None):
+    b = {"text": text_b, **(extra_b or {})}
+    return {
+        "raw/a@v1": {"step": "usersteps:make", "config": {"text": "a"}},
+        "mid/b@v1": {"step": "usersteps:make", "deps": {"src": "raw/a@v1"}, "config": b, "runtime": {"tpu": "v5p-8"}},
+        "top/c@v1": {"step": "usersteps:make", "deps": {"src": "mid/b@v1"}, "config": {"text": "c"}},
+        "side/d@v1": {"step": "usersteps:make", "config": {"text": "d"}},
+    }
+
+
+def nothing_to_do(proc) -> bool:
+    return "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def started(ws, key):
+    return ws.record(key)["provenance"]["started"]
+
+
+def test_build_writes_complete_records_without_secrets_and_second_run_serves_cache(ws):
+    ws.write(chain())
+    ws.snakemake(env={"MY_API_TOKEN": "s3cr3t-value-123"})
+    for path in Path(ws.prefix).rglob("*.json"):
+        assert "s3cr3t-value-123" not in path.read_text()
+    rec = ws.record("top/c@v1")
+    for field in ("name", "version", "step", "fingerprint", "config", "deps", "runtime", "result", "provenance"):
+        assert field in rec
+    assert (rec["name"], rec["version"], rec["step"]) == ("top/c", "v1", "usersteps:make")
+    assert rec["deps"]["src"]["name"] == "mid/b" and rec["deps"]["src"]["fingerprint"] == ws.record("mid/b@v1")["fingerprint"]
+    assert rec["result"] == {"chars": len("c|b|a"), "output_seen": f"{ws.prefix}/top/c/v1"}
+    assert ws.record("mid/b@v1")["runtime"] == {"tpu": "v5p-8"}
+    prov = rec["provenance"]
+    for field in ("git", "user", "host", "command", "packages", "started", "ended", "duration_s", "rule", "jobid"):
+        assert field in prov
+    assert prov["rule"] == "custom" and "--configfile" in prov["command"] and "snakemake" in prov["packages"]
+    assert (Path(ws.prefix) / "top/c/v1/data.txt").read_text() == "c|b|a"
+    assert nothing_to_do(ws.snakemake())
+
+
+def test_failing_step_keeps_data_writes_failure_record_and_history_survives_success(ws):
+    ws.write({"ck/f@v1": {"step": "usersteps:fail", "config": {}}})
+    proc = ws.snakemake(check=False)
+    assert proc.returncode != 0
+    folder = Path(ws.prefix) / "ck/f/v1"
+    assert (folder / "checkpoint-1.txt").read_text() == "progress"  # data directory survives
+    assert not (folder / ".artifact.json").exists()
+    failures = sorted((folder / ".failures").glob("*.json"))
+    assert len(failures) == 1
+    failure = json.loads(failures[0].read_text())
+    assert failure["status"] == "failed" and failure["name"] == "ck/f" and failure["fingerprint"]
+    assert failure["error"]["type"] == "RuntimeError" and "simulated crash at step 1" in failure["error"]["message"]
+    assert "Traceback" in failure["error"]["traceback"] and failure["provenance"]["host"]
+    ws.write({"ck/f@v1": {"step": "usersteps:fail", "config": {"ok": True}}})
+    ws.snakemake()
+    assert ws.record("ck/f@v1")["result"] == {"ok": True}
+    assert len(list((folder / ".failures").glob("*.json"))) == 1  # failures are history
+
+
+def test_drift_warns_once_in_dry_run_dag_rulegraph_and_run_without_rebuilding(built):
+    ws = built
+    before = ws.record("mid/b@v1")
+    ws.write(chain(text_b="B", extra_b={"lr": 0.1}))
+    head = "mid/b@v1: recipe drift: recorded fingerprint "
+    for args in (["-n"], ["--dag"], ["--rulegraph"], []):
+        proc = ws.snakemake(*args)
+        assert proc.stderr.count(head) == 1, (args, proc.stderr)
+        assert "serving the cached output. Bump the version to build the new recipe." in proc.stderr
+        assert "  text: b -> B" in proc.stderr and "  lr (added)" in proc.stderr
+        assert head not in proc.stdout
+        if args in (["--dag"], ["--rulegraph"]):
+            assert proc.stdout.lstrip().startswith("digraph") and proc.stdout.rstrip().endswith("}")
+        else:
+            assert nothing_to_do(proc)
+    assert ws.record("mid/b@v1") == before
+
+
+def test_no_rebuild_on_newer_upstream_or_changed_step_code(built):
+    ws = built
+    top = ws.record("top/c@v1")
+    later = os.path.getmtime(ws.record_path("top/c@v1")) + 100
+    os.utime(ws.record_path("mid/b@v1"), (later, later))  # upstream newer than consumer
+    os.utime(Path(ws.prefix) / "mid/b/v1/data.txt", (later, later))
+    with open(ws.root / "usersteps.py", "a") as f:
+        f.write("\n# a code change\n")
+    assert nothing_to_do(ws.snakemake("-n"))
+    assert nothing_to_do(ws.snakemake())
+    assert ws.record("top/c@v1") == top
+
+
+def test_upstream_rebuilt_with_new_recipe_gets_one_line_advisory(built):
+    ws = built
+    ws.write(chain(text_b="B"))
+    ws.snakemake("-f", ws.record_path("mid/b@v1"))  # rebuild just the upstream, new recipe
+    assert ws.record("mid/b@v1")["config"]["text"] == "B"
+    proc = ws.snakemake("-n")
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("top/c@v1: upstream mid/b@v1 was rebuilt")]
+    assert len(lines) == 1 and "serving the cached output" in lines[0]
+    assert nothing_to_do(proc)
+    assert "mid/b@v1: recipe drift" not in proc.stderr  # its record matches the recipe now
+
+
+def test_new_upstream_version_does_not_rebuild_built_consumer(built):
+    ws = built
+    art = chain()
+    art["mid/b@v2"] = {**art["mid/b@v1"], "config": {"text": "b2"}}
+    art["top/c@v1"]["deps"] = {"src": "mid/b@v2"}
+    ws.write(art)
+    proc = ws.snakemake()
+    assert "top/c@v1: recipe drift" in proc.stderr and "deps.src: mid/b@v1 -> mid/b@v2" in proc.stderr
+    assert ws.record("mid/b@v2")["config"]["text"] == "b2"  # the new version is built
+    assert (Path(ws.prefix) / "top/c/v1/data.txt").read_text() == "c|b|a"  # the consumer is served
+
+
+def test_pinned_fingerprint_turns_drift_into_an_error(built):
+    ws = built
+    art = chain()
+    pinned = ws.record("mid/b@v1")["fingerprint"]
+    art["mid/b@v1"]["expect_fingerprint"] = pinned
+    ws.write(art)
+    assert nothing_to_do(ws.snakemake("-n"))  # the pin holds
+    art["mid/b@v1"]["config"]["text"] = "changed"
+    ws.write(art)
+    proc = ws.snakemake("-n", check=False)
+    assert proc.returncode != 0
+    assert f"mid/b@v1: expect_fingerprint: pinned {pinned} but the recipe fingerprints to" in proc.stderr
+
+
+def test_forcerun_record_rebuilds_it_and_its_consumers_only(built):
+    ws = built
+    times = {k: started(ws, k) for k in chain()}
+    ws.snakemake("--forcerun", ws.record_path("mid/b@v1"))
+    assert started(ws, "raw/a@v1") == times["raw/a@v1"] and started(ws, "side/d@v1") == times["side/d@v1"]
+    assert started(ws, "mid/b@v1") != times["mid/b@v1"] and started(ws, "top/c@v1") != times["top/c@v1"]
+    history = list((Path(ws.prefix) / "mid/b/v1/.history").glob("*.json"))
+    assert len(history) == 1 and json.loads(history[0].read_text())["provenance"]["started"] == times["mid/b@v1"]
+
+
+def test_forcerun_rule_and_forceall_rebuild_every_job(built):
+    ws = built
+    times = {k: started(ws, k) for k in chain()}
+    ws.snakemake("-R", "custom")
+    assert all(started(ws, k) != t for k, t in times.items())
+    times = {k: started(ws, k) for k in chain()}
+    proc = ws.snakemake("-F", "-n")
+    assert all(f"artifact={Path(k.replace('@', '/'))}" in proc.stdout for k in times)
+
+
+def test_forced_rebuild_that_fails_keeps_previous_record_in_history(ws):
+    ws.write({"ck/f@v1": {"step": "usersteps:fail", "config": {"ok": True}}})
+    ws.snakemake()
+    good = ws.record("ck/f@v1")
+    ws.write({"ck/f@v1": {"step": "usersteps:fail", "config": {"ok": True}, "deps": {}}})
+    (ws.root / "usersteps.py").write_text(STEPS.replace('if not ctx.config.get("ok")', "if True"))
+    proc = ws.snakemake("-F", check=False)
+    assert proc.returncode != 0
+    folder = Path(ws.prefix) / "ck/f/v1"
+    assert not (folder / ".artifact.json").exists()  # only a finished build counts
+    history = [json.loads(p.read_text()) for p in (folder / ".history").glob("*.json")]
+    assert history == [good]
+    assert len(list((folder / ".failures").glob("*.json"))) == 1
+
+
+def test_dag_labels_show_name_at_version(ws):
+    ws.write(chain())
+    proc = ws.snakemake("--dag")
+    assert proc.stdout.lstrip().startswith("digraph")
+    labels = re.findall(r'label = "([^"]*)"', proc.stdout)
+    for key in chain():
+        assert any(key in label for label in labels), (key, labels)
+    assert "marin" not in proc.stdout.lower().split("digraph", 1)[0]  # nothing printed before the graph
+
+
+def test_target_config_builds_one_artifact_and_its_upstreams(ws):
+    ws.write(chain())
+    ws.snakemake("--config", f"prefix={ws.prefix}", "target=mid/b@v1")
+    assert (Path(ws.prefix) / "mid/b/v1/.artifact.json").exists()
+    assert (Path(ws.prefix) / "raw/a/v1/.artifact.json").exists()
+    assert not (Path(ws.prefix) / "top/c/v1").exists() and not (Path(ws.prefix) / "side/d/v1").exists()
+
+
+def test_configfile_and_config_experiment_select_one_experiment_never_merged(ws):
+    ws.write(chain())
+    ws.write({"solo/x@v1": {"step": "usersteps:make", "config": {"text": "x"}}}, name="other.yaml")
+    proc = ws.snakemake("-n", exp="other.yaml")
+    assert "solo/x/v1" in proc.stdout and "raw/a/v1" not in proc.stdout
+    proc = ws._run("-n", "--config", "experiment=other.yaml", f"prefix={ws.prefix}", cwd=ws.root, env=ws.env)
+    assert "solo/x/v1" in proc.stdout and "raw/a/v1" not in proc.stdout
+    proc = ws._run("-n", "--configfile", "other.yaml", "--config", "experiment=other.yaml", cwd=ws.root, env=ws.env)
+    assert "solo/x/v1" in proc.stdout
+    proc = ws._run("-n", "--configfile", "exp.yaml", "--config", "experiment=other.yaml", cwd=ws.root, env=ws.env, check=False)
+    assert proc.returncode != 0 and "name different experiments" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "artifacts,message",
+    [
+        ({"raw/a@v1": {"step": "no.such.module:fn"}}, None),
+        ({"raw/a@v1": {"step": "nosuchstep"}}, "raw/a@v1: step: expected a built-in step"),
+        ({"raw/a@v1": {"step": "usersteps:make", "deps": {"src": "raw/zzz@v1"}}}, "raw/a@v1: deps.src: raw/zzz@v1 is not defined"),
+        ({"raw/../a@v1": {"step": "usersteps:make"}}, "bad artifact name"),
+        ({"tok/t@v1": {"step": "train_tokenizer", "config": {"vocab_size": 10}, "deps": {"corpus": "raw/a@v1"}},
+          "raw/a@v1": {"step": "download"}}, "tok/t@v1: config.vocab_size"),
+    ],
+)  # fmt: skip
+def test_bad_input_exits_nonzero_with_one_line_and_writes_nothing(ws, artifacts, message):
+    ws.write(artifacts)
+    proc = ws.snakemake("-n" if message else "", check=False) if message else ws.snakemake(check=False)
+    assert proc.returncode != 0
+    if message:
+        lines = [l for l in proc.stderr.splitlines() if message in l]
+        assert len(lines) == 1 and lines[0].startswith("marin-rules: "), proc.stderr
+        assert "Traceback" not in proc.stderr
+    else:
+        assert "no.such.module" in proc.stderr
+    assert not list(Path(ws.prefix).rglob(".artifact.json"))
+
+
+def test_marin_status_shows_built_drifted_missing_and_failed(ws):
+    from marin_rules.cli import main
+
+    art = chain()
+    art["ck/f@v1"] = {"step": "usersteps:fail"}
+    ws.write(art)
+    ws.snakemake("--keep-going", check=False)
+    art["side/d@v1"]["config"]["text"] = "D"
+    art["new/e@v1"] = {"step": "usersteps:make"}
+    ws.write(art)
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["status", str(ws.root / "exp.yaml"), "--prefix", ws.prefix]) == 0
+    rows = {line.split()[0]: line for line in out.getvalue().splitlines()[1:]}
+    assert " built " in rows["raw/a@v1"] and ws.record("raw/a@v1")["fingerprint"] in rows["raw/a@v1"]
+    assert " drifted " in rows["side/d@v1"]
+    assert " missing " in rows["new/e@v1"]
+    assert " failed " in rows["ck/f@v1"]
+    assert re.search(r"\d+\.\ds", rows["raw/a@v1"])
+
+
+def test_remote_prefix_builds_on_gcs_and_serves_cache(ws, gcs_prefix, gcs_env):
+    ws.write(chain())
+    ws.snakemake(prefix=gcs_prefix, env=gcs_env)
+    rec = ws.record("top/c@v1", prefix=gcs_prefix)
+    assert rec["path"] == f"{gcs_prefix}/top/c/v1"
+    assert storage.read_text(f"{gcs_prefix}/top/c/v1/data.txt") == "c|b|a"
+    assert not (Path(ws.prefix)).exists()
+    import shutil
+
+    shutil.rmtree(ws.root / ".snakemake")  # a fresh machine: nothing local, records only on the bucket
+    assert nothing_to_do(ws.snakemake("-n", prefix=gcs_prefix, env=gcs_env))
