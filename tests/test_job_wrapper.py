@@ -1,0 +1,75 @@
+"""The job wrapper (`run_step`) without Snakemake: records on success, failure, signals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.records import Provenance
+from marin_rules.snakemake import run_step
+
+
+def _entry(output: str) -> dict:
+    return {"name": "x/y", "version": "v1", "step": "t:f", "fingerprint": "0" * 16,
+            "config": {}, "deps": {}, "runtime": {}, "path": output}  # fmt: skip
+
+
+def _ctx(output: str) -> StepContext:
+    return StepContext(name="x/y", version="v1", config={}, deps={}, runtime={}, output=output)
+
+
+def test_success_record_is_written_after_the_step_and_holds_its_result(tmp_path):
+    out = str(tmp_path / "x/y/v1")
+    seen = {}
+
+    def step(ctx):
+        seen["record_existed"] = (Path(ctx.output) / ".artifact.json").exists()
+        return {"tokens": 12}
+
+    record = run_step(_ctx(out), _entry(out), Provenance(str(tmp_path), ["cmd"], "r", 1), step)
+    assert seen["record_existed"] is False
+    assert json.loads((Path(out) / ".artifact.json").read_text()) == record
+    assert record["result"] == {"tokens": 12} and record["status"] == "success"
+
+
+def test_result_without_stable_json_form_fails_with_a_record(tmp_path):
+    out = str(tmp_path / "x/y/v1")
+    with pytest.raises(Exception, match=r"result\.s"):
+        run_step(_ctx(out), _entry(out), Provenance(str(tmp_path), [], None, None), lambda ctx: {"s": {1, 2}})
+    assert not (Path(out) / ".artifact.json").exists()
+    (failure,) = (Path(out) / ".failures").glob("*.json")
+    assert "result.s" in json.loads(failure.read_text())["error"]["message"]
+
+
+def test_sigterm_during_a_step_leaves_a_failure_record_naming_the_signal(tmp_path):
+    out = str(tmp_path / "x/y/v1")
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from marin_rules.artifacts.context import StepContext
+        from marin_rules.artifacts.records import Provenance
+        from marin_rules.snakemake import run_step
+
+        def step(ctx):
+            open(os.path.join(ctx.output, "partial.bin"), "w").write("half")
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise AssertionError("not reached")
+
+        entry = {json.dumps(_entry(out))}
+        ctx = StepContext(name="x/y", version="v1", config={{}}, deps={{}}, runtime={{}}, output={out!r})
+        run_step(ctx, entry, Provenance(".", [], "r", 3), step)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    (failure,) = (Path(out) / ".failures").glob("*.json")
+    record = json.loads(failure.read_text())
+    assert record["error"]["exit_status"] == "SIGTERM" and record["error"]["type"] == "JobTerminated"
+    assert (Path(out) / "partial.bin").read_text() == "half"
+    assert not (Path(out) / ".artifact.json").exists()
