@@ -109,10 +109,8 @@ class Session:
 
     def constraint(self, rule: str) -> str:
         """Regex for the `artifact` wildcard: exactly the artifacts this rule builds."""
-        import re
-
         paths = [a.id.path for a in self.experiment.artifacts.values() if rule_of(a.step) == rule]
-        return "|".join(re.escape(p) for p in paths) if paths else "(?!)"
+        return trie_regex(paths) if paths else "(?!)"
 
     def recorded(self, key: str) -> dict | None:
         if key not in self._records:
@@ -322,6 +320,32 @@ def _in_main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
+
+
+def trie_regex(words: list[str]) -> str:
+    """A regex matching exactly `words`, as a prefix trie: short to store and to match
+    (Snakemake substitutes and matches the constraint for every job of a rule, so a
+    flat alternation of thousands of sweep members would cost quadratic time)."""
+    import re
+
+    trie: dict = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict) -> str:
+        ends = "" in node
+        branches = [re.escape(ch) + build(child) for ch, child in sorted(node.items()) if ch]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        if ends:
+            return "(?:" + body + ")?"
+        return body
+
+    return build(trie)
 
 
 def _normalized(path: str) -> str:

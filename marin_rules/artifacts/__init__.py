@@ -1,0 +1,7 @@
+"""The artifact core: identity, canonical JSON, fingerprints, records, drift, storage.
+
+Model: an artifact is `name@version`, stored at `{prefix}/{name}/{version}`, built
+once, and described by a success record `.artifact.json` written last. This package
+imports only the standard library, `xxhash`, `fsspec` and `yaml`; it knows no JAX and
+no Snakemake.
+"""

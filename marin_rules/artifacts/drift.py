@@ -1,0 +1,72 @@
+"""Field-level diffs between a recorded recipe and the current one.
+
+Model: both sides are canonical JSON data (the record's `config`, `step`, `deps`).
+A diff is a list of lines `path: old -> new`, `path (added)`, `path (removed)`,
+walking mappings key by key in sorted order; lists and scalars are compared whole.
+The drift message shows at most 20 such lines, then `...and N more`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+MAX_DIFF_LINES = 20
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, separators=(", ", ": "))
+
+
+def diff_values(old: Any, new: Any, path: str = "") -> list[str]:
+    """Lines describing how `new` differs from `old`."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        lines: list[str] = []
+        for key in sorted(set(old) | set(new)):
+            sub = f"{path}.{key}" if path else key
+            if key not in old:
+                lines.append(f"{sub} (added)")
+            elif key not in new:
+                lines.append(f"{sub} (removed)")
+            else:
+                lines.extend(diff_values(old[key], new[key], sub))
+        return lines
+    if old == new and type(old) is type(new):
+        return []
+    return [f"{path or '(value)'}: {_show(old)} -> {_show(new)}"]
+
+
+def recipe_diff(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Diff two fingerprint payloads: config fields bare, step and deps by name."""
+    lines: list[str] = []
+    if recorded.get("step") != current.get("step"):
+        lines.append(f"step: {recorded.get('step')} -> {current.get('step')}")
+    lines.extend(diff_values(recorded.get("config", {}), current.get("config", {})))
+    lines.extend(diff_values(recorded.get("deps", {}), current.get("deps", {}), "deps"))
+    return lines
+
+
+def drift_message(key: str, recorded_fp: str, current_fp: str, lines: list[str]) -> str:
+    head = (
+        f"{key}: recipe drift: recorded fingerprint {recorded_fp}, now {current_fp};\n"
+        "serving the cached output. Bump the version to build the new recipe."
+    )
+    shown = [f"  {line}" for line in lines[:MAX_DIFF_LINES]]
+    if len(lines) > MAX_DIFF_LINES:
+        shown.append(f"  ...and {len(lines) - MAX_DIFF_LINES} more")
+    return "\n".join([head, *shown])
+
+
+def pinned_message(key: str, pinned_fp: str, current_fp: str, lines: list[str]) -> str:
+    shown = [f"  {line}" for line in lines[:MAX_DIFF_LINES]]
+    if len(lines) > MAX_DIFF_LINES:
+        shown.append(f"  ...and {len(lines) - MAX_DIFF_LINES} more")
+    return "\n".join(
+        [
+            f"{key}: expect_fingerprint is {pinned_fp} but the recipe now fingerprints to {current_fp}; "
+            "restore the recipe, or bump the version and update expect_fingerprint.",
+            *shown,
+        ]
+    )

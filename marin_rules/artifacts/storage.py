@@ -1,0 +1,129 @@
+"""Reading and writing artifact locations through fsspec.
+
+Model: a location is a string, either a local path (relative or absolute) or an
+fsspec URL (`gs://bucket/path`, `file:///abs/path`, `memory://x`). Every helper takes
+and returns such strings, so steps never care where their prefix lives. Small files
+(records, manifests) are written atomically: to a temporary sibling, then moved
+into place (a rename locally; on object stores a single PUT is already atomic).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import uuid
+from typing import Any, Iterator
+
+import fsspec
+from fsspec.core import url_to_fs
+
+
+def is_remote(location: str) -> bool:
+    """True for URLs of a non-local filesystem (`gs://`, `memory://`, ...)."""
+    if "://" not in location:
+        return False
+    return not location.startswith("file://")
+
+
+def local_path(location: str) -> str:
+    """The local filesystem path of a local location (`file://` stripped)."""
+    return location[len("file://") :] if location.startswith("file://") else location
+
+
+def join(base: str, *parts: str) -> str:
+    """Join path parts onto a location, keeping its URL scheme."""
+    if is_remote(base) or base.startswith("file://"):
+        return posixpath.join(base.rstrip("/"), *parts)
+    return os.path.join(base, *parts)
+
+
+def filesystem(location: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem for a location and the path within it."""
+    return url_to_fs(location)
+
+
+def exists(location: str) -> bool:
+    fs, path = filesystem(location)
+    return fs.exists(path)
+
+
+def makedirs(location: str) -> None:
+    """Create a directory (a no-op on object stores, where directories are implied)."""
+    if not is_remote(location):
+        os.makedirs(local_path(location), exist_ok=True)
+
+
+def open_file(location: str, mode: str = "rb", **kwargs: Any):
+    """Open a file for reading or writing; parent directories are created locally."""
+    if "w" in mode or "a" in mode:
+        makedirs(parent(location))
+    return fsspec.open(location, mode, **kwargs).open()
+
+
+def parent(location: str) -> str:
+    if is_remote(location) or location.startswith("file://"):
+        return posixpath.dirname(location.rstrip("/"))
+    return os.path.dirname(os.path.abspath(location))
+
+
+def read_bytes(location: str) -> bytes:
+    if not is_remote(location):  # the common case on a laptop: skip fsspec's resolution
+        with open(local_path(location), "rb") as f:
+            return f.read()
+    fs, path = filesystem(location)
+    return fs.cat_file(path)
+
+
+def read_text(location: str) -> str:
+    return read_bytes(location).decode("utf-8")
+
+
+def read_json(location: str) -> Any:
+    return json.loads(read_bytes(location))
+
+
+def write_bytes_atomic(location: str, data: bytes) -> None:
+    """Write `data` so that readers see either nothing or all of it."""
+    if is_remote(location):
+        fs, path = filesystem(location)
+        fs.pipe_file(path, data)  # one PUT: atomic on object stores
+        return
+    path = local_path(location)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_text_atomic(location: str, text: str) -> None:
+    write_bytes_atomic(location, text.encode("utf-8"))
+
+
+def write_json_atomic(location: str, obj: Any) -> None:
+    write_text_atomic(location, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+
+def list_files(location: str, pattern: str = "*") -> list[str]:
+    """Sorted locations of files directly under `location` matching a glob pattern."""
+    fs, path = filesystem(location)
+    protocol = location.split("://", 1)[0] + "://" if is_remote(location) else ""
+    found = sorted(fs.glob(posixpath.join(path.rstrip("/"), pattern)))
+    return [protocol + p if protocol and not p.startswith(protocol) else p for p in found]
+
+
+def glob(pattern: str) -> list[str]:
+    """Sorted locations matching a glob over any filesystem (`gs://b/raw/*.txt`)."""
+    fs, path = filesystem(pattern)
+    protocol = pattern.split("://", 1)[0] + "://" if is_remote(pattern) else ""
+    return [protocol + p if protocol else p for p in sorted(fs.glob(path))]
+
+
+def walk_files(location: str) -> Iterator[str]:
+    fs, path = filesystem(location)
+    protocol = location.split("://", 1)[0] + "://" if is_remote(location) else ""
+    for p in sorted(fs.find(path)):
+        yield protocol + p if protocol else p
