@@ -34,7 +34,8 @@ from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.drift import drift_message, recipe_diff
 from marin_rules.artifacts.errors import DriftError, MarinError, StepError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
-from marin_rules.artifacts.records import Provenance, iso, utc_now, write_failure, write_success
+from marin_rules.artifacts.records import Provenance, success_record, utc_now, write_failure, write_success
+from marin_rules.cluster.pod import pod_process_from_env
 from marin_rules.experiment import Artifact, Experiment, load_experiment
 from marin_rules.steps import BUILTIN_STEPS
 
@@ -249,19 +250,23 @@ class Session:
             "runtime": artifact.runtime,
             "path": location,
         }
+        pod = pod_process_from_env(os.environ)
+        runtime = dict(artifact.runtime)
+        if pod is not None:
+            runtime["distributed"] = pod.runtime_distributed()
         ctx = StepContext(
             name=artifact.id.name,
             version=artifact.id.version,
             config=artifact.config,
             deps=deps_ctx,
-            runtime=artifact.runtime,
+            runtime=runtime,
             output=location,
         )
         provenance = Provenance(self.workflow_dir, self.command, rule, jobid)
-        run_step(ctx, entry, provenance, self._step_function(artifact))
-        if self.records_root != self.prefix:  # remote prefix: refresh the local mirror
-            data = storage.read_bytes(storage.join(location, RECORD_FILE))
-            storage.write_bytes_atomic(self.record_path(artifact.key), data)
+        writer = pod is None or pod.is_writer
+        record = run_step(ctx, entry, provenance, self._step_function(artifact), write_records=writer)
+        if self.records_root != self.prefix:  # remote prefix: Snakemake checks the local mirror
+            storage.write_json_atomic(self.record_path(artifact.key), record)
 
     def _step_function(self, artifact: Artifact) -> Callable[[StepContext], Any]:
         from marin_rules.steps import step_function
@@ -286,8 +291,13 @@ class JobTerminated(BaseException):
         self.signum = signum
 
 
-def run_step(ctx: StepContext, entry: dict, provenance: Provenance, function: Callable) -> dict:
-    """Call a step; success record last, or failure record then re-raise."""
+def run_step(
+    ctx: StepContext, entry: dict, provenance: Provenance, function: Callable, write_records: bool = True
+) -> dict:
+    """Call a step; success record last, or failure record then re-raise.
+
+    Every process of a pod runs the step; only the writer (process 0) writes records.
+    The success record is returned either way."""
     started = utc_now()
     storage.makedirs(ctx.output)
 
@@ -307,13 +317,17 @@ def run_step(ctx: StepContext, entry: dict, provenance: Provenance, function: Ca
             status = "SIGINT"
         elif isinstance(error, SystemExit):
             status = error.code if isinstance(error.code, int) else 1
-        where = write_failure(ctx.output, entry, error, provenance.as_dict(started, ended), status)
-        print(f"{ctx.key}: step failed ({type(error).__name__}: {error}); failure record {where}", file=sys.stderr)
+        if write_records:
+            where = write_failure(ctx.output, entry, error, provenance.as_dict(started, ended), status)
+            print(f"{ctx.key}: step failed ({type(error).__name__}: {error}); failure record {where}", file=sys.stderr)
         raise
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    return write_success(ctx.output, entry, result, provenance.as_dict(started, utc_now()))
+    record = success_record(entry, result, provenance.as_dict(started, utc_now()))
+    if write_records:
+        write_success(ctx.output, record)
+    return record
 
 
 def _in_main_thread() -> bool:

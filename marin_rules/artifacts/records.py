@@ -126,10 +126,13 @@ def identity_fields(entry: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def write_success(location: str, entry: Mapping[str, Any], result: Any, provenance: dict[str, Any]) -> dict:
-    record = {**identity_fields(entry), "status": "success", "result": result, "provenance": provenance}
+def success_record(entry: Mapping[str, Any], result: Any, provenance: dict[str, Any]) -> dict:
+    return {**identity_fields(entry), "status": "success", "result": result, "provenance": provenance}
+
+
+def write_success(location: str, record: Mapping[str, Any]) -> None:
+    """Write a success record (from `success_record`): one atomic write, the last one."""
     storage.write_json_atomic(record_location(location), record)
-    return record
 
 
 def write_failure(
