@@ -228,23 +228,16 @@ def _model_max_seq_len(model: Any) -> int | None:
 
 
 def check_deps(deps: Any) -> None:
+    """`deps` must hold exactly the role `data`: one tokenized artifact, or a mixture
+    mapping artifacts to weights (checked by the data package's `check_mixture`)."""
+    from marin_rules.data.checks import check_mixture  # jax-free
+
     if not isinstance(deps, Mapping) or "data" not in deps:
         raise ConfigError("deps.data", f"missing; the train step needs its token data as {NAME_AT_VERSION_HINT}")
     for role in deps:
         if role != "data":
             raise ConfigError(f"deps.{role}", "unknown role; the train step takes only 'data'")
-    data = deps["data"]
-    if isinstance(data, str):
-        if "@" not in data:
-            raise ConfigError("deps.data", f"expected {NAME_AT_VERSION_HINT}, got {data!r}")
-        return
-    if not isinstance(data, Mapping) or not data:
-        raise ConfigError("deps.data", f"expected {NAME_AT_VERSION_HINT}, got {data!r}")
-    for key, weight in data.items():
-        if not isinstance(key, str) or "@" not in key:
-            raise ConfigError("deps.data", f"expected {NAME_AT_VERSION_HINT}, got key {key!r}")
-        if not _is_number(weight) or weight <= 0:
-            raise ConfigError(f"deps.data.{key}", f"expected a weight > 0, got {weight!r}")
+    check_mixture(deps["data"], "deps.data")
 
 
 def check_train(config: Any, deps: Any) -> None:

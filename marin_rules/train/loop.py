@@ -137,12 +137,30 @@ def make_eval_step(graphdef: Any):
     return jax.jit(eval_step)
 
 
-def unigram_loss(train: Any, val: Any, *, train_batches: int, val_batches: int, vocab_size: int) -> float:
-    """Cross-entropy (nats/token) on the validation targets of a unigram model whose
-    add-one-smoothed counts come from the first `train_batches` training batches."""
-    counts = np.ones(vocab_size, np.float64)
-    for s in range(train_batches):
+def unigram_counts(train: Any, *, sample_batches: int, vocab_size: int) -> np.ndarray:
+    """Token counts of the training data: exact over every token of each source,
+    mixed by the sources' weights, when the loader exposes its token sources;
+    otherwise over its first `sample_batches` batches."""
+    sources = getattr(train, "sources", None)
+    if sources:
+        counts = np.zeros(vocab_size, np.float64)
+        for source, weight in zip(sources, train.weights):
+            c = np.zeros(vocab_size, np.float64)
+            for shard in source.shards:
+                for i in range(0, len(shard), 1 << 22):
+                    c += np.bincount(np.asarray(shard[i : i + (1 << 22)]), minlength=vocab_size)[:vocab_size]
+            counts += weight * c / max(c.sum(), 1.0)
+        return counts * sum(int(s.n_tokens) for s in sources)
+    counts = np.zeros(vocab_size, np.float64)
+    for s in range(sample_batches):
         counts += np.bincount(np.asarray(train.batch(s))[:, 1:].ravel(), minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def unigram_loss(counts: np.ndarray, val: Any, *, val_batches: int) -> float:
+    """Cross-entropy (nats/token) on the validation batches' targets of the add-one
+    smoothed unigram distribution `counts`: the baseline a language model must beat."""
+    counts = counts + 1.0
     logp = np.log(counts / counts.sum())
     total, n = 0.0, 0
     for s in range(val_batches):
@@ -288,13 +306,12 @@ def run(config: TrainConfig, data: Data, output: str, runtime: Mapping[str, Any]
     if last_train is None:  # resumed from the final checkpoint: nothing left to train
         earlier = [r for r in log.records if r.get("split") == "train"]
         last_train = earlier[-1] if earlier else {}
-    unigram = unigram_loss(
+    counts = unigram_counts(
         data.train,
-        data.val,
-        train_batches=min(config.num_train_steps, max(1, 2_000_000 // tokens_per_step)),
-        val_batches=config.eval_batches,
+        sample_batches=min(config.num_train_steps, max(1, 2_000_000 // tokens_per_step)),
         vocab_size=data.vocab_size,
     )
+    unigram = unigram_loss(counts, data.val, val_batches=config.eval_batches)
     tokens_per_s = timed_steps * tokens_per_step / timed_s if timed_s else None
     result = {
         "final_train_loss": last_train.get("loss"),

@@ -1,0 +1,63 @@
+"""A trained model back from its artifact: `load_trained(location)`.
+
+Model: a `train` artifact holds `model.json` (the model config, the tokenizer's
+location, the final step) and `checkpoints/<step>/model` (weights and router
+bias). `load_trained` rebuilds the module from the config and fills it with the
+weights of the latest (or a given) checkpoint, on this process's first device,
+whatever mesh or process count trained it. Works on local paths and gs://.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import jax
+from flax import nnx
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import StepError
+from marin_rules.model.config import ModelConfig
+from marin_rules.model.transformer import MoETransformer
+from marin_rules.train import checkpoint
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    model: MoETransformer  # ready to call: model(tokens [B, T]) -> (logits, aux)
+    config: ModelConfig
+    tokenizer: str  # location of tokenizer.json (tokenizers.Tokenizer.from_file)
+    step: int = 0  # the checkpoint the weights come from
+    seq_len: int = 0  # the context length it was trained on
+    eos_id: int | None = None
+
+
+def load_trained(location: str, step: int | None = None) -> TrainedModel:
+    """The model trained at `location` (a train artifact), with its latest weights."""
+    info_location = storage.join(location, "model.json")
+    if not storage.exists(info_location):
+        raise StepError(f"{info_location} not found: is {location} a finished train artifact?")
+    info = storage.read_json(info_location)
+    config = ModelConfig.from_dict(info["model"])
+    manager = checkpoint.open_manager(location, max_to_keep=None, read_only=True)
+    try:
+        step = step if step is not None else checkpoint.latest_step(manager)
+        if step is None:
+            raise StepError(f"no checkpoint under {checkpoint.checkpoint_dir(location)}")
+        abstract = nnx.eval_shape(lambda: MoETransformer(config, rngs=nnx.Rngs(0)))
+        graphdef, params, state = nnx.split(abstract, nnx.Param, ...)
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), {"params": params, "state": state}
+        )
+        weights, _ = checkpoint.restore(manager, step, target)
+    finally:
+        manager.close()
+    model = nnx.merge(graphdef, weights["params"], weights["state"])
+    return TrainedModel(
+        model=model,
+        config=config,
+        tokenizer=info.get("tokenizer", ""),
+        step=step,
+        seq_len=info.get("seq_len", config.max_seq_len),
+        eos_id=info.get("eos_id"),
+    )
+

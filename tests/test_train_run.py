@@ -1,0 +1,180 @@
+"""The train step end to end, on real Shakespeare tokens, in real processes.
+
+One uninterrupted run of a tiny MoE is the reference; the other runs must match
+its final loss: a run killed with SIGKILL after a checkpoint and started again,
+a run split over 2 processes x 4 CPU devices joined by `jax.distributed`, and a
+run whose artifact lives on gs:// (a local emulator). All runs share a JAX
+compilation cache so each program is compiled about once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from marin_rules.artifacts import storage
+from train_helpers import runs
+from train_helpers.tokens import make_tokens
+
+pytestmark = pytest.mark.slow
+STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory) -> str:
+    return make_tokens(str(tmp_path_factory.mktemp("train-tokens")))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("jax-cache"))
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory, tokens, cache) -> tuple[dict, Path]:
+    work = tmp_path_factory.mktemp("baseline")
+    output = work / "artifact"
+    spec = runs.write_spec(work / "spec.json", output=str(output), config=runs.tiny_config(), data=tokens,
+                           compile_cache=cache)  # fmt: skip
+    return runs.run(spec, runs.train_env(1), work / "log"), output
+
+
+def read_metrics(location: str) -> list[dict]:
+    return [json.loads(line) for line in storage.read_text(location).splitlines()]
+
+
+def test_uninterrupted_run_writes_metrics_plot_model_and_checkpoints(baseline, tokens):
+    result, output = baseline
+    records = read_metrics(str(output / "metrics.jsonl"))
+    train = [r for r in records if r["split"] == "train"]
+    val = [r for r in records if r["split"] == "val"]
+    assert [r["step"] for r in train] == list(range(5, STEPS + 1, 5))
+    assert [r["step"] for r in val] == [10, 20]
+    for key in ("loss", "balance_loss", "z_loss", "dropped_fraction", "lr", "grad_norm", "tokens"):
+        assert all(math.isfinite(r[key]) for r in train), key
+    assert np.asarray(train[-1]["expert_load"]).shape == (2, 4)  # [MoE layers, experts]
+    assert np.allclose(np.sum(train[-1]["expert_load"], axis=1), 1.0, atol=1e-3)
+    assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 for r in train[1:])
+    assert train[-1]["loss"] < train[0]["loss"] - 0.3  # it learns
+    assert (output / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    info = json.loads((output / "model.json").read_text())
+    assert info["final_step"] == STEPS and info["vocab_size"] == 512 and info["seq_len"] == 32
+    assert info["model"]["d_model"] == 32 and info["model"]["vocab_size"] == 512
+    assert info["tokenizer"].endswith("tokenizer.json") and Path(info["tokenizer"]).exists()
+    assert str(STEPS) in {p.name for p in (output / "checkpoints").iterdir()}
+
+
+def test_result_reports_losses_baseline_throughput_and_mfu(baseline):
+    result, _ = baseline
+    assert result["steps"] == STEPS and result["tokens_seen"] == STEPS * 8 * 32
+    assert result["final_val_loss"] < math.log(512)  # better than uniform
+    assert 4.0 < result["unigram_val_loss"] < math.log(512)
+    assert result["params"] > result["active_params"] > 0
+    assert result["tokens_per_s"] > 0 and 0 < result["mfu"] < 1
+    assert result["resumed_from_step"] == 0
+
+
+def test_load_trained_gives_the_final_validation_loss(baseline, tokens):
+    import jax
+
+    from marin_rules.data.loader import make_loader
+    from marin_rules.model.transformer import loss_and_aux
+    from marin_rules.train.load import load_trained
+
+    result, output = baseline
+    trained = load_trained(str(output))
+    assert trained.step == STEPS and trained.config.d_model == 32 and trained.seq_len == 32
+    assert trained.tokenizer.endswith("tokenizer.json")
+    val = make_loader(tokens, split="validation", seq_len=32, batch_size=8, seed=0)
+    loss = jax.jit(lambda tokens: loss_and_aux(trained.model, tokens)[1]["ce_loss"])
+    mean = float(np.mean([loss(val.batch(s)) for s in range(2)]))
+    assert mean == pytest.approx(result["final_val_loss"], abs=1e-5)
+
+
+def test_resume_after_kill_matches_uninterrupted_loss(baseline, tokens, cache, tmp_path):
+    result, _ = baseline
+    output = tmp_path / "artifact"
+    spec = runs.write_spec(tmp_path / "spec.json", output=str(output), config=runs.tiny_config(), data=tokens,
+                           compile_cache=cache)  # fmt: skip
+    env = runs.train_env(1)
+    proc = runs.start(spec, env, tmp_path / "killed")
+    runs.wait_for(lambda: (output / "checkpoints" / "10").is_dir(), proc, 120, "checkpoint 10")
+    # checkpoint 10 is complete (orbax renames its temporary folder last): kill now
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert not (output / "model.json").exists()  # it really died before the end
+    resumed = runs.run(spec, env, tmp_path / "resumed")
+    assert 10 <= resumed["resumed_from_step"] < STEPS
+    assert resumed["final_train_loss"] == pytest.approx(result["final_train_loss"], abs=1e-5)
+    assert resumed["final_val_loss"] == pytest.approx(result["final_val_loss"], abs=1e-5)
+    steps = [r["step"] for r in read_metrics(str(output / "metrics.jsonl")) if r["split"] == "train"]
+    assert steps == list(range(5, STEPS + 1, 5))  # one log, as if never interrupted
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_of_four_devices_match_one_device_loss(baseline, tokens, cache, tmp_path):
+    result, _ = baseline
+    output = tmp_path / "artifact"
+    port = free_port()
+    procs = []
+    for i in range(2):
+        runtime = {"distributed": {"coordinator": f"127.0.0.1:{port}", "num_processes": 2, "process_id": i}}
+        spec = runs.write_spec(tmp_path / f"spec{i}.json", output=str(output), config=runs.tiny_config(),
+                               data=tokens, runtime=runtime, compile_cache=cache)  # fmt: skip
+        procs.append((runs.start(spec, runs.train_env(4), tmp_path / f"p{i}"), tmp_path / f"p{i}"))
+    try:
+        results = [runs.finish(proc, log, timeout=240) for proc, log in procs]
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    for r in results:
+        assert r["processes"] == 2 and r["devices"] == 8 and r["mesh"] == {"data": 8, "expert": 1}
+        assert r["final_train_loss"] == pytest.approx(result["final_train_loss"], abs=1e-3)
+        assert r["final_val_loss"] == pytest.approx(result["final_val_loss"], abs=1e-3)
+    assert results[0]["final_train_loss"] == results[1]["final_train_loss"]
+    assert [r["step"] for r in read_metrics(str(output / "metrics.jsonl")) if r["split"] == "val"] == [10, 20]
+
+
+def test_training_on_gcs_writes_the_artifact_and_loads_back(baseline, tokens, cache, tmp_path, gcs_prefix, gcs_env):
+    from marin_rules.train.load import load_trained
+
+    result, _ = baseline
+    output = f"{gcs_prefix}/checkpoints/tiny/v1"
+    # one checkpoint, at the end: each save is slow on the emulator (one request per file)
+    config = runs.tiny_config(checkpoint_every=STEPS)
+    spec = runs.write_spec(tmp_path / "spec.json", output=output, config=config, data=tokens,
+                           compile_cache=cache)  # fmt: skip
+    remote = runs.run(spec, runs.train_env(1, gcs_env), tmp_path / "log")
+    assert remote["final_train_loss"] == pytest.approx(result["final_train_loss"], abs=1e-5)
+    for name in ("model.json", "metrics.jsonl", "loss.png"):
+        assert storage.exists(f"{output}/{name}"), name
+    trained = load_trained(output)
+    assert trained.step == STEPS
+
+
+def test_nan_loss_stops_the_run_naming_the_step(tokens, cache, tmp_path):
+    config = runs.tiny_config(
+        model={**runs.TINY_MODEL, "n_layers": 1},
+        optimizer={"name": "adamw", "learning_rate": 1e9, "grad_clip": 0, "warmup_steps": 0},
+    )
+    spec = runs.write_spec(tmp_path / "spec.json", output=str(tmp_path / "a"), config=config, data=tokens,
+                           compile_cache=cache)  # fmt: skip
+    proc = runs.start(spec, runs.train_env(1), tmp_path / "log")
+    proc.wait(timeout=180)
+    assert proc.returncode == 1
+    err = runs.tail(tmp_path / "log")
+    assert "StepError: loss became nan at step" in err or "StepError: loss became inf at step" in err
+    assert "config.optimizer.learning_rate" in err

@@ -1,0 +1,37 @@
+"""Run the train step in its own process: `python run_train.py SPEC.json`.
+
+SPEC holds `output`, `config`, `deps`, `runtime` (a StepContext's fields) and
+optionally `compile_cache` (a JAX persistent compilation cache directory, so the
+test's processes compile each program once). Prints the result as the last line
+of stdout (JSON). The tests kill it, rerun it, and run several at once as the
+processes of one multi-host run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main(spec_path: str) -> None:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    if spec.get("compile_cache"):
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", spec["compile_cache"])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    from marin_rules.artifacts.context import StepContext
+    from marin_rules.train.step import train
+
+    ctx = StepContext(
+        name="checkpoints/test", version="v1", config=spec["config"], deps=spec["deps"],
+        runtime=spec.get("runtime", {}), output=spec["output"],
+    )  # fmt: skip
+    result = train(ctx)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
