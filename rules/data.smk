@@ -2,6 +2,7 @@
 
 
 rule download:
+    localrule: True
     input:
         unpack(M.inputs),
     output:
@@ -13,6 +14,7 @@ rule download:
 
 
 rule train_tokenizer:
+    localrule: True
     input:
         unpack(M.inputs),
     output:
@@ -24,6 +26,7 @@ rule train_tokenizer:
 
 
 rule tokenize:
+    localrule: True
     input:
         unpack(M.inputs),
     output:

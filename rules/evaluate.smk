@@ -2,6 +2,7 @@
 
 
 rule evaluate:
+    localrule: True
     input:
         unpack(M.inputs),
     output:

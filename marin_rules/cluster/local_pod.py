@@ -1,0 +1,167 @@
+"""The `local-pod` backend: one job as N processes on this machine, joined like a TPU slice.
+
+Model: a TPU pod slice runs the same command once per host and the hosts join one
+`jax.distributed` run. Here the "hosts" are N local processes of the same shell
+command, each told its place by the `MARIN_POD_*` variables (see `pod.py`) with the
+coordinator on `127.0.0.1:<free port>`, and each given D fake CPU devices
+(`XLA_FLAGS=--xla_force_host_platform_device_count=D`, `JAX_PLATFORMS=cpu`), so
+multi-host code (gloo collectives, per-process data slices, orbax) runs unchanged.
+
+A `ProcessGroup` is the running job: it succeeds iff every process exits 0; when
+one process fails the others get SIGTERM, then SIGKILL after `grace` seconds (a JAX
+peer would otherwise wait for the dead one until its own timeout). Each process
+writes its own log file. The gcloud backend reuses `ProcessGroup` for its one
+driver process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from marin_rules.cluster.pod import PodProcess
+
+GRACE_SECONDS = 10.0  # from the first failure (or a cancel) to SIGKILL of the rest
+
+
+@dataclass(frozen=True)
+class LocalPodSpec:
+    num_processes: int = 2  # the "hosts" of the fake slice
+    devices_per_process: int = 4  # fake CPU devices each process sees
+
+    def __post_init__(self):
+        if self.num_processes < 1:
+            raise ValueError(f"local pod: num_processes must be >= 1, got {self.num_processes}")
+        if self.devices_per_process < 1:
+            raise ValueError(f"local pod: devices_per_process must be >= 1, got {self.devices_per_process}")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (for the coordinator)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_env(base: Mapping[str, str], pod: PodProcess, devices: int) -> dict[str, str]:
+    """The environment of one pod process: `base` plus its place and its fake devices."""
+    env = dict(base)
+    kept = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    env["XLA_FLAGS"] = " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+    env["JAX_PLATFORMS"] = "cpu"
+    env.update(pod.env())
+    return env
+
+
+def pod_processes(spec: LocalPodSpec, port: int) -> list[PodProcess]:
+    coordinator = f"127.0.0.1:{port}"
+    return [PodProcess(coordinator, spec.num_processes, i) for i in range(spec.num_processes)]
+
+
+class ProcessGroup:
+    """Shell commands running side by side as one job (each in its own session)."""
+
+    def __init__(self, procs: Sequence[subprocess.Popen], logs: Sequence[Path], grace: float = GRACE_SECONDS):
+        self.procs = list(procs)
+        self.logs = list(logs)
+        self.grace = grace
+        self.first_failure: tuple[int, int] | None = None  # (process index, exit code)
+        self._kill_at: float | None = None
+
+    @classmethod
+    def start(
+        cls, commands: Sequence[str], envs: Sequence[Mapping[str, str]], logs: Sequence[Path], cwd: str | None = None
+    ) -> "ProcessGroup":
+        procs = []
+        for command, env, log in zip(commands, envs, logs, strict=True):
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "wb") as out:
+                procs.append(
+                    subprocess.Popen(
+                        ["bash", "-c", command], cwd=cwd, env=dict(env), stdout=out, stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL, start_new_session=True,
+                    )
+                )  # fmt: skip
+        return cls(procs, logs)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def poll(self) -> int | None:
+        """None while running; else 0 if all exited 0, or the first failure's exit code."""
+        codes = [p.poll() for p in self.procs]
+        for i, code in enumerate(codes):
+            if code not in (None, 0) and self.first_failure is None:
+                self.first_failure = (i, code)
+        if self.first_failure is not None and None in codes:
+            if self._kill_at is None:
+                self._signal_running(signal.SIGTERM)
+                self._kill_at = time.monotonic() + self.grace
+            elif time.monotonic() >= self._kill_at:
+                self._signal_running(signal.SIGKILL)
+        if None in codes:
+            return None
+        return 0 if self.first_failure is None else self.first_failure[1]
+
+    def wait(self, timeout: float) -> int:
+        """Block until the group ends (bounded: past `timeout` it is terminated)."""
+        deadline = time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if time.monotonic() >= deadline:
+                self.terminate()
+                raise TimeoutError(f"pod processes still running after {timeout:.0f} s; terminated them")
+            for p in self.procs:
+                if p.poll() is None:
+                    try:
+                        p.wait(timeout=0.2)
+                    except subprocess.TimeoutExpired:
+                        pass
+                    break
+        return code
+
+    def terminate(self) -> None:
+        """SIGTERM every process (and its children), SIGKILL what is left after `grace`."""
+        self._signal_running(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self._signal_running(signal.SIGKILL)
+        for p in self.procs:
+            p.wait()
+
+    def log_tail(self, chars: int = 2000) -> str:
+        """The end of the failing process's log (or of the first one)."""
+        index = self.first_failure[0] if self.first_failure else 0
+        try:
+            text = self.logs[index].read_text(errors="replace")
+        except OSError:
+            return ""
+        return text[-chars:]
+
+    def _signal_running(self, signum: int) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signum)  # the shell and what it started
+                except ProcessLookupError:
+                    pass
+
+
+def start_local_pod(
+    command: str, spec: LocalPodSpec, log_dir: Path, base_env: Mapping[str, str], cwd: str | None = None
+) -> ProcessGroup:
+    """Start `command` once per pod process; logs in `log_dir/process-<i>.log`."""
+    processes = pod_processes(spec, free_port())
+    envs = [process_env(base_env, p, spec.devices_per_process) for p in processes]
+    logs = [log_dir / f"process-{p.process_id}.log" for p in processes]
+    return ProcessGroup.start([command] * spec.num_processes, envs, logs, cwd=cwd)
