@@ -1,0 +1,259 @@
+"""The `evaluate` step: lm-eval on a trained model and on a unigram baseline beside it.
+
+Model: `evaluate(ctx)` loads `deps.model` (a `train` artifact) with `load_trained`,
+builds the local tasks from `deps.data`'s held-out plays (tasks.py) into
+`{output}/tasks/`, and runs `lm_eval.simple_evaluate` once per task (each task has its
+own `num_fewshot` and `limit`) for the model and, unless `baseline: none`, for the
+unigram baseline (baseline.py), counted from `deps.data`'s training split with the
+model's tokenizer. Only local tasks: lm-eval's task index holds just our folder
+(`include_defaults=False`) and the Hugging Face libraries are switched offline for
+the call; a standard task (hellaswag, ...) brings in lm-eval's bundled index and
+needs the hub.
+
+Output (`ctx.output`, local or gs://):
+  results.json           lm-eval's results for the model (results, configs, n-shot, ...)
+  baseline_results.json  the same for the unigram baseline
+  results.md             one table: task, metric, model, baseline
+  results.png            bar chart of each task's headline metric, model vs baseline
+  tasks/                 the task YAMLs + JSONL (paths inside are those used at run time)
+The record's `result` maps task -> {metric: model value, baseline_<metric>: value}.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any, Iterator
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.context import StepContext
+from marin_rules.eval.config import BPB_TASK, CLOZE_TASK, EvaluateConfig, TaskSpec, parse_evaluate
+
+HEADLINE = {BPB_TASK: "bits_per_byte", CLOZE_TASK: "acc"}
+RESULT_SECTIONS = ("results", "configs", "versions", "n-shot", "higher_is_better", "n-samples")
+BOOTSTRAP_ITERS = 100  # lm-eval bootstraps only a few metrics (perplexity, f1, ...); acc has a closed form
+
+
+def evaluate(ctx: StepContext) -> dict[str, Any]:
+    config = parse_evaluate(ctx.config, ctx.deps)
+    from marin_rules.eval.baseline import UnigramLM, training_texts, unigram_counts
+    from marin_rules.eval.lm import MarinLM
+    from marin_rules.eval.tasks import build_local_tasks, read_heldout
+    from marin_rules.train.load import load_trained
+
+    started = time.time()
+    with _local_workdir(ctx.output) as work:
+        include_path = None
+        counts: dict[str, int] = {}
+        if config.local_tasks:
+            built = build_local_tasks(
+                read_heldout(ctx.deps["data"]),
+                os.path.join(work, "tasks"),
+                names=config.local_tasks,
+                seed=config.seed,
+                cloze=config.cloze,
+                bpb=config.bpb,
+            )
+            include_path, counts = built.folder, built.counts
+        trained = load_trained(ctx.deps["model"])
+        model_lm = MarinLM.from_trained(trained, batch_size=config.batch_size)
+        _log(f"evaluate: model on {', '.join(t.name for t in config.tasks)}")
+        model_results = run_tasks(model_lm, config, include_path)
+        storage.write_json_atomic(os.path.join(work, "results.json"), model_results)
+        baseline_results = None
+        if config.baseline == "unigram":
+            _log("evaluate: unigram baseline (counting the training split)")
+            unigram = UnigramLM.from_counts(
+                unigram_counts(training_texts(ctx.deps["data"]), model_lm.tokenizer, model_lm.special),
+                model_lm.tokenizer,
+                model_lm.special,
+                batch_size=config.batch_size,
+            )
+            baseline_results = run_tasks(unigram, config, include_path)
+            storage.write_json_atomic(os.path.join(work, "baseline_results.json"), baseline_results)
+        summary = headline_metrics(model_results, baseline_results)
+        with open(os.path.join(work, "results.md"), "w", encoding="utf-8") as f:
+            f.write(results_table(summary, ctx.key))
+        plot_results(summary, os.path.join(work, "results.png"))
+    return {
+        **summary,
+        "documents": counts,
+        "max_length": model_lm.max_length,
+        "seconds": round(time.time() - started, 1),
+    }
+
+
+def run_tasks(lm: Any, config: EvaluateConfig, include_path: str | None) -> dict[str, Any]:
+    """lm-eval once per task (own few-shot count and limit), merged into one results
+    dict shaped like lm-eval's own."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=include_path, include_defaults=not config.only_local)
+    merged: dict[str, Any] = {section: {} for section in RESULT_SECTIONS}
+    for spec in config.tasks:
+        with _hf_offline(config.only_local):
+            out = simple_evaluate(
+                model=lm,
+                tasks=[spec.name],
+                num_fewshot=spec.num_fewshot,
+                limit=spec.limit,
+                task_manager=manager,
+                log_samples=False,
+                bootstrap_iters=BOOTSTRAP_ITERS,
+                random_seed=config.seed,
+                numpy_random_seed=config.seed,
+                torch_random_seed=config.seed,
+                fewshot_random_seed=config.seed,
+            )
+        for section in RESULT_SECTIONS:
+            merged[section].update((out or {}).get(section, {}))
+    merged["tasks"] = [_spec_dict(s) for s in config.tasks]
+    return _jsonable(merged)
+
+
+def headline_metrics(model: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, dict[str, float]]:
+    """task -> {metric: model value, baseline_<metric>: baseline value}; lm-eval's
+    `metric,filter` keys lose a `none` filter and stderr entries are left out."""
+    summary: dict[str, dict[str, float]] = {}
+    for task, values in model.get("results", {}).items():
+        row = _metrics(values)
+        if baseline is not None:
+            row.update({f"baseline_{k}": v for k, v in _metrics(baseline["results"].get(task, {})).items()})
+        summary[task] = row
+    return summary
+
+
+def _metrics(values: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for key, value in values.items():
+        metric, _, filt = key.partition(",")
+        if "stderr" in metric or metric == "sample_len" or not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        out[metric if filt in ("", "none") else f"{metric}_{filt}"] = float(value)
+    return out
+
+
+def results_table(summary: dict[str, dict[str, float]], title: str) -> str:
+    lines = [
+        f"# Evaluation of {title}",
+        "",
+        "| task | metric | model | unigram baseline | better |",
+        "|---|---|---:|---:|---|",
+    ]
+    for task, row in summary.items():
+        for metric, value in row.items():
+            if metric.startswith("baseline_"):
+                continue
+            base = row.get(f"baseline_{metric}")
+            better = ""
+            if base is not None:
+                lower = "perplexity" in metric or metric == "bits_per_byte"
+                better = "model" if (value < base if lower else value > base) else "baseline"
+            lines.append(f"| {task} | {metric} | {value:.4f} | {'' if base is None else f'{base:.4f}'} | {better} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_results(summary: dict[str, dict[str, float]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(summary)
+    if not tasks:
+        return
+    fig, axes = plt.subplots(1, len(tasks), figsize=(3.2 * len(tasks), 3.2), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        row = summary[task]
+        metric = HEADLINE.get(task) or next(k for k in row if not k.startswith("baseline_"))
+        names = ["model"] + (["unigram"] if f"baseline_{metric}" in row else [])
+        values = [row[metric]] + ([row[f"baseline_{metric}"]] if len(names) == 2 else [])
+        ax.bar(names, values, color=["tab:blue", "tab:gray"][: len(names)])
+        ax.set_title(f"{task}\n{metric}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+@contextlib.contextmanager
+def _local_workdir(output: str) -> Iterator[str]:
+    """A local folder to write into: the output itself, or a temporary folder
+    copied to a remote output at the end."""
+    if not storage.is_remote(output):
+        path = storage.local_path(output)
+        os.makedirs(path, exist_ok=True)
+        yield os.path.abspath(path)
+        return
+    tmp = tempfile.mkdtemp(prefix="marin-eval-")
+    try:
+        yield tmp
+        for folder, _, files in os.walk(tmp):
+            for name in files:
+                local = os.path.join(folder, name)
+                with open(local, "rb") as f:
+                    storage.write_bytes_atomic(storage.join(output, os.path.relpath(local, tmp)), f.read())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _hf_offline(offline: bool) -> Iterator[None]:
+    """HF_DATASETS_OFFLINE / HF_HUB_OFFLINE for the duration of one lm-eval call,
+    also in the libraries' already-imported constants; restored afterwards."""
+    if not offline:
+        yield
+        return
+    names = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+    saved_env = {n: os.environ.get(n) for n in names}
+    patched = []
+    for module_name, attr in (("datasets.config", "HF_HUB_OFFLINE"), ("huggingface_hub.constants", "HF_HUB_OFFLINE")):
+        module = sys.modules.get(module_name)
+        if module is not None and hasattr(module, attr):
+            patched.append((module, attr, getattr(module, attr)))
+            setattr(module, attr, True)
+    os.environ.update({n: "1" for n in names})
+    try:
+        yield
+    finally:
+        for module, attr, value in patched:
+            setattr(module, attr, value)
+        for n, value in saved_env.items():
+            if value is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = value
+
+
+def _spec_dict(spec: TaskSpec) -> dict[str, Any]:
+    return {"name": spec.name, "num_fewshot": spec.num_fewshot, "limit": spec.limit}
+
+
+def _jsonable(value: Any) -> Any:
+    """lm-eval's results hold a few non-JSON values (functions in configs, numpy
+    numbers, NaN stderr); make them plain JSON."""
+    import math
+
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "item"):  # numpy scalars
+        return _jsonable(value.item())
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return number if math.isfinite(number) else None
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
