@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 
 from marin_rules.cluster.pod import PodProcess
 
-GRACE_SECONDS = 10.0  # from the first failure (or a cancel) to SIGKILL of the rest
+GRACE_SECONDS = 5.0  # from the first failure (or a cancel) to SIGKILL of the rest
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,97 @@
+"""A fake `gcloud` CLI for tests: no cloud, the TPU slice is folders on this machine.
+
+Tests put a `gcloud` script on PATH that runs this file. It understands only the
+`gcloud compute tpus {tpu-vm,queued-resources} ...` calls marin-rules makes, logs
+every call (one JSON list per line) to `$FAKE_GCLOUD_ROOT/calls.jsonl`, keeps node
+states as files, and plays each of `$FAKE_GCLOUD_WORKERS` workers as a folder
+`$FAKE_GCLOUD_ROOT/<node>/worker-<i>` (its home): `scp --worker=all` copies there,
+`ssh --worker=all --command C` runs `bash -c C` in each, with a fake `curl` answering
+the TPU metadata server's `agent-worker-number` and `worker-network-endpoints`.
+`$FAKE_GCLOUD_SSH_EXIT` makes ssh fail with that status instead of running anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(os.environ["FAKE_GCLOUD_ROOT"])
+WORKERS = int(os.environ.get("FAKE_GCLOUD_WORKERS", "1"))
+
+
+def _positional(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a.startswith("--"):
+            skip = "=" not in a and a not in ("--quiet", "--force", "--spot", "--worker=all")
+        else:
+            out.append(a)
+    return out
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def main(argv: list[str]) -> int:
+    ROOT.mkdir(parents=True, exist_ok=True)
+    with open(ROOT / "calls.jsonl", "a") as f:
+        f.write(json.dumps(argv) + "\n")
+    if argv[:2] != ["compute", "tpus"] or len(argv) < 5:
+        print(f"fake gcloud: unsupported call {argv}", file=sys.stderr)
+        return 2
+    kind, verb = argv[2], argv[3]
+    rest = argv[4:]
+    pos = _positional(rest)
+    nodes = ROOT / "nodes"
+    nodes.mkdir(exist_ok=True)
+    if verb == "describe":
+        state = nodes / pos[0]
+        if not state.exists():
+            print(f"ERROR: (gcloud) NOT_FOUND: {pos[0]}", file=sys.stderr)
+            return 1
+        print(state.read_text())
+        return 0
+    if verb == "create":
+        (nodes / pos[0]).write_text("ACTIVE" if kind == "queued-resources" else "READY")
+        return 0
+    if verb == "delete":
+        (nodes / pos[0]).unlink(missing_ok=True)
+        return 0
+    if verb == "scp":
+        local, remote = pos[0], pos[1]
+        node, _, path = remote.partition(":")
+        for i in range(WORKERS):
+            home = ROOT / node / f"worker-{i}"
+            home.mkdir(parents=True, exist_ok=True)
+            shutil.copy(local, home / path)
+        return 0
+    if verb == "ssh":
+        if os.environ.get("FAKE_GCLOUD_SSH_EXIT"):
+            return int(os.environ["FAKE_GCLOUD_SSH_EXIT"])
+        command = _flag(rest, "--command")
+        procs = []
+        for i in range(WORKERS):
+            home = ROOT / pos[0] / f"worker-{i}"
+            home.mkdir(parents=True, exist_ok=True)
+            env = {**os.environ, "HOME": str(home), "FAKE_WORKER_ID": str(i)}
+            procs.append(subprocess.Popen(["bash", "-c", command], cwd=home, env=env))
+        codes = [p.wait(timeout=300) for p in procs]
+        return max(codes)
+    print(f"fake gcloud: unsupported verb {verb}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

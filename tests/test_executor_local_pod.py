@@ -1,0 +1,72 @@
+"""`snakemake --profile tpu --tpu-backend local-pod`: pod jobs as 2 local processes x 4
+CPU devices joined by jax.distributed; everything else on this host."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_snakemake
+
+HELPERS = str(Path(__file__).resolve().parent)
+PROFILE = str(REPO / "tpu")  # the repo-root link `tpu -> profiles/tpu`, as `--profile tpu` finds it
+
+
+def _experiment(tmp_path: Path, pod_step: str, with_upstream: bool = True) -> Path:
+    text = tmp_path / "texts"
+    text.mkdir()
+    (text / "sonnet.txt").write_text("Shall I compare thee to a summer's day?\n" * 20)
+    exp = tmp_path / "exp.yaml"
+    upstream = f"""
+  raw/text@v1:
+    step: download
+    config: {{source: {text}}}"""
+    exp.write_text(
+        f"""
+artifacts:{upstream if with_upstream else ""}
+  pods/psum@v1:
+    step: executor_helpers.pod_steps:{pod_step}
+    deps: {{{"text: raw/text@v1" if with_upstream else ""}}}
+    runtime: {{tpu: v5p-8}}
+"""
+    )
+    return exp
+
+
+def _run(tmp_path: Path, exp: Path, check: bool = True):
+    return run_snakemake(
+        "--profile", PROFILE, "--tpu-backend", "local-pod", "--tpu-local-processes", "2",
+        "--tpu-local-devices", "4", "--configfile", str(exp),
+        cwd=tmp_path, env={"PYTHONPATH": HELPERS}, timeout=120, check=check,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_local_pod_job_joins_two_processes_and_only_process_0_writes_the_record(tmp_path):
+    proc = _run(tmp_path, _experiment(tmp_path, "pod_psum"))
+    out = tmp_path / "artifacts" / "pods" / "psum" / "v1"
+    record = json.loads((out / ".artifact.json").read_text())
+    assert record["result"]["sum"] == float(sum(range(1, 9)))  # one number per device, all 8 devices
+    assert (record["result"]["process_count"], record["result"]["device_count"]) == (2, 8)
+    per_process = [json.loads((out / f"process-{i}.json").read_text()) for i in range(2)]
+    assert [p["sum"] for p in per_process] == [36.0, 36.0]  # both processes took part
+    assert record["result"]["writer_pid"] == per_process[0]["pid"] != per_process[1]["pid"]
+    assert not (out / ".failures").exists()
+    assert record["runtime"] == {"tpu": "v5p-8"}  # recorded as given; `distributed` is per run
+    # where each job ran
+    assert "localrule download:" in proc.stderr  # data rules are Snakemake local rules
+    assert "tpu executor: pods/psum@v1: local pod of 2 processes x 4 CPU devices" in proc.stderr
+    logs = sorted(p.name for p in (tmp_path / ".snakemake/tpu/pods/psum/v1").glob("*/process-*.log"))
+    assert logs == ["process-0.log", "process-1.log"]
+
+
+@pytest.mark.slow
+def test_a_dead_pod_process_fails_the_job_and_stops_the_other(tmp_path):
+    proc = _run(tmp_path, _experiment(tmp_path, "pod_fails_on_process_1", with_upstream=False), check=False)
+    assert proc.returncode != 0
+    out = tmp_path / "artifacts" / "pods" / "psum" / "v1"
+    assert not (out / ".artifact.json").exists()
+    assert "tpu executor: process 1 exited with 1" in proc.stderr
+    assert "process 1 lost its TPU" in proc.stderr  # the failing process's log tail
