@@ -55,7 +55,8 @@ def current_mesh() -> Any | None:
 def partition_spec(path: tuple, value: Any) -> P:
     """The spec of one model variable from its path in `nnx.state(model)`: stacked
     expert weights split on their expert dimension, everything else replicated."""
-    name = str(path[-1]) if path else ""
+    names = [str(n) for n in path if n != "value"]  # a state leaf's path ends in `.value`
+    name = names[-1] if names else ""
     if name in EXPERT_WEIGHTS and getattr(value, "ndim", 0) == 3:
         return P(EXPERT_AXIS, None, None)
     return P()
