@@ -45,6 +45,8 @@ class Executor(RemoteExecutor):
         self.next_seconds_between_status_checks = POLL_SECONDS
         self._on_worker = False
         self._archive: Path | None = None
+        if self.settings.backend == "gcloud":
+            check_gcloud_ready(_session())
 
     # ---- the job command ------------------------------------------------------------
     def get_python_executable(self) -> str:
@@ -82,19 +84,8 @@ class Executor(RemoteExecutor):
         )
 
     def _start_gcloud(self, job, session, artifact, tpu_type: str, job_dir: Path) -> ProcessGroup:
-        from marin_rules.artifacts import storage
         from marin_rules.snakemake import COMMAND_ENV
 
-        if not storage.is_remote(session.prefix):
-            raise WorkflowError(
-                f"{artifact.key}: TPU workers cannot see the local prefix {session.prefix!r}; "
-                "give a bucket: --config prefix=gs://BUCKET/PATH (or --tpu-backend local-pod)"
-            )
-        if os.path.realpath(os.getcwd()) != os.path.realpath(session.workflow_dir):
-            raise WorkflowError(
-                f"run `snakemake --profile tpu` from the workflow directory {session.workflow_dir} "
-                f"(now in {os.getcwd()}): jobs on TPU workers use paths relative to it"
-            )
         node = commands.tpu_node(self.settings, artifact.id.path, artifact.runtime, tpu_type)
         local_archive, remote_archive = "", ""
         if not self.settings.expect_workflow:
@@ -144,6 +135,22 @@ class Executor(RemoteExecutor):
     def cancel_jobs(self, active_jobs: List[SubmittedJobInfo]):
         for info in active_jobs:
             info.aux["group"].terminate()
+
+
+def check_gcloud_ready(session: Any) -> None:
+    """Refuse, before any job runs, what TPU workers could not follow."""
+    from marin_rules.artifacts import storage
+
+    if not storage.is_remote(session.prefix):
+        raise WorkflowError(
+            f"TPU workers cannot see the local prefix {session.prefix!r}; give a bucket: "
+            "--config prefix=gs://BUCKET/PATH (or run on this machine with --tpu-backend local-pod)"
+        )
+    if os.path.realpath(os.getcwd()) != os.path.realpath(session.workflow_dir):
+        raise WorkflowError(
+            f"run `snakemake --profile tpu` from the workflow directory {session.workflow_dir} "
+            f"(not {os.getcwd()}): jobs on TPU workers use paths relative to it"
+        )
 
 
 def fetch_records(job: JobExecutorInterface, session: Any) -> None:

