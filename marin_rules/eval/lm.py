@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 from lm_eval import utils as lm_utils
@@ -41,7 +41,9 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from marin_rules.artifacts import storage
-from marin_rules.eval.scoring import Scorer
+
+if TYPE_CHECKING:  # the JAX scorer is imported only where a model is loaded
+    from marin_rules.eval.scoring import Scorer
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +102,7 @@ def _as_batch_size(value: Any) -> int:
 class MarinLM(TemplateLM):
     def __init__(
         self,
-        scorer: Scorer,
+        scorer: "Scorer",
         tokenizer: Tokenizer,
         special: SpecialTokens,
         *,

@@ -15,6 +15,7 @@ does not depend on the other rows of its batch either.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Protocol
 
 import jax
@@ -31,36 +32,41 @@ class Scorer(Protocol):
     def next_tokens(self, inputs: np.ndarray, positions: np.ndarray) -> np.ndarray: ...
 
 
+def _logits(graphdef, state, inputs):
+    return nnx.merge(graphdef, state)(inputs)[0]
+
+
+# The model's structure (graphdef) is a static argument: every ModelScorer of the same
+# architecture shares one compiled program per input shape.
+@partial(jax.jit, static_argnums=0)
+def _token_logprobs(graphdef, state, inputs, targets):
+    logits = _logits(graphdef, state, inputs)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    target_logp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return target_logp, jnp.argmax(logits, axis=-1) == targets
+
+
+@partial(jax.jit, static_argnums=0)
+def _next_tokens(graphdef, state, inputs, positions):
+    logits = _logits(graphdef, state, inputs)
+    at = jnp.take_along_axis(logits, positions[:, None, None], axis=1)[:, 0]
+    return jnp.argmax(at, axis=-1).astype(jnp.int32)
+
+
 class ModelScorer:
     """A flax nnx model `model(tokens[B, T]) -> (logits[B, T, V], aux)` as a Scorer.
     Each distinct input shape compiles once; callers keep the shapes few."""
 
     def __init__(self, model: nnx.Module, max_length: int):
         self.max_length = max_length
-        graphdef, state = nnx.split(model)
-        self._state = state
-
-        def logits(state, inputs):
-            return nnx.merge(graphdef, state)(inputs)[0]
-
-        def token_logprobs(state, inputs, targets):
-            out = logits(state, inputs)
-            logp = jax.nn.log_softmax(out, axis=-1)
-            target_logp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-            return target_logp, jnp.argmax(out, axis=-1) == targets
-
-        def next_tokens(state, inputs, positions):
-            out = logits(state, inputs)
-            at = jnp.take_along_axis(out, positions[:, None, None], axis=1)[:, 0]
-            return jnp.argmax(at, axis=-1).astype(jnp.int32)
-
-        self._token_logprobs = jax.jit(token_logprobs)
-        self._next_tokens = jax.jit(next_tokens)
+        self._graphdef, self._state = nnx.split(model)
 
     def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        logp, greedy = self._token_logprobs(self._state, jnp.asarray(inputs, jnp.int32), jnp.asarray(targets, jnp.int32))
+        logp, greedy = _token_logprobs(
+            self._graphdef, self._state, jnp.asarray(inputs, jnp.int32), jnp.asarray(targets, jnp.int32)
+        )
         return np.asarray(logp, np.float64), np.asarray(greedy)
 
     def next_tokens(self, inputs: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        out = self._next_tokens(self._state, jnp.asarray(inputs, jnp.int32), jnp.asarray(positions, jnp.int32))
+        out = _next_tokens(self._graphdef, self._state, jnp.asarray(inputs, jnp.int32), jnp.asarray(positions, jnp.int32))
         return np.asarray(out)

