@@ -9,7 +9,10 @@ given a seed, we write into one folder (an lm-eval `--include_path`):
   bits_per_byte). Passages are shuffled across plays, so a `limit` samples all plays.
 - `marin_shakespeare_cloze`: `multiple_choice`; the question is `context_lines`
   consecutive lines of a play, the choices the true next line and `distractors`
-  other lines of the same play (acc, acc_norm).
+  other lines of the same play (acc; acc_norm, length-normalised; acc_mutual_info,
+  each choice's log-likelihood minus its log-likelihood without the context: how
+  much the preceding lines help, where a context-blind model such as the unigram
+  baseline sits at chance).
 
 The YAMLs name their JSONL by absolute path (`dataset_path: json`), so the folder
 works offline with `HF_DATASETS_OFFLINE=1`. Command line, for use with `lm_eval`:
@@ -166,7 +169,8 @@ def task_yaml(name: str, data_file: str) -> dict:
             "target_delimiter": "",
             "fewshot_delimiter": "\n",
             "metric_list": [
-                {"metric": m, "aggregation": "mean", "higher_is_better": True} for m in ("acc", "acc_norm")
+                {"metric": m, "aggregation": "mean", "higher_is_better": True}
+                for m in ("acc", "acc_norm", "acc_mutual_info")
             ],
         }
     raise ValueError(f"{name!r} is not a local task; local tasks: {', '.join(LOCAL_TASKS)}")
