@@ -2,8 +2,9 @@
 the same active parameters, side by side in one run.
 
 Model: for each variant, one jitted full train step (forward, backward, AdamW update,
-router-bias update) is compiled, warmed up, then timed over `--steps` steps on a fixed
-random batch. MFU = tokens/s * flops_per_token (nanoGPT count, active parameters) /
+router-bias update) is compiled and warmed up; then `--steps` rounds each time one
+step of every variant in turn (so load swings on a shared machine hit all alike) on
+a fixed random batch, and the median step time counts. MFU = tokens/s * flops_per_token (nanoGPT count, active parameters) /
 peak, where peak is this machine's f32 matmul rate measured here on a 2048^3 matmul.
 The dense baseline is the same config with `moe_every=0` and `d_ff = top_k * d_expert`
 (+ d_expert with a shared expert): the same active FFN parameters, no router.
@@ -56,7 +57,9 @@ def dense_baseline(config: ModelConfig) -> ModelConfig:
     return dataclasses.replace(config, moe_every=0, d_ff=hidden)
 
 
-def measure(config: ModelConfig, batch: int, seq: int, steps: int, peak: float) -> dict:
+def compile_step(config: ModelConfig, batch: int, seq: int):
+    """A zero-argument callable running one jitted train step (compiled and warmed
+    up here) and the compile time."""
     model = MoETransformer(config, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.adamw(3e-4, weight_decay=0.1), wrt=nnx.Param)
     tokens = jax.random.randint(jax.random.key(0), (batch, seq + 1), 0, config.vocab_size, jnp.int32)
@@ -72,12 +75,10 @@ def measure(config: ModelConfig, batch: int, seq: int, steps: int, peak: float) 
     step(model, optimizer, tokens).block_until_ready()
     compile_s = time.perf_counter() - t
     step(model, optimizer, tokens).block_until_ready()  # one more warm-up step
-    times = []
-    for _ in tqdm(range(steps), desc=f"{config.moe_impl if config.has_moe else 'dense model'}", file=sys.stderr):
-        t = time.perf_counter()
-        loss = step(model, optimizer, tokens)
-        loss.block_until_ready()
-        times.append(time.perf_counter() - t)
+    return (lambda: float(step(model, optimizer, tokens))), compile_s
+
+
+def figures(config: ModelConfig, batch: int, seq: int, times: list[float], compile_s: float, peak: float) -> dict:
     step_s = float(np.median(times))
     tokens_per_s = batch * seq / step_s
     fpt = flops_per_token(config, seq)
@@ -89,7 +90,6 @@ def measure(config: ModelConfig, batch: int, seq: int, steps: int, peak: float) 
         "flops_per_token": fpt,
         "active_params": active_params(config),
         "total_params": total_params(config),
-        "final_loss": round(float(loss), 4),
     }
 
 
@@ -101,13 +101,27 @@ def main() -> None:
     parser.add_argument("--backends", default="dense,capacity,ragged")
     args = parser.parse_args()
 
-    peak = matmul_peak_flops()
-    print(f"f32 2048^3 matmul peak: {peak / 1e9:.1f} GFLOP/s", file=sys.stderr)
-    results = {}
-    baseline = dense_baseline(MOE)
-    results["dense_model"] = measure(baseline, args.batch, args.seq, args.steps, peak)
+    variants = {"dense_model": dense_baseline(MOE)}
     for impl in args.backends.split(","):
-        results[f"moe_{impl}"] = measure(dataclasses.replace(MOE, moe_impl=impl), args.batch, args.seq, args.steps, peak)
+        variants[f"moe_{impl}"] = dataclasses.replace(MOE, moe_impl=impl)
+    steps, compile_s = {}, {}
+    for name, config in tqdm(variants.items(), desc="compiling", file=sys.stderr):
+        steps[name], compile_s[name] = compile_step(config, args.batch, args.seq)
+    peak = matmul_peak_flops()
+    # round-robin: each round times one step of every variant, so load swings on a
+    # shared machine hit all of them alike; the median over rounds is reported
+    times = {name: [] for name in variants}
+    for _ in tqdm(range(args.steps), desc="timing rounds", file=sys.stderr):
+        for name, run in steps.items():
+            t = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - t)
+    peak = max(peak, matmul_peak_flops())
+    print(f"f32 2048^3 matmul peak: {peak / 1e9:.1f} GFLOP/s", file=sys.stderr)
+    results = {
+        name: figures(config, args.batch, args.seq, times[name], compile_s[name], peak)
+        for name, config in variants.items()
+    }
     for name, r in results.items():
         print(f"{name:14s} step {r['step_s']:.3f}s  {r['tokens_per_s']:9.0f} tok/s  MFU {r['mfu']:.1%}  "
               f"compile {r['compile_s']:.1f}s", file=sys.stderr)

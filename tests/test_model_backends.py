@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from marin_rules.model.config import ModelConfig
-from marin_rules.model.moe import _bucket_slots
+from marin_rules.model.moe import _bucket_slots, grouped_ffn_blocked, grouped_ffn_ragged_dot
 from marin_rules.model.transformer import MoETransformer, loss_and_aux
 
 CONFIG = dict(
@@ -67,3 +67,18 @@ def test_capacity_with_a_small_factor_reports_dropped_assignments():
     loss, metrics = nnx.jit(loss_and_aux)(MoETransformer(config, rngs=nnx.Rngs(0)), BATCH)  # forward only
     assert 0.45 <= float(metrics["dropped_fraction"]) < 1.0  # at least half over capacity
     assert np.isfinite(loss)
+
+
+def test_blocked_grouped_matmul_matches_ragged_dot_on_uneven_and_empty_groups():
+    E, D, I = 4, 8, 16
+    group_sizes = jnp.array([13, 0, 2, 25], jnp.int32)  # uneven, one expert empty
+    xs = jax.random.normal(jax.random.key(1), (40, D))
+    ws = [0.3 * jax.random.normal(jax.random.key(i), s) for i, s in enumerate([(E, D, I), (E, D, I), (E, I, D)], 2)]
+
+    def loss(fn):
+        return jax.jit(jax.value_and_grad(lambda xs, ws: jnp.sum(fn(xs, group_sizes, *ws) ** 2), argnums=(0, 1)))
+
+    blocked = loss(lambda *a: grouped_ffn_blocked(*a, block=4))(xs, ws)
+    reference = loss(grouped_ffn_ragged_dot)(xs, ws)
+    for got, want in zip(jax.tree.leaves(blocked), jax.tree.leaves(reference)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
