@@ -55,7 +55,7 @@ class Data:
     eos_id: int | None
 
 
-def measure_peak_flops(n: int = 1024, repeats: int = 5) -> float:
+def measure_peak_flops(n: int = 2048, repeats: int = 3) -> float:
     """This machine's f32 matmul throughput (FLOP/s) on the first local device: the
     ceiling MFU is measured against (no vendor figure exists for a CPU)."""
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
