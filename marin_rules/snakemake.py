@@ -421,6 +421,11 @@ def mirror_root(prefix: str) -> str:
 _session: Session | None = None
 
 
+def current_session() -> Session | None:
+    """The session the Snakefile started in this process (None before `begin`)."""
+    return _session
+
+
 def begin(workflow: Any, config: dict) -> Session:
     """Select, load and validate the experiment; called once per Snakefile parse."""
     global _session

@@ -172,7 +172,7 @@ def _session() -> Any:
     """The marin-rules session of this Snakemake invocation (the Snakefile made it)."""
     from marin_rules import snakemake as glue
 
-    session = getattr(glue, "_session", None)
+    session = glue.current_session()
     if session is None:
         raise WorkflowError("the tpu executor runs marin-rules workflows only (no marin session was started)")
     return session
