@@ -142,11 +142,9 @@ class CountingScorer:
     def __init__(self, max_length: int, by_id: bool = False):
         self.max_length, self.by_id = max_length, by_id
 
-    def token_logprobs(self, inputs, targets):
+    def score(self, batch):
+        targets = batch.targets
         return (-targets.astype(np.float64) if self.by_id else -np.ones(targets.shape)), np.zeros(targets.shape, bool)
-
-    def next_tokens(self, inputs, positions):
-        raise AssertionError("not used")
 
 
 def test_rolling_windows_score_every_token_exactly_once(lm, artifacts):
@@ -185,13 +183,14 @@ class ScriptScorer:
     def __init__(self, script: list[int], prompt_len: int, max_length: int = 64):
         self.script, self.prompt_len, self.max_length, self.calls = script, prompt_len, max_length, 0
 
-    def token_logprobs(self, inputs, targets):
-        raise AssertionError("not used")
-
-    def next_tokens(self, inputs, positions):
+    def prefill(self, prompts, lengths, cache_length):
         self.calls += 1
-        k = positions - (self.prompt_len - 1)
-        return np.asarray([self.script[min(int(i), len(self.script) - 1)] for i in k], np.int32)
+        return np.full(len(prompts), self.script[0], np.int32), None
+
+    def decode(self, state, tokens, positions):
+        self.calls += 1
+        k = positions - (self.prompt_len - 1)  # tokens generated so far
+        return np.asarray([self.script[min(max(int(i), 0), len(self.script) - 1)] for i in k], np.int32), None
 
 
 def test_generate_until_stops_at_the_stop_sequence(lm):
@@ -284,3 +283,39 @@ def test_unigram_baseline_scores_tokens_by_their_training_frequency(artifacts, l
     unigram = UnigramLM.from_counts(counts, tokenizer, special)
     ((logp, _),) = unigram._loglikelihood_tokens([(None, [special.eos], [int(np.argmax(counts))])], disable_tqdm=True)
     assert logp == pytest.approx(math.log((counts.max() + 1) / (counts.sum() + len(counts))))
+
+
+def test_batched_tokenization_matches_lm_evals_encode_pair(lm):
+    pairs = [
+        ("Fair is foul, and foul is fair:", " Hover through the fog"),
+        ("Fair is foul, and foul is fair: ", "Hover through the fog"),  # trailing space moves
+        ("Out,  \n", "damned spot!"),
+        ("", "Double, double toil"),
+        ("When shall we three meet again", ""),
+    ]
+    encoded = lm._encode_all(pairs)
+    for pair, strings in zip(pairs, encoded):
+        expected = lm._encode_pair(*pair) if pair[0] else ([lm.prefix_token_id], lm.tok_encode(pair[1]))
+        assert lm._encode_pair_cached(pair, strings) == expected
+
+
+def test_choices_sharing_a_context_run_it_once_and_score_as_a_direct_pass(lm, forward):
+    context = "Fair is foul, and foul is fair:\n"
+    choices = ["Hover through the fog and filthy air.", "When shall we three meet again", "Out, damned spot!"]
+    seen = []
+    scorer = lm.scorer
+
+    class Recording:
+        max_length = scorer.max_length
+
+        def score(self, batch):
+            seen.append(batch)
+            return scorer.score(batch)
+
+    recorded = MarinLM(Recording(), lm.tokenizer, lm.special, batch_size=4)
+    got = recorded.loglikelihood(requests("loglikelihood", [(context, c) for c in choices]), disable_tqdm=True)
+    (batch,) = seen
+    assert len(set(batch.group[: len(choices)].tolist())) == 1  # one prefix row for all three
+    for choice, (logp, _) in zip(choices, got):
+        ctx_ids, cont_ids = lm._encode_pair(context, choice)  # the "\n" moves to the continuation
+        assert logp == pytest.approx(direct_logprob(forward, ctx_ids + cont_ids, len(cont_ids)), abs=1e-4)

@@ -13,7 +13,7 @@ from flax import nnx
 
 from marin_rules.model.config import ModelConfig
 from marin_rules.model.router import RouterBias
-from marin_rules.model.transformer import MoETransformer, loss_and_aux, moe_layers, update_router_bias
+from marin_rules.model.transformer import MoETransformer, empty_cache, loss_and_aux, moe_layers, update_router_bias
 
 TINY = dict(
     vocab_size=97, max_seq_len=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
@@ -123,3 +123,30 @@ def test_update_router_bias_is_a_no_op_without_quantile_balancing():
     before = jax.tree.map(np.asarray, nnx.state(model))
     update_router_bias(model, aux)
     jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, nnx.state(model)))
+
+
+def test_kv_cache_prefill_then_single_steps_equals_one_causal_pass():
+    # rows of different prompt lengths (right-padded), then one-token steps at per-row
+    # positions: the logits are those of one plain causal pass over each full row
+    model = MoETransformer(tiny(moe_impl="ragged"), rngs=nnx.Rngs(0))
+    full = tokens(batch=2, length=12, seed=3)
+    lengths = jnp.asarray([5, 9], jnp.int32)
+    expected, _ = forward(model, full)
+
+    @nnx.jit
+    def cached(model, full, lengths):
+        prompt = jnp.where(jnp.arange(12)[None] < lengths[:, None], full, 0)  # padding past each length
+        hidden, _, cache = model.trunk(prompt, positions=jnp.broadcast_to(jnp.arange(12), (2, 12)), cache=empty_cache(model.config, 2, 16))
+        rows = [model.logits(hidden)]
+        for step in range(3):
+            position = lengths + step
+            token = jnp.take_along_axis(full, position[:, None], axis=1)
+            hidden, _, cache = model.trunk(token, positions=position[:, None], cache=cache)
+            rows.append(model.logits(hidden))
+        return rows
+
+    prefill, *steps = cached(model, full, lengths)
+    for r, n in enumerate([5, 9]):
+        np.testing.assert_allclose(prefill[r, :n], expected[r, :n], atol=1e-5)
+        for step, logits in enumerate(steps):
+            np.testing.assert_allclose(logits[r, 0], expected[r, n + step], atol=1e-5)

@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import StepError
 from marin_rules.eval.lm import MarinLM, SpecialTokens, load_tokenizer
+from marin_rules.eval.scoring import ScoreBatch
 
 UNIGRAM_MAX_LENGTH = 1024  # no context is used: any window length gives the same scores
 ENCODE_BATCH = 256
@@ -36,11 +37,14 @@ class UnigramScorer:
         self.logprobs = np.log(counts + 1.0) - np.log(counts.sum() + len(counts))
         self.argmax = int(np.argmax(self.logprobs))
 
-    def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.logprobs[targets], targets == self.argmax
+    def score(self, batch: ScoreBatch) -> tuple[np.ndarray, np.ndarray]:
+        return self.logprobs[batch.targets], batch.targets == self.argmax
 
-    def next_tokens(self, inputs: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        return np.full(len(inputs), self.argmax, np.int32)
+    def prefill(self, prompts: np.ndarray, lengths: np.ndarray, cache_length: int) -> tuple[np.ndarray, None]:
+        return np.full(len(prompts), self.argmax, np.int32), None
+
+    def decode(self, state: None, tokens: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, None]:
+        return np.full(len(tokens), self.argmax, np.int32), None
 
 
 def training_texts(data_location: str) -> Iterator[str]:

@@ -6,19 +6,21 @@ both are scored by exactly the same tokenization, batching and tasks.
 
 - `loglikelihood`: each (context, continuation) is tokenized (lm-eval's `TemplateLM`
   rules: trailing context spaces move to the continuation; an empty context becomes
-  the prefix token), truncated on the left to `max_length + 1` tokens, sorted by
-  length (longest first), and scored `batch_size` rows per forward pass. Rows are
-  right-padded to a bucketed length (powers of two from 16, capped at `max_length`)
-  and batches to `batch_size` rows, so a whole evaluation compiles a handful of shapes.
+  the prefix token) and truncated on the left to `max_length + 1` tokens. Its inputs
+  split into a prefix (the unscored history) and a suffix (the inputs at the scored
+  positions); requests are sorted so that equal prefixes sit together, and each batch
+  of `batch_size` suffix rows runs every distinct prefix once (the choices of a
+  multiple-choice question share their context) and the output head only at scored
+  positions. Rows are right-padded to bucketed lengths (powers of two and the points
+  halfway between, capped at `max_length`), so a whole evaluation compiles a handful
+  of shapes.
 - `loglikelihood_rolling`: lm-eval's `get_rolling_token_windows` over the model's
   context: every token of a document is predicted exactly once, each window seeing
   at least `rolling_context` tokens of history (default half the context); the
   windows of all documents are batched together.
 - `generate_until`: greedy decoding with stop sequences, the end-of-text token and
-  `max_gen_toks`. No key/value cache: the model's API is `model(tokens) -> logits`
-  with no cache, so each new token costs a full forward pass over a fixed padded
-  buffer of a bucketed length (one compile per bucket). Generation is not used by
-  the local tasks; it is correct and bounded, not fast.
+  `max_gen_toks`, `batch_size` prompts at a time: one prefill of the prompts into a
+  key/value cache, then one cached step per new token (a fixed-shape program).
 
 From the command line the class must be imported before lm-eval looks the name up
 (lm-eval 0.4.13 has no plugin entry points): `python -m marin_rules.eval.cli` is
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from lm_eval import utils as lm_utils
@@ -41,13 +43,12 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from marin_rules.artifacts import storage
-
-if TYPE_CHECKING:  # the JAX scorer is imported only where a model is loaded
-    from marin_rules.eval.scoring import Scorer
+from marin_rules.eval.scoring import Scorer, ScoreBatch
 
 log = logging.getLogger(__name__)
 
-MIN_BUCKET = 16
+MIN_BUCKET = 16  # the shortest padded history
+MIN_SUFFIX_BUCKET = 8  # the fewest padded scored positions
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_MAX_GEN_TOKS = 256
 
@@ -81,12 +82,19 @@ def load_tokenizer(location: str) -> tuple[Tokenizer, SpecialTokens]:
     return tokenizer, SpecialTokens(ids["bos"], ids["eos"], ids["pad"] if ids["pad"] is not None else ids["eos"])
 
 
-def bucket_length(n: int, max_length: int) -> int:
-    """The padded length for a row of `n` tokens: the next power of two >= 16, capped."""
-    size = MIN_BUCKET
+def bucket_length(n: int, max_length: int, smallest: int = MIN_BUCKET) -> int:
+    """The padded length for a row of `n` tokens: the next of `smallest` x 1, 1.5, 2,
+    3, 4, 6, ... (powers of two and the points halfway between, so padding wastes at
+    most a third), capped at `max_length`."""
+    size = smallest
     while size < n:
-        size *= 2
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
     return min(size, max_length)
+
+
+def bucket_rows(n: int, batch_size: int) -> int:
+    """Rows for `n` distinct prefixes: the next power of two, at most `batch_size`."""
+    return min(1 << max(0, n - 1).bit_length(), batch_size)
 
 
 def _as_batch_size(value: Any) -> int:
@@ -102,7 +110,7 @@ def _as_batch_size(value: Any) -> int:
 class MarinLM(TemplateLM):
     def __init__(
         self,
-        scorer: "Scorer",
+        scorer: Scorer,
         tokenizer: Tokenizer,
         special: SpecialTokens,
         *,
@@ -147,7 +155,7 @@ class MarinLM(TemplateLM):
     @classmethod
     def from_trained(cls, trained: Any, *, max_length: int | None = None, **kwargs: Any) -> "MarinLM":
         """From `load_trained`'s TrainedModel(model, config, tokenizer)."""
-        from marin_rules.eval.scoring import ModelScorer
+        from marin_rules.eval.model_scorer import ModelScorer
 
         length = trained.config.max_seq_len if max_length is None else min(int(max_length), trained.config.max_seq_len)
         tokenizer, special = load_tokenizer(trained.tokenizer)
@@ -177,34 +185,91 @@ class MarinLM(TemplateLM):
 
     # ---- loglikelihood -------------------------------------------------------------
 
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """lm-eval's `TemplateLM.loglikelihood`, tokenizing every distinct string once
+        in one parallel `encode_batch` (the tokens are those of `_encode_pair`)."""
+        pairs = [tuple(request.args) for request in requests]
+        return self._loglikelihood_tokens(
+            [(pair, *self._encode_pair_cached(pair, encoded)) for pair, encoded in zip(pairs, self._encode_all(pairs))],
+            disable_tqdm=disable_tqdm,
+        )
+
+    def _encode_all(self, pairs: list[tuple[str, str]]) -> list[dict[str, list[int]]]:
+        """For each pair, the token ids of the strings `_encode_pair_cached` needs."""
+        needed = [self._pair_strings(context, continuation) for context, continuation in pairs]
+        distinct = list(dict.fromkeys(text for strings in needed for text in strings))
+        ids = dict(zip(distinct, (e.ids for e in self.tokenizer.encode_batch(distinct, add_special_tokens=False))))
+        return [{text: ids[text] for text in strings} for strings in needed]
+
+    @staticmethod
+    def _pair_strings(context: str, continuation: str) -> tuple[str, ...]:
+        if context == "":
+            return (continuation,)
+        stripped = context.rstrip()
+        return (context + continuation, stripped)
+
+    def _encode_pair_cached(self, pair: tuple[str, str], encoded: dict[str, list[int]]) -> tuple[list[int], list[int]]:
+        """TemplateLM's rules: an empty context becomes the prefix token (unless the
+        continuation already starts with it); trailing context spaces move to the
+        continuation; the continuation is the whole encoding after the context's."""
+        context, continuation = pair
+        if context == "":
+            tokens = encoded[continuation]
+            if tokens and tokens[0] == self.prefix_token_id:
+                return tokens[:1], tokens[1:]
+            return [self.prefix_token_id], tokens
+        whole, context_ids = encoded[context + continuation], encoded[context.rstrip()]
+        return context_ids, whole[len(context_ids) :]
+
     def _loglikelihood_tokens(
         self, requests: list[tuple[Any, list[int], list[int]]], disable_tqdm: bool = False, **kwargs: Any
     ) -> list[tuple[float, bool]]:
         """Score each (cache key, context tokens, continuation tokens), batched."""
-        pieces = [(i, seq, n) for i, (_, ctx, cont) in enumerate(requests) for seq, n in self._pieces(ctx, cont)]
+        pieces = []  # (request, prefix, suffix inputs, targets)
+        for i, (_, context, continuation) in enumerate(requests):
+            for seq, n in self._pieces(context, continuation):
+                split = len(seq) - 1 - n
+                pieces.append((i, tuple(seq[:split]), seq[split:-1], seq[split + 1 :]))
+        order = sorted(range(len(pieces)), key=lambda p: (-len(pieces[p][1]), pieces[p][1], -len(pieces[p][2])))
         logps = np.zeros(len(requests), np.float64)
         greedy = np.ones(len(requests), bool)
-        order = sorted(range(len(pieces)), key=lambda p: -len(pieces[p][1]))
         with tqdm(total=len(order), desc="marin loglikelihood", disable=disable_tqdm, leave=False) as bar:
             for start in range(0, len(order), self.batch_size):
                 chunk = [pieces[p] for p in order[start : start + self.batch_size]]
-                T = bucket_length(max(len(seq) - 1 for _, seq, _ in chunk), self.max_length)
-                inputs = np.full((self.batch_size, T), self.special.pad, np.int32)
-                targets = np.zeros((self.batch_size, T), np.int32)
-                for row, (_, seq, _) in enumerate(chunk):
-                    inputs[row, : len(seq) - 1] = seq[:-1]
-                    targets[row, : len(seq) - 1] = seq[1:]
-                row_logp, row_greedy = self.scorer.token_logprobs(inputs, targets)
-                for row, (i, seq, n) in enumerate(chunk):
-                    end = len(seq) - 1
-                    logps[i] += np.sum(row_logp[row, end - n : end], dtype=np.float64)
-                    greedy[i] &= bool(np.all(row_greedy[row, end - n : end]))
+                row_logp, row_greedy = self.scorer.score(self._score_batch(chunk))
+                for row, (i, _, suffix, _) in enumerate(chunk):
+                    logps[i] += np.sum(row_logp[row, : len(suffix)], dtype=np.float64)
+                    greedy[i] &= bool(np.all(row_greedy[row, : len(suffix)]))
                 bar.update(len(chunk))
         results = [(float(lp), bool(g)) for lp, g in zip(logps, greedy)]
         for (key, _, _), result in zip(requests, results):
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, result)
         return results
+
+    def _score_batch(self, chunk: list[tuple[int, tuple[int, ...], list[int], list[int]]]) -> ScoreBatch:
+        """Padded arrays for up to `batch_size` pieces: each distinct prefix once."""
+        groups: dict[tuple[int, ...], int] = {}
+        for _, prefix, _, _ in chunk:
+            groups.setdefault(prefix, len(groups))
+        pad, L = self.special.pad, self.max_length
+        prefixes = np.full((bucket_rows(len(groups), self.batch_size), bucket_length(max(map(len, groups)), L)), pad, np.int32)
+        for prefix, g in groups.items():
+            prefixes[g, : len(prefix)] = prefix
+        Tk = bucket_length(max(len(suffix) for _, _, suffix, _ in chunk), L, MIN_SUFFIX_BUCKET)
+        suffixes = np.full((self.batch_size, Tk), pad, np.int32)
+        targets = np.zeros((self.batch_size, Tk), np.int32)
+        group = np.zeros(self.batch_size, np.int32)
+        start = np.zeros(self.batch_size, np.int32)
+        for row, (_, prefix, suffix, target) in enumerate(chunk):
+            suffixes[row, : len(suffix)] = suffix
+            targets[row, : len(target)] = target
+            group[row], start[row] = groups[prefix], len(prefix)
+        cache_length = bucket_length(max(len(p) + len(s) for _, p, s, _ in chunk), L)
+        real = np.asarray([row * Tk + t for row, (_, _, suffix, _) in enumerate(chunk) for t in range(len(suffix))], np.int32)
+        scored = np.full(bucket_length(len(real), self.batch_size * Tk, MIN_SUFFIX_BUCKET), real[0] if len(real) else 0, np.int32)
+        scored[: len(real)] = real
+        return ScoreBatch(prefixes, suffixes, targets, group, start, cache_length, scored)
 
     def _pieces(self, context: list[int], continuation: list[int]) -> list[tuple[list[int], int]]:
         """(token sequence of at most max_length + 1, number of final targets scored)
@@ -277,16 +342,17 @@ class MarinLM(TemplateLM):
         return outputs
 
     def _generate_batch(self, rows: list[tuple[list[int], list[str], int]]) -> list[str]:
-        T = bucket_length(max(len(tokens) + max_gen for tokens, _, max_gen in rows), self.max_length)
-        buffer = np.full((self.batch_size, T), self.special.pad, np.int32)
-        positions = np.ones(self.batch_size, np.int32)  # padding rows: any valid position
+        L = self.max_length
+        prompts = np.full((self.batch_size, bucket_length(max(len(t) for t, _, _ in rows), L)), self.special.pad, np.int32)
+        lengths = np.ones(self.batch_size, np.int32)  # padding rows: one pad token
         for r, (tokens, _, _) in enumerate(rows):
-            buffer[r, : len(tokens)] = tokens
-            positions[r] = len(tokens)
+            prompts[r, : len(tokens)] = tokens
+            lengths[r] = len(tokens)
+        cache_length = bucket_length(max(len(tokens) + max_gen for tokens, _, max_gen in rows), L)
+        next_tokens, state = self.scorer.prefill(prompts, lengths, cache_length)
         generated: list[list[int]] = [[] for _ in rows]
         active = [True] * len(rows)
-        while any(active):
-            next_tokens = self.scorer.next_tokens(buffer, positions - 1)
+        while True:
             for r, (_, until, max_gen) in enumerate(rows):
                 if not active[r]:
                     continue
@@ -295,11 +361,18 @@ class MarinLM(TemplateLM):
                     active[r] = False
                     continue
                 generated[r].append(token)
-                buffer[r, positions[r]] = token
-                positions[r] += 1
                 text = self.tok_decode(generated[r])
                 if len(generated[r]) >= max_gen or any(stop in text for stop in until):
                     active[r] = False
+            if not any(active):
+                break
+            # feed each row its newest token at the next position (finished rows: anything, anywhere)
+            feed = np.full(self.batch_size, self.special.pad, np.int32)
+            positions = np.full(self.batch_size, cache_length - 1, np.int32)
+            for r, (tokens, _, _) in enumerate(rows):
+                if active[r]:
+                    feed[r], positions[r] = generated[r][-1], len(tokens) + len(generated[r]) - 1
+            next_tokens, state = self.scorer.decode(state, feed, positions)
         texts = []
         for r, (_, until, _) in enumerate(rows):
             text = self.tok_decode(generated[r])
@@ -307,4 +380,3 @@ class MarinLM(TemplateLM):
                 text = text.split(stop)[0]
             texts.append(text)
         return texts
-

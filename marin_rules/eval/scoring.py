@@ -1,73 +1,55 @@
 """The scoring interface the lm-eval wrapper talks to, and its JAX implementation.
 
-Model: a `Scorer` sees only padded integer arrays, never text or requests:
-`token_logprobs(inputs [B, T], targets [B, T]) -> (log p(target_t | inputs_<=t) [B, T],
-target_t is the argmax [B, T])` and `next_tokens(inputs [B, T], positions [B]) ->
-argmax token after position p of each row [B]`. `max_length` is the longest input it
-takes. The lm-eval class (lm.py) turns requests into such arrays (sorted, padded to a
-few bucketed lengths, batched); a scorer is a model (`ModelScorer`, one jitted forward
-per call) or a baseline (`baseline.UnigramScorer`).
+Model: a `Scorer` sees only padded integer arrays, never text or requests. The wrapper
+(lm.py) splits every scored sequence into a *prefix* (the history whose tokens are
+not scored) and a *suffix* (the inputs at the scored positions), and sends a
+`ScoreBatch`: distinct prefixes once each, and suffix rows that name their prefix.
+Continuations sharing a context (the choices of a multiple-choice question) share one
+prefix row, so the context is run once. The scorer returns, for every suffix position,
+log p(target | prefix, suffix up to it) and whether the target is the argmax.
 
-Rows are right-padded: a causal model's outputs at real positions do not depend on the
-padding after them, and the project's MoE dispatch is dropless, so a token's score
-does not depend on the other rows of its batch either.
+Generation is `prefill(prompts, lengths, cache_length) -> (next tokens, state)` then
+`decode(state, tokens, positions) -> (next tokens, state)` one token at a time;
+`state` is the scorer's own (the model's key/value cache).
+
+The scorers: the model (model_scorer.py, JAX) and the unigram baseline (baseline.py,
+numpy). This module imports neither JAX nor lm-eval.
 """
 
 from __future__ import annotations
 
-from functools import partial
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+
+
+@dataclass(frozen=True)
+class ScoreBatch:
+    """prefixes [G, Tp]: right-padded histories (row g's real tokens sit at positions
+    0..len-1); suffixes, targets [R, Tk]: the inputs at scored positions and the token
+    each must predict; group [R]: the prefix row of each suffix row; start [R]: the
+    position of suffix[:, 0], i.e. its prefix's length; cache_length: positions the
+    key/value cache holds, >= every row's start + real suffix length; scored [K]: the
+    flat indices (row * Tk + t) of the real suffix positions, padded to a bucketed K
+    by repeating one of them. Scores elsewhere are not computed (returned as 0)."""
+
+    prefixes: np.ndarray
+    suffixes: np.ndarray
+    targets: np.ndarray
+    group: np.ndarray
+    start: np.ndarray
+    cache_length: int
+    scored: np.ndarray
 
 
 class Scorer(Protocol):
     max_length: int
 
-    def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+    def score(self, batch: ScoreBatch) -> tuple[np.ndarray, np.ndarray]:
+        """(log p(target) [R, Tk], target is the argmax [R, Tk])."""
+        ...
 
-    def next_tokens(self, inputs: np.ndarray, positions: np.ndarray) -> np.ndarray: ...
+    def prefill(self, prompts: np.ndarray, lengths: np.ndarray, cache_length: int) -> tuple[np.ndarray, Any]: ...
 
-
-def _logits(graphdef, state, inputs):
-    return nnx.merge(graphdef, state)(inputs)[0]
-
-
-# The model's structure (graphdef) is a static argument: every ModelScorer of the same
-# architecture shares one compiled program per input shape.
-@partial(jax.jit, static_argnums=0)
-def _token_logprobs(graphdef, state, inputs, targets):
-    logits = _logits(graphdef, state, inputs)
-    target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    # logit - logsumexp, not a full log_softmax: one pass less over [B, T, V]
-    target_logp = target_logits - jax.nn.logsumexp(logits, axis=-1)
-    return target_logp, target_logits >= jnp.max(logits, axis=-1)
-
-
-@partial(jax.jit, static_argnums=0)
-def _next_tokens(graphdef, state, inputs, positions):
-    logits = _logits(graphdef, state, inputs)
-    at = jnp.take_along_axis(logits, positions[:, None, None], axis=1)[:, 0]
-    return jnp.argmax(at, axis=-1).astype(jnp.int32)
-
-
-class ModelScorer:
-    """A flax nnx model `model(tokens[B, T]) -> (logits[B, T, V], aux)` as a Scorer.
-    Each distinct input shape compiles once; callers keep the shapes few."""
-
-    def __init__(self, model: nnx.Module, max_length: int):
-        self.max_length = max_length
-        self._graphdef, self._state = nnx.split(model)
-
-    def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        logp, greedy = _token_logprobs(
-            self._graphdef, self._state, jnp.asarray(inputs, jnp.int32), jnp.asarray(targets, jnp.int32)
-        )
-        return np.asarray(logp, np.float64), np.asarray(greedy)
-
-    def next_tokens(self, inputs: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        out = _next_tokens(self._graphdef, self._state, jnp.asarray(inputs, jnp.int32), jnp.asarray(positions, jnp.int32))
-        return np.asarray(out)
+    def decode(self, state: Any, tokens: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, Any]: ...

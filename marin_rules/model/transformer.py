@@ -9,12 +9,23 @@ per layer `expert_load` [L_moe, E], and `quantile_beta` [L_moe, E] when
 balance='quantile'. `loss_and_aux` is the training and evaluation objective;
 `update_router_bias` applies quantile balancing after each optimizer step.
 
+Inference uses the same layers through `trunk(tokens, positions=..., cache=...)`: each
+token sits at an explicit absolute position, and attention reads and writes a
+key/value cache (`KVCache`, keys and values of every layer at positions 0..S-1). A
+query at position p attends to every cached key at a position <= p, so one prefill
+followed by one-token steps (generation), or a shared prefix followed by several
+continuations (scoring), gives the logits of one causal forward pass. Cache entries
+at positions beyond a row's own tokens are never attended: they are masked until
+written. `logits(hidden)` applies the output head, only where it is needed.
+
 Parameters are float32; matmuls run in `compute_dtype`; the router and the logits are
 float32. References: nanoGPT model.py, Llama (RMSNorm, rotary, SwiGLU, GQA), GShard
 and Switch Transformer (MoE), Marin grug MoE (router bias).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,18 +52,53 @@ class RMSNorm(nnx.Module):
         return (x32 * self.scale[...]).astype(x.dtype)
 
 
-def rotary_tables(seq_len: int, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos, sin [T, head_dim/2] for rotary position embeddings (RoFormer)."""
+def rotary_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [..., T, head_dim/2] at integer `positions` [..., T] (RoFormer)."""
     freqs = 1.0 / theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
-    angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * freqs[None, :]
+    angles = positions.astype(jnp.float32)[..., None] * freqs
     return jnp.cos(angles), jnp.sin(angles)
 
 
 def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate pairs (first half, second half) of each head: x [B, T, N, H]."""
+    """Rotate pairs (first half, second half) of each head: x [B, T, N, H], cos and
+    sin [T, H/2] (shared by the batch) or [B, T, H/2] (per row)."""
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    c, s = cos[..., None, :], sin[..., None, :]
     return jnp.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1).astype(x.dtype)
+
+
+class KVCache(NamedTuple):
+    """Keys and values of every layer at absolute positions 0..S-1: k, v [L, B, S, N_kv, H]."""
+
+    k: jax.Array
+    v: jax.Array
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[2]
+
+    def rows(self, index: jax.Array) -> "KVCache":
+        """The cache of rows `index` [R] (rows may repeat: continuations sharing a prefix)."""
+        return KVCache(self.k[:, index], self.v[:, index])
+
+
+def empty_cache(config: ModelConfig, batch: int, length: int) -> KVCache:
+    shape = (config.n_layers, batch, length, config.n_kv_heads, config.head_dim)
+    zeros = jnp.zeros(shape, jnp.dtype(config.compute_dtype))
+    return KVCache(zeros, zeros)
+
+
+def cached_attention(q, k, v, kv: tuple[jax.Array, jax.Array], positions: jax.Array):
+    """Write this call's keys/values [B, T, N_kv, H] into the layer's cache at
+    `positions` [B, T] (positions past the cache are dropped), then attend each query
+    to every cached key at a position <= its own. Returns (y [B, T, N, H], (k, v))."""
+    k_cache, v_cache = kv
+    rows = jnp.arange(q.shape[0])[:, None]
+    k_cache = k_cache.at[rows, positions].set(k.astype(k_cache.dtype), mode="drop")
+    v_cache = v_cache.at[rows, positions].set(v.astype(v_cache.dtype), mode="drop")
+    visible = jnp.arange(k_cache.shape[1])[None, None, :] <= positions[:, :, None]  # [B, T, S]
+    y = jax.nn.dot_product_attention(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype), mask=visible[:, None])
+    return y, (k_cache, v_cache)
 
 
 class Attention(nnx.Module):
@@ -67,15 +113,21 @@ class Attention(nnx.Module):
         self.w_v = _normal(rngs, (c.d_model, c.n_kv_heads * c.head_dim), c.init_std)
         self.w_o = _normal(rngs, (c.n_heads * c.head_dim, c.d_model), c.init_std / (2 * c.n_layers) ** 0.5)
 
-    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, kv=None, positions=None):
+        """Causal self-attention over x [B, T, D]; with a layer cache `kv` (k, v [B, S,
+        N_kv, H]) and `positions` [B, T], attention over the cache instead. Returns
+        (y [B, T, D], the updated layer cache or None)."""
         B, T, _ = x.shape
         dt = self.dtype
         q = (x @ self.w_q[...].astype(dt)).reshape(B, T, self.n_heads, self.head_dim)
         k = (x @ self.w_k[...].astype(dt)).reshape(B, T, self.n_kv_heads, self.head_dim)
         v = (x @ self.w_v[...].astype(dt)).reshape(B, T, self.n_kv_heads, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # [B, T, n_heads, head_dim]
-        return y.reshape(B, T, -1) @ self.w_o[...].astype(dt)
+        if kv is None:
+            y = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # [B, T, n_heads, head_dim]
+        else:
+            y, kv = cached_attention(q, k, v, kv, positions)
+        return y.reshape(B, T, -1) @ self.w_o[...].astype(dt), kv
 
 
 class SwiGLU(nnx.Module):
@@ -146,13 +198,15 @@ class Block(nnx.Module):
         self.is_moe = c.is_moe_layer(layer)
         self.ffn = MoE(c, rngs=rngs) if self.is_moe else SwiGLU(c, c.d_ff, rngs=rngs)
 
-    def __call__(self, x, cos, sin) -> tuple[jax.Array, dict[str, jax.Array] | None]:
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def __call__(self, x, cos, sin, kv=None, positions=None):
+        """Returns (x, the MoE layer's stats or None, the updated layer cache or None)."""
+        attended, kv = self.attn(self.attn_norm(x), cos, sin, kv, positions)
+        x = x + attended
         if self.is_moe:
             y, stats = self.ffn(self.ffn_norm(x))
         else:
             y, stats = self.ffn(self.ffn_norm(x)), None
-        return constrain_batch(x + y), stats
+        return constrain_batch(x + y), stats, kv
 
 
 class MoETransformer(nnx.Module):
@@ -165,22 +219,42 @@ class MoETransformer(nnx.Module):
         self.head = None if c.tie_embeddings else _normal(rngs, (c.d_model, c.vocab_size), c.init_std)
 
     def __call__(self, tokens: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        hidden, aux, _ = self.trunk(tokens)
+        return self.logits(hidden), aux
+
+    def trunk(
+        self, tokens: jax.Array, *, positions: jax.Array | None = None, cache: KVCache | None = None
+    ) -> tuple[jax.Array, dict[str, jax.Array], KVCache | None]:
+        """Final-normed hidden states [B, T, D], aux, and the updated cache. Without a
+        cache: one causal pass over positions 0..T-1. With one: tokens at `positions`
+        [B, T] attend to the cache (see the module docstring)."""
         c = self.config
         B, T = tokens.shape
-        if T > c.max_seq_len:
-            raise ValueError(f"sequence length {T} exceeds max_seq_len={c.max_seq_len}")
         dt = jnp.dtype(c.compute_dtype)
+        if cache is None:
+            if T > c.max_seq_len:
+                raise ValueError(f"sequence length {T} exceeds max_seq_len={c.max_seq_len}")
+            cos, sin = rotary_tables(jnp.arange(T), c.head_dim, c.rope_theta)
+        else:
+            cos, sin = rotary_tables(positions, c.head_dim, c.rope_theta)
         x = constrain_batch(self.embed[...][tokens].astype(dt))
-        cos, sin = rotary_tables(T, c.head_dim, c.rope_theta)
-        layer_stats = []
-        for block in self.blocks:
-            x, stats = block(x, cos, sin)
+        layer_stats, keys, values = [], [], []
+        for i, block in enumerate(self.blocks):
+            kv = None if cache is None else (cache.k[i], cache.v[i])
+            x, stats, kv = block(x, cos, sin, kv, positions)
             if stats is not None:
                 layer_stats.append(stats)
-        x = self.norm(x)
+            if kv is not None:
+                keys.append(kv[0])
+                values.append(kv[1])
+        new_cache = None if cache is None else KVCache(jnp.stack(keys), jnp.stack(values))
+        return self.norm(x), _collect_aux(layer_stats, c.n_experts), new_cache
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """The output head: hidden [..., D] -> logits f32 [..., V]."""
         head = self.embed[...].T if self.head is None else self.head[...]
-        logits = (x @ head.astype(dt)).astype(jnp.float32)
-        return logits, _collect_aux(layer_stats, c.n_experts)
+        dt = jnp.dtype(self.config.compute_dtype)
+        return (hidden @ head.astype(dt)).astype(jnp.float32)
 
 
 def _collect_aux(layer_stats: list[dict], n_experts: int) -> dict[str, jax.Array]:

@@ -1,0 +1,89 @@
+"""The model as a `Scorer` (scoring.py): one jitted program per padded shape.
+
+Model: `score` runs the batch's distinct prefixes into a fresh key/value cache (no
+output head), then every suffix row against its prefix's cache, with the head only at
+the scored positions; `prefill` + `decode` are cached greedy decoding. Padding is on
+the right: a causal model's outputs at real positions do not depend on the padding
+after them, and the project's default MoE dispatch (`ragged`) is dropless, so a
+token's score does not depend on the other rows of its batch either (the `capacity`
+dispatch drops tokens per batch: evaluate such a model with moe_impl=ragged).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from marin_rules.eval.scoring import ScoreBatch
+from marin_rules.model.transformer import empty_cache
+
+
+def _positions(start: jax.Array, length: int) -> jax.Array:
+    return start[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
+
+
+# The model's structure (graphdef) is static: every ModelScorer of the same
+# architecture shares one compiled program per input shape.
+@partial(jax.jit, static_argnums=(0, 7))
+def _score(graphdef, state, prefixes, suffixes, targets, group, start, cache_length, scored):
+    model = nnx.merge(graphdef, state)
+    (G, Tp), (R, Tk) = prefixes.shape, suffixes.shape
+    cache = empty_cache(model.config, G, cache_length)
+    _, _, cache = model.trunk(prefixes, positions=_positions(jnp.zeros(G, jnp.int32), Tp), cache=cache)
+    hidden, _, _ = model.trunk(suffixes, positions=_positions(start, Tk), cache=cache.rows(group))
+    logits = model.logits(hidden.reshape(R * Tk, -1)[scored])  # the head only where scores are needed
+    target_logits = jnp.take_along_axis(logits, targets.reshape(-1)[scored][:, None], axis=-1)[:, 0]
+    # logit - logsumexp, not a full log_softmax: one pass less over [K, V]
+    logp = target_logits - jax.nn.logsumexp(logits, axis=-1)
+    greedy = target_logits >= jnp.max(logits, axis=-1)
+    flat = jnp.zeros(R * Tk, jnp.float32).at[scored].set(logp)
+    return flat.reshape(R, Tk), jnp.zeros(R * Tk, bool).at[scored].set(greedy).reshape(R, Tk)
+
+
+@partial(jax.jit, static_argnums=(0, 4))
+def _prefill(graphdef, state, prompts, lengths, cache_length):
+    model = nnx.merge(graphdef, state)
+    B, T = prompts.shape
+    cache = empty_cache(model.config, B, cache_length)
+    hidden, _, cache = model.trunk(prompts, positions=_positions(jnp.zeros(B, jnp.int32), T), cache=cache)
+    last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)[:, 0]
+    return jnp.argmax(model.logits(last), axis=-1).astype(jnp.int32), cache
+
+
+@partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _decode(graphdef, state, cache, tokens, positions):
+    model = nnx.merge(graphdef, state)
+    hidden, _, cache = model.trunk(tokens[:, None], positions=positions[:, None], cache=cache)
+    return jnp.argmax(model.logits(hidden[:, 0]), axis=-1).astype(jnp.int32), cache
+
+
+class ModelScorer:
+    """A flax nnx `MoETransformer` (anything with `trunk`, `logits` and `config`) as
+    a Scorer. Each distinct input shape compiles once."""
+
+    def __init__(self, model: nnx.Module, max_length: int):
+        self.max_length = max_length
+        self._graphdef, self._state = nnx.split(model)
+
+    def score(self, batch: ScoreBatch) -> tuple[np.ndarray, np.ndarray]:
+        i32 = partial(jnp.asarray, dtype=jnp.int32)
+        logp, greedy = _score(
+            self._graphdef, self._state, i32(batch.prefixes), i32(batch.suffixes), i32(batch.targets),
+            i32(batch.group), i32(batch.start), int(batch.cache_length), i32(batch.scored),
+        )  # fmt: skip
+        return np.asarray(logp, np.float64), np.asarray(greedy)
+
+    def prefill(self, prompts: np.ndarray, lengths: np.ndarray, cache_length: int) -> tuple[np.ndarray, Any]:
+        tokens, cache = _prefill(
+            self._graphdef, self._state, jnp.asarray(prompts, jnp.int32), jnp.asarray(lengths, jnp.int32), int(cache_length)
+        )
+        return np.asarray(tokens), cache
+
+    def decode(self, state: Any, tokens: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, Any]:
+        out, cache = _decode(self._graphdef, self._state, state, jnp.asarray(tokens, jnp.int32), jnp.asarray(positions, jnp.int32))
+        return np.asarray(out), cache
