@@ -16,7 +16,7 @@ evaluations/nano-moe@v1:
     tasks: [marin_shakespeare_bpb, {name: marin_shakespeare_cloze, limit: 200}]
     limit: null          # examples per task (all); a task entry may override it
     num_fewshot: 0       # a task entry may override it
-    batch_size: 16       # sequences per forward pass
+    batch_size: 32       # scored continuations per jitted call (their shared contexts run once)
     seed: 0              # cloze distractors, passages order, lm-eval's seeds
     baseline: unigram    # or none
 ```
@@ -53,7 +53,7 @@ REQUIRED_DEPS = {
 OPTIONAL_DEPS: dict[str, str] = {}
 
 DEFAULT_TASKS = LOCAL_TASKS
-DEFAULT_BATCH_SIZE = 16
+DEFAULT_BATCH_SIZE = 32
 TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 

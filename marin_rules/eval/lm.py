@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 MIN_BUCKET = 16  # the shortest padded history
 MIN_SUFFIX_BUCKET = 8  # the fewest padded scored positions
-DEFAULT_BATCH_SIZE = 16
+DEFAULT_BATCH_SIZE = 32
 DEFAULT_MAX_GEN_TOKS = 256
 
 
