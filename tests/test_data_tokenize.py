@@ -90,6 +90,15 @@ def test_two_workers_write_exactly_what_one_worker_writes(built, tmp_path):
         assert (tmp_path / "two" / name).read_bytes() == (built["tokens"] / name).read_bytes()
 
 
+@pytest.mark.timeout(120)
+def test_a_worker_that_cannot_start_is_an_error_not_a_hang():
+    # the workers' initializer fails (a tokenizer.json that does not parse): the
+    # parent gets an exception instead of waiting forever for a pool that respawns
+    stream = tokenize_module.encode_stream(iter(["a", "b", "c"]), "{not json", 0, "uint16", num_workers=2, batch_size=1)
+    with pytest.raises(Exception, match="process pool|terminated"):
+        list(stream)
+
+
 def test_validation_documents_are_evenly_spaced_and_never_all_or_none():
     assert split_labels(10, 0.2) == ["train", "train", "train", "train", "validation"] * 2
     assert split_labels(3, 0.01).count("validation") == 1

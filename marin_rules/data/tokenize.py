@@ -29,6 +29,7 @@ import collections
 import multiprocessing
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -204,15 +205,19 @@ def encode_stream(
             yield encode_batch(batch)
         return
     # spawn, not fork: the parent may hold threads (a tokenizers thread pool, JAX).
+    # A ProcessPoolExecutor, not a multiprocessing.Pool: a worker that dies (killed,
+    # out of memory, a failing initializer) raises BrokenProcessPool instead of hanging.
     context = multiprocessing.get_context("spawn")
-    with context.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer_json, eos_id, dtype)) as pool:
+    with ProcessPoolExecutor(
+        num_workers, mp_context=context, initializer=_init_worker, initargs=(tokenizer_json, eos_id, dtype)
+    ) as pool:
         pending: collections.deque = collections.deque()
         for batch in batches(texts, batch_size):
-            pending.append(pool.apply_async(encode_batch, (batch,)))
+            pending.append(pool.submit(encode_batch, batch))
             if len(pending) >= 2 * num_workers:  # bounded: memory stays flat on large corpora
-                yield pending.popleft().get()
+                yield pending.popleft().result()
         while pending:
-            yield pending.popleft().get()
+            yield pending.popleft().result()
 
 
 _WORKER: dict[str, Any] = {}

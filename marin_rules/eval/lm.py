@@ -6,14 +6,13 @@ both are scored by exactly the same tokenization, batching and tasks.
 
 - `loglikelihood`: each (context, continuation) is tokenized (lm-eval's `TemplateLM`
   rules: trailing context spaces move to the continuation; an empty context becomes
-  the prefix token) and truncated on the left to `max_length + 1` tokens. Its inputs
-  split into a prefix (the unscored history) and a suffix (the inputs at the scored
-  positions); requests are sorted so that equal prefixes sit together, and each batch
-  of `batch_size` suffix rows runs every distinct prefix once (the choices of a
-  multiple-choice question share their context) and the output head only at scored
-  positions. Rows are right-padded to bucketed lengths (powers of two and the points
-  halfway between, capped at `max_length`), so a whole evaluation compiles a handful
-  of shapes.
+  the prefix token) and truncated on the left to `max_length + 1` tokens. A history
+  that several requests share (the context of a multiple-choice question's choices)
+  becomes a prefix: requests are sorted so that equal prefixes sit together, and each
+  batch of `batch_size` rows runs every distinct prefix once into a key/value cache,
+  then the rows' own tokens after it. The output head runs only at scored positions. Rows are right-padded to bucketed lengths (powers of two, capped at
+  `max_length`) and the key/value cache has one length per call, so a whole
+  evaluation compiles a handful of shapes.
 - `loglikelihood_rolling`: lm-eval's `get_rolling_token_windows` over the model's
   context: every token of a document is predicted exactly once, each window seeing
   at least `rolling_context` tokens of history (default half the context); the
@@ -31,6 +30,7 @@ From the command line the class must be imported before lm-eval looks the name u
 
 from __future__ import annotations
 
+import collections
 import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -51,6 +51,19 @@ MIN_BUCKET = 16  # the shortest padded history
 MIN_SUFFIX_BUCKET = 8  # the fewest padded scored positions
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_MAX_GEN_TOKS = 256
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One scored window of a request: `prefix` (history run into the cache, shared
+    with other pieces), `suffix` (the inputs after it) and `targets` (the next token
+    at each suffix position); the last `scored` targets count."""
+
+    request: int
+    prefix: tuple[int, ...]
+    suffix: list[int]
+    targets: list[int]
+    scored: int
 
 
 @dataclass(frozen=True)
@@ -82,13 +95,19 @@ def load_tokenizer(location: str) -> tuple[Tokenizer, SpecialTokens]:
     return tokenizer, SpecialTokens(ids["bos"], ids["eos"], ids["pad"] if ids["pad"] is not None else ids["eos"])
 
 
-def bucket_length(n: int, max_length: int, smallest: int = MIN_BUCKET) -> int:
-    """The padded length for a row of `n` tokens: the next of `smallest` x 1, 1.5, 2,
-    3, 4, 6, ... (powers of two and the points halfway between, so padding wastes at
-    most a third), capped at `max_length`."""
+def bucket_length(n: int, max_length: int, smallest: int = MIN_BUCKET, *, halves: bool = False) -> int:
+    """The padded length for a row of `n` tokens: the next power of two >= `smallest`
+    (with `halves`, also 1.5 times one: 8, 12, 16, 24, ...), capped at `max_length`.
+    Coarse on purpose: each new shape costs a compile (about 2 s for the default model
+    on CPU, as long as ~100 batches), so few shapes beat tight padding."""
     size = smallest
     while size < n:
-        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
+        if not halves:
+            size *= 2
+        elif size & (size - 1) == 0:  # a power of two: 16 -> 24
+            size = size * 3 // 2
+        else:  # 1.5 times one: 24 -> 32
+            size = size // 3 * 4
     return min(size, max_length)
 
 
@@ -225,21 +244,19 @@ class MarinLM(TemplateLM):
         self, requests: list[tuple[Any, list[int], list[int]]], disable_tqdm: bool = False, **kwargs: Any
     ) -> list[tuple[float, bool]]:
         """Score each (cache key, context tokens, continuation tokens), batched."""
-        pieces = []  # (request, prefix, suffix inputs, targets)
-        for i, (_, context, continuation) in enumerate(requests):
-            for seq, n in self._pieces(context, continuation):
-                split = len(seq) - 1 - n
-                pieces.append((i, tuple(seq[:split]), seq[split:-1], seq[split + 1 :]))
-        order = sorted(range(len(pieces)), key=lambda p: (-len(pieces[p][1]), pieces[p][1], -len(pieces[p][2])))
+        pieces = self._split(requests)
+        order = sorted(range(len(pieces)), key=lambda p: (-len(pieces[p].prefix), pieces[p].prefix, -len(pieces[p].suffix)))
+        cache_length = bucket_length(max((len(p.prefix) + len(p.suffix) for p in pieces), default=1), self.max_length)
         logps = np.zeros(len(requests), np.float64)
         greedy = np.ones(len(requests), bool)
         with tqdm(total=len(order), desc="marin loglikelihood", disable=disable_tqdm, leave=False) as bar:
             for start in range(0, len(order), self.batch_size):
                 chunk = [pieces[p] for p in order[start : start + self.batch_size]]
-                row_logp, row_greedy = self.scorer.score(self._score_batch(chunk))
-                for row, (i, _, suffix, _) in enumerate(chunk):
-                    logps[i] += np.sum(row_logp[row, : len(suffix)], dtype=np.float64)
-                    greedy[i] &= bool(np.all(row_greedy[row, : len(suffix)]))
+                row_logp, row_greedy = self.scorer.score(self._score_batch(chunk, cache_length))
+                for row, piece in enumerate(chunk):
+                    scored = slice(len(piece.suffix) - piece.scored, len(piece.suffix))
+                    logps[piece.request] += np.sum(row_logp[row, scored], dtype=np.float64)
+                    greedy[piece.request] &= bool(np.all(row_greedy[row, scored]))
                 bar.update(len(chunk))
         results = [(float(lp), bool(g)) for lp, g in zip(logps, greedy)]
         for (key, _, _), result in zip(requests, results):
@@ -247,27 +264,41 @@ class MarinLM(TemplateLM):
                 self.cache_hook.add_partial("loglikelihood", key, result)
         return results
 
-    def _score_batch(self, chunk: list[tuple[int, tuple[int, ...], list[int], list[int]]]) -> ScoreBatch:
+    def _split(self, requests: list[tuple[Any, list[int], list[int]]]) -> list[Piece]:
+        """Every scored window of every request, as a `Piece`. A history that several
+        pieces share becomes their common prefix (run once per batch); any other
+        window is all suffix, scored at its last positions only."""
+        windows = [(i, seq, n) for i, (_, ctx, cont) in enumerate(requests) for seq, n in self._pieces(ctx, cont)]
+        histories = collections.Counter(tuple(seq[: len(seq) - 1 - n]) for _, seq, n in windows)
+        pieces = []
+        for i, seq, n in windows:
+            split = len(seq) - 1 - n
+            if histories[tuple(seq[:split])] < 2:
+                split = 0
+            pieces.append(Piece(i, tuple(seq[:split]), seq[split:-1], seq[split + 1 :], n))
+        return pieces
+
+    def _score_batch(self, chunk: list[Piece], cache_length: int) -> ScoreBatch:
         """Padded arrays for up to `batch_size` pieces: each distinct prefix once."""
         groups: dict[tuple[int, ...], int] = {}
-        for _, prefix, _, _ in chunk:
-            groups.setdefault(prefix, len(groups))
+        for piece in chunk:
+            groups.setdefault(piece.prefix, len(groups))
         pad, L = self.special.pad, self.max_length
         prefixes = np.full((bucket_rows(len(groups), self.batch_size), bucket_length(max(map(len, groups)), L)), pad, np.int32)
         for prefix, g in groups.items():
             prefixes[g, : len(prefix)] = prefix
-        Tk = bucket_length(max(len(suffix) for _, _, suffix, _ in chunk), L, MIN_SUFFIX_BUCKET)
+        Tk = bucket_length(max(len(piece.suffix) for piece in chunk), L, MIN_SUFFIX_BUCKET, halves=True)
         suffixes = np.full((self.batch_size, Tk), pad, np.int32)
         targets = np.zeros((self.batch_size, Tk), np.int32)
         group = np.zeros(self.batch_size, np.int32)
         start = np.zeros(self.batch_size, np.int32)
-        for row, (_, prefix, suffix, target) in enumerate(chunk):
-            suffixes[row, : len(suffix)] = suffix
-            targets[row, : len(target)] = target
-            group[row], start[row] = groups[prefix], len(prefix)
-        cache_length = bucket_length(max(len(p) + len(s) for _, p, s, _ in chunk), L)
-        real = np.asarray([row * Tk + t for row, (_, _, suffix, _) in enumerate(chunk) for t in range(len(suffix))], np.int32)
-        scored = np.full(bucket_length(len(real), self.batch_size * Tk, MIN_SUFFIX_BUCKET), real[0] if len(real) else 0, np.int32)
+        real = []
+        for row, piece in enumerate(chunk):
+            suffixes[row, : len(piece.suffix)] = piece.suffix
+            targets[row, : len(piece.targets)] = piece.targets
+            group[row], start[row] = groups[piece.prefix], len(piece.prefix)
+            real.extend(range(row * Tk + len(piece.suffix) - piece.scored, row * Tk + len(piece.suffix)))
+        scored = np.full(bucket_length(len(real), self.batch_size * Tk, MIN_SUFFIX_BUCKET), real[0] if real else 0, np.int32)
         scored[: len(real)] = real
         return ScoreBatch(prefixes, suffixes, targets, group, start, cache_length, scored)
 
