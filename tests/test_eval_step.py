@@ -18,6 +18,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import ConfigError
 from marin_rules.eval.config import BPB_TASK, CLOZE_TASK, check_evaluate, parse_evaluate
+from marin_rules.eval.step import results_table
 from test_eval_lm import tiny_artifacts
 
 DEPS = {"model": "checkpoints/m@v1", "data": "raw/shakespeare@v1"}
@@ -137,3 +138,10 @@ def test_lm_eval_command_line_runs_the_marin_model(artifacts, tmp_path, monkeypa
     (written,) = list(out.rglob("results_*.json"))
     results = json.loads(written.read_text())["results"][BPB_TASK]
     assert 0 < results["bits_per_byte,none"] < 16
+
+
+def test_results_table_says_which_side_is_better_and_calls_equal_scores_a_tie():
+    table = results_table({"t": {"bits_per_byte": 2.5, "baseline_bits_per_byte": 3.1, "acc": 0.29, "baseline_acc": 0.29,
+                                 "acc_norm": 0.2, "baseline_acc_norm": 0.3}}, "evals/x@v1")  # fmt: skip
+    rows = {line.split("|")[2].strip(): line.split("|")[5].strip() for line in table.splitlines() if line.startswith("| t ")}
+    assert rows == {"bits_per_byte": "model", "acc": "tie", "acc_norm": "baseline"}

@@ -153,7 +153,10 @@ def results_table(summary: dict[str, dict[str, float]], title: str) -> str:
             better = ""
             if base is not None:
                 lower = "perplexity" in metric or metric == "bits_per_byte"
-                better = "model" if (value < base if lower else value > base) else "baseline"
+                if value == base:
+                    better = "tie"
+                else:
+                    better = "model" if (value < base if lower else value > base) else "baseline"
             lines.append(f"| {task} | {metric} | {value:.4f} | {'' if base is None else f'{base:.4f}'} | {better} |")
     return "\n".join(lines) + "\n"
 
