@@ -263,8 +263,8 @@ class Session:
             output=location,
         )
         provenance = Provenance(self.workflow_dir, self.command, rule, jobid)
-        writer = pod is None or pod.is_writer
-        record = run_step(ctx, entry, provenance, self._step_function(artifact), write_records=writer)
+        process = None if pod is None else pod.process_id
+        record = run_step(ctx, entry, provenance, self._step_function(artifact), process=process)
         if self.records_root != self.prefix:  # remote prefix: Snakemake checks the local mirror
             storage.write_json_atomic(self.record_path(artifact.key), record)
 
@@ -292,11 +292,12 @@ class JobTerminated(BaseException):
 
 
 def run_step(
-    ctx: StepContext, entry: dict, provenance: Provenance, function: Callable, write_records: bool = True
+    ctx: StepContext, entry: dict, provenance: Provenance, function: Callable, process: int | None = None
 ) -> dict:
     """Call a step; success record last, or failure record then re-raise.
 
-    Every process of a pod runs the step; only the writer (process 0) writes records.
+    Every process of a pod (`process` is its index) runs the step; only process 0
+    writes the success record, and every process that fails writes a failure record.
     The success record is returned either way."""
     started = utc_now()
     storage.makedirs(ctx.output)
@@ -317,15 +318,14 @@ def run_step(
             status = "SIGINT"
         elif isinstance(error, SystemExit):
             status = error.code if isinstance(error.code, int) else 1
-        if write_records:
-            where = write_failure(ctx.output, entry, error, provenance.as_dict(started, ended), status)
-            print(f"{ctx.key}: step failed ({type(error).__name__}: {error}); failure record {where}", file=sys.stderr)
+        where = write_failure(ctx.output, entry, error, provenance.as_dict(started, ended), status, process)
+        print(f"{ctx.key}: step failed ({type(error).__name__}: {error}); failure record {where}", file=sys.stderr)
         raise
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     record = success_record(entry, result, provenance.as_dict(started, utc_now()))
-    if write_records:
+    if not process:
         write_success(ctx.output, record)
     return record
 

@@ -70,6 +70,9 @@ def test_a_dead_pod_process_fails_the_job_and_stops_the_other(tmp_path):
     assert not (out / ".artifact.json").exists()
     assert "tpu executor: process 1 exited with 1" in proc.stderr
     assert "process 1 lost its TPU" in proc.stderr  # the failing process's log tail
+    # the cause is on record, from the process that failed
+    (failure,) = [json.loads(f.read_text()) for f in (out / ".failures").glob("*-p1.json")]
+    assert failure["process"] == 1 and "process 1 lost its TPU" in failure["error"]["message"]
 
 
 @pytest.mark.slow

@@ -38,6 +38,25 @@ def test_success_record_is_written_after_the_step_and_holds_its_result(tmp_path)
     assert record["result"] == {"tokens": 12} and record["status"] == "success"
 
 
+def test_on_a_pod_only_process_0_writes_success_and_every_failing_process_its_own_failure(tmp_path):
+    out = str(tmp_path / "x/y/v1")
+    provenance = Provenance(str(tmp_path), [], None, None)
+    record = run_step(_ctx(out), _entry(out), provenance, lambda ctx: {"n": 1}, process=1)
+    assert record["result"] == {"n": 1} and not (Path(out) / ".artifact.json").exists()
+
+    def out_of_memory(ctx):
+        raise MemoryError("host 1 ran out of memory")
+
+    for process in (1, 0):
+        with pytest.raises(MemoryError):
+            run_step(_ctx(out), _entry(out), provenance, out_of_memory, process=process)
+    failures = {f.name: json.loads(f.read_text()) for f in (Path(out) / ".failures").glob("*.json")}
+    assert sorted(f["process"] for f in failures.values()) == [0, 1]
+    (host1,) = [name for name, f in failures.items() if f["process"] == 1]
+    assert host1.endswith("-p1.json") and "host 1 ran out of memory" in failures[host1]["error"]["message"]
+    assert not (Path(out) / ".artifact.json").exists()
+
+
 def test_result_without_stable_json_form_fails_with_a_record(tmp_path):
     out = str(tmp_path / "x/y/v1")
     with pytest.raises(Exception, match=r"result\.s"):

@@ -141,12 +141,16 @@ def write_failure(
     error: BaseException,
     provenance: dict[str, Any],
     exit_status: int | str | None = None,
+    process: int | None = None,
 ) -> str:
-    """Write one failure record; returns its location."""
+    """Write one failure record; returns its location. On a pod every process that
+    fails writes its own (`process` is its index; the file name ends `-p<index>`
+    except for process 0), so the cause is recorded even where it was not process 0."""
     when = provenance.get("ended") or iso(utc_now())
     stamp = when.replace(":", "").replace("-", "")
     record = {
         **identity_fields(entry),
+        **({} if process is None else {"process": process}),
         "status": "failed",
         "error": {
             "type": type(error).__name__,
@@ -156,7 +160,8 @@ def write_failure(
         },
         "provenance": provenance,
     }
-    target = storage.join(failures_location(location), f"{stamp}.json")
+    suffix = f"-p{process}" if process else ""
+    target = storage.join(failures_location(location), f"{stamp}{suffix}.json")
     storage.write_json_atomic(target, record)
     return target
 

@@ -5,7 +5,8 @@ Snakemake job command once per host and tells each process its place through thr
 variables, which JAX itself also needs: `MARIN_POD_COORDINATOR` (`host:port` of
 process 0, or `auto` on a TPU VM, where JAX reads the slice metadata),
 `MARIN_POD_NUM_PROCESSES` and `MARIN_POD_PROCESS_ID`. The job wrapper turns them into
-the step's `runtime.distributed` and lets only process 0 write records. Without
+the step's `runtime.distributed`; only process 0 writes the success record, every
+process that fails its own failure record. Without
 them a job is a single process.
 """
 
@@ -24,10 +25,6 @@ class PodProcess:
     coordinator: str  # "host:port", or "auto" on a TPU VM
     num_processes: int
     process_id: int
-
-    @property
-    def is_writer(self) -> bool:
-        return self.process_id == 0
 
     def runtime_distributed(self) -> Any:
         """The value of `runtime.distributed` the train step reads."""
