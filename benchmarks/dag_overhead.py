@@ -60,6 +60,8 @@ def write_experiment(folder: Path, n: int) -> Path:
     }
     path = folder / "sweep.yaml"
     path.write_text(yaml.safe_dump(experiment, sort_keys=False))
+    # the user step's module must exist (checked at load); the dry run never calls it
+    (folder / "benchsteps.py").write_text("def noop(ctx):\n    return {}\n")
     return path
 
 
@@ -69,6 +71,7 @@ def write_records(experiment_path: Path, prefix: str) -> int:
     from marin_rules.artifacts.records import success_record, write_success
     from marin_rules.experiment import load_experiment
 
+    sys.path.insert(0, str(experiment_path.parent))  # where its user step module is
     experiment = load_experiment(str(experiment_path))
     for artifact in experiment.artifacts.values():
         location = artifact_location(prefix, artifact.id)

@@ -72,7 +72,9 @@ def format_table(rows: list[Status]) -> str:
 
 
 def _load(args) -> Experiment:
-    return load_experiment(args.experiment)
+    if args.configfile and args.experiment not in (None, args.configfile):
+        raise MarinError(f"two experiments given ({args.experiment} and --configfile {args.configfile}); give one")
+    return load_experiment(args.configfile or args.experiment or DEFAULT_EXPERIMENT)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=helptext)
         if name != "status":
             p.add_argument("key", help="name@version")
-        p.add_argument("experiment", nargs="?", default=DEFAULT_EXPERIMENT, help="experiment YAML file")
+        p.add_argument("experiment", nargs="?", default=None, help=f"experiment YAML file (default {DEFAULT_EXPERIMENT})")
+        p.add_argument("--configfile", help="the same, spelled as for snakemake")
         p.add_argument("--prefix", default=DEFAULT_PREFIX, help="artifact prefix (local path or gs:// URL)")
     args = parser.parse_args(argv)
     try:
@@ -96,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
             print(format_table([artifact_status(a, prefix) for a in experiment.artifacts.values()]))
             return 0
         if args.key not in experiment.artifacts:
-            raise MarinError(f"{args.key}: not an artifact of {experiment.path}")
+            raise MarinError(
+                f"{args.key}: not an artifact of {experiment.path} (name the experiment file: "
+                f"marin {args.command} {args.key} --configfile experiments/X.yaml)"
+            )
         artifact = experiment[args.key]
         location = artifact_location(prefix, artifact.id)
         if args.command == "path":

@@ -2,8 +2,10 @@
 
 Model: an experiment is one YAML file with `artifacts:` (entries keyed `name@version`)
 and optionally `sweeps:` (templates expanded into many entries). Loading validates
-everything before anything runs: keys, steps, deps (missing ones and cycles), each
-built-in step's config, the canonical form of every recipe, and pinned fingerprints.
+everything before anything runs: keys, steps (a user step's module must be findable),
+deps (missing ones, cycles, and an upstream of the wrong kind for a built-in step's
+role), each built-in step's config, the canonical form of every recipe, and pinned
+fingerprints.
 Every error is one line that names the artifact and the field. The result is an
 `Experiment`: artifacts in dependency order, each with its fingerprint.
 
@@ -30,7 +32,8 @@ import yaml
 from marin_rules.artifacts.canonical import canonical_value, fingerprint, fingerprint_payload
 from marin_rules.artifacts.errors import ConfigError, ExperimentError
 from marin_rules.artifacts.identity import ArtifactId, parse_key
-from marin_rules.steps import check_step_config, is_valid_step
+from marin_rules.artifacts.errors import got
+from marin_rules.steps import BUILTIN_STEPS, check_dep_kinds, check_step_config, check_user_step, is_valid_step
 
 ENTRY_FIELDS = {"step", "deps", "config", "runtime", "expect_fingerprint", "description"}
 SWEEP_FIELDS = ENTRY_FIELDS | {"grid", "cases"}
@@ -121,6 +124,14 @@ def build_experiment(data: Any, path: str = "<experiment>") -> Experiment:
         raise ExperimentError(f"{path}: no artifacts defined; add entries under 'artifacts:'")
 
     entries = {key: _validated_entry(key, entry) for key, entry in raw.items()}
+    found: set[str] = set()  # user steps whose module was found (sweeps repeat one step)
+    for key, (step, *_) in entries.items():
+        if step not in BUILTIN_STEPS and step not in found:
+            try:
+                check_user_step(step)
+            except ConfigError as e:
+                raise ConfigError(f"{key}: {e.field}", e.message) from None
+            found.add(step)
     for key, (_, _, deps, _, _) in entries.items():
         for role, dep in deps.items():
             for upstream in [dep] if isinstance(dep, str) else dep:
@@ -130,11 +141,13 @@ def build_experiment(data: Any, path: str = "<experiment>") -> Experiment:
                         "add an entry for it or fix the name@version"
                     )
     order = _dependency_order(entries)
+    step_of = {key: entry[0] for key, entry in entries.items()}
     artifacts: dict[str, Artifact] = {}
     for key in order:
         step, config, deps, runtime, pin = entries[key]
         try:
             check_step_config(step, dict(config), dict(deps))
+            check_dep_kinds(step, deps, step_of)
             fp = fingerprint(step, config, deps)
         except ConfigError as e:
             raise ConfigError(f"{key}: {e.field}", e.message) from None
@@ -193,7 +206,7 @@ def _validated_entry(key: str, entry: Any) -> tuple[str, dict, dict, dict, str |
                 except ConfigError as e:
                     raise fail(f"deps.{role}", e.message) from None
                 if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
-                    raise fail(f"deps.{role}.{upstream}", f"expected a weight >= 0, got {weight!r}")
+                    raise fail(f"deps.{role}.{upstream}", f"expected a weight >= 0, got {got(weight)}")
                 mixture[upstream_key] = weight
             if not mixture or sum(mixture.values()) <= 0:
                 raise fail(f"deps.{role}", "mixture weights must sum to a positive number")
@@ -278,12 +291,34 @@ def expand_sweep(template: Any, sweep: Any) -> Iterator[tuple[str, dict]]:
             raise ExperimentError(f"sweep {template}: cases: expected a non-empty list of mappings")
     used = set(PLACEHOLDER.findall(template))
     body = {k: v for k, v in sweep.items() if k not in ("grid", "cases")}
+    form = "grid" if "grid" in sweep else "cases"
+    first_case: dict[str, int] = {}  # expanded key -> index of the case that made it
     for i, case in enumerate(cases):
         missing = used - set(case)
         if missing:
             raise ExperimentError(f"sweep {template}: case {i}: no value for {{{sorted(missing)[0]}}}")
         key = _substitute(template, case, template)
+        if key in first_case:
+            raise ExperimentError(_collision(template, form, cases[first_case[key]], case, used, key))
+        first_case[key] = i
         yield key, _substitute(body, case, template)
+
+
+def _collision(template: str, form: str, a: Mapping[str, Any], b: Mapping[str, Any], used: set[str], key: str) -> str:
+    """Why two expansions of one sweep got the same key: a variable the key leaves out
+    (the usual case), or values that print alike."""
+    differing = [v for v in list(a) + [v for v in b if v not in a] if v not in used and a.get(v) != b.get(v)]
+    if differing:
+        var = differing[0]
+        kind = "grid variable" if form == "grid" else "cases variable"
+        return (
+            f"sweeps.{template}: {kind} {var!r} does not appear in the key, so its expansions would "
+            f"share one name; add {{{var}}} to the name or version"
+        )
+    return (
+        f"sweeps.{template}: two expansions both give {key} ({dict(a)} and {dict(b)}); "
+        f"give each {'grid value' if form == 'grid' else 'case'} a distinct name"
+    )
 
 
 def _substitute(value: Any, case: Mapping[str, Any], template: str) -> Any:

@@ -19,10 +19,12 @@ the real records and all data live on the prefix, written by the steps.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shlex
 import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -68,17 +70,43 @@ def select_experiment(config: dict, configfiles: list[str], workdir: str, workfl
     return os.path.join(workflow_dir, DEFAULT_EXPERIMENT)
 
 
+GLUE_CONFIG_KEYS = {"experiment", "prefix", "target"}
+
+
 def _is_experiment_file(path: str) -> bool:
+    """A --configfile is an experiment unless it only sets the glue's own keys: one
+    with a misspelled `artifacts:` must fail validation, not run the default."""
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError):
+    except OSError:
         return False
-    return isinstance(data, dict) and ("artifacts" in data or "sweeps" in data)
+    except yaml.YAMLError:
+        return True  # load_experiment reports the YAML error
+    return not (isinstance(data, dict) and set(data) <= GLUE_CONFIG_KEYS)
 
 
 def _same_file(a: str, b: str, workdir: str) -> bool:
     return os.path.realpath(os.path.join(workdir, a)) == os.path.realpath(os.path.join(workdir, b))
+
+
+def _check_targets(experiment: Experiment, targets_config: Any) -> list[str]:
+    """The artifact keys `--config target=KEY|STEP[,...]` names (all when unset)."""
+    if not targets_config:
+        return list(experiment.artifacts)
+    keys = []
+    for item in str(targets_config).split(","):
+        item = item.strip()
+        if item in experiment.artifacts:
+            keys.append(item)
+        elif any(rule_of(a.step) == item for a in experiment.artifacts.values()):
+            keys.extend(k for k, a in experiment.artifacts.items() if rule_of(a.step) == item)
+        else:
+            raise MarinError(
+                f"--config target={item}: not an artifact of {experiment.path} "
+                "(use name@version, or a step kind such as train)"
+            )
+    return keys
 
 
 @dataclass
@@ -124,21 +152,7 @@ class Session:
     # ---- targets -----------------------------------------------------------------
     def targets(self) -> list[str]:
         """Records the `all` rule asks for: everything, or `--config target=KEY[,KEY...]`."""
-        if not self.targets_config:
-            return [self.record_path(k) for k in self.experiment.artifacts]
-        keys = []
-        for item in str(self.targets_config).split(","):
-            item = item.strip()
-            if item in self.experiment.artifacts:
-                keys.append(item)
-            elif any(rule_of(a.step) == item for a in self.experiment.artifacts.values()):
-                keys.extend(k for k, a in self.experiment.artifacts.items() if rule_of(a.step) == item)
-            else:
-                raise MarinError(
-                    f"--config target={item}: not an artifact of {self.experiment.path} "
-                    "(use name@version, or a step kind such as train)"
-                )
-        return [self.record_path(k) for k in keys]
+        return [self.record_path(k) for k in _check_targets(self.experiment, self.targets_config)]
 
     # ---- forcing -----------------------------------------------------------------
     def is_forced(self, key: str) -> bool:
@@ -207,15 +221,19 @@ class Session:
         if forced:
             return
         for upstream in artifact.upstream_keys():
-            seen = _recorded_dep_fingerprint(record.get("deps", {}), upstream)
-            now = (self.recorded(upstream) or {}).get("fingerprint")
-            if seen and now and seen != now:
-                print(
-                    f"{artifact.key}: upstream {upstream} was rebuilt since this artifact was built "
-                    f"(fingerprint {seen} then, {now} now); serving the cached output "
-                    f"(--forcerun {self.record_path(artifact.key)} rebuilds it).",
-                    file=sys.stderr,
-                )
+            seen = _recorded_dep(record.get("deps", {}), upstream)
+            now = self.recorded(upstream) or {}
+            if seen.get("fingerprint") and now.get("fingerprint") and seen["fingerprint"] != now["fingerprint"]:
+                how = f"fingerprint {seen['fingerprint']} then, {now['fingerprint']} now"
+            elif seen.get("built") and _built_at(now) and seen["built"] != _built_at(now):
+                how = f"same recipe, built {seen['built']} then, {_built_at(now)} now"  # a forced rebuild
+            else:
+                continue
+            print(
+                f"{artifact.key}: upstream {upstream} was rebuilt since this artifact was built "
+                f"({how}); serving the cached output (--forcerun {self.record_path(artifact.key)} rebuilds it).",
+                file=sys.stderr,
+            )
 
     def keep_history(self, key: str) -> None:
         """Before a forced rebuild deletes the record, copy it to `.history/` (no-op in dry runs)."""
@@ -264,7 +282,8 @@ class Session:
         )
         provenance = Provenance(self.workflow_dir, self.command, rule, jobid)
         process = None if pod is None else pod.process_id
-        record = run_step(ctx, entry, provenance, self._step_function(artifact), process=process)
+        # the step is imported inside run_step: an import error is a failed step, with a record
+        record = run_step(ctx, entry, provenance, lambda c: self._step_function(artifact)(c), process=process)
         if self.records_root != self.prefix:  # remote prefix: Snakemake checks the local mirror
             storage.write_json_atomic(self.record_path(artifact.key), record)
 
@@ -280,15 +299,64 @@ class Session:
             "version": upstream.id.version,
             "path": self.location(key),
             "fingerprint": (self.recorded(key) or {}).get("fingerprint"),
+            "built": _built_at(self.recorded(key)),  # tells a later forced rebuild of it apart
         }
 
 
 class JobTerminated(BaseException):
-    """Raised inside a job when Snakemake (or a user) sends SIGTERM."""
+    """Raised inside a step when Snakemake (or a user) sends SIGTERM or SIGINT. Made
+    with no argument when raised asynchronously in a step's thread (see
+    `install_stop_handlers`): the signal is then the one that thread was sent."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int | None = None):
+        if signum is None:
+            signum = _STEP_THREADS.get(threading.get_ident()) or signal.SIGTERM
         super().__init__(f"terminated by signal {signal.Signals(signum).name}")
         self.signum = signum
+
+
+# Steps running in a thread other than the main one: thread id -> the signal it was
+# sent (None until then). Snakemake runs `run:` blocks in a worker thread of the job
+# process, where Python delivers no signals.
+_STEP_THREADS: dict[int, int | None] = {}
+
+
+def interrupt_steps(signum: int) -> bool:
+    """Raise JobTerminated in every step thread not yet interrupted; True if any was."""
+    interrupted = False
+    for ident, sent in list(_STEP_THREADS.items()):
+        if sent is None:
+            _STEP_THREADS[ident] = signum
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(JobTerminated))
+            interrupted = True
+    return interrupted
+
+
+def install_stop_handlers() -> None:
+    """In a job process (from the main thread, at parse time): the first SIGINT or
+    SIGTERM stops the running step, which writes its failure record and fails the job
+    the ordinary way; a second one goes to the previous handler. Snakemake's scheduler
+    replaces the SIGTERM handler after parsing with a graceful exit that waits for
+    running jobs, so that method is wrapped too."""
+    from snakemake.scheduling.job_scheduler import JobScheduler
+
+    previous_int = signal.getsignal(signal.SIGINT)
+
+    def on_int(signum, frame):
+        if not interrupt_steps(signum) and callable(previous_int):
+            previous_int(signum, frame)
+
+    signal.signal(signal.SIGINT, on_int)
+    graceful = JobScheduler.exit_gracefully
+    if getattr(graceful, "_marin", False):
+        return
+
+    def exit_gracefully(self, *args):
+        if not interrupt_steps(signal.SIGTERM):
+            graceful(self, *args)
+
+    exit_gracefully._marin = True
+    JobScheduler.exit_gracefully = exit_gracefully
 
 
 def run_step(
@@ -298,14 +366,19 @@ def run_step(
 
     Every process of a pod (`process` is its index) runs the step; only process 0
     writes the success record, and every process that fails writes a failure record.
-    The success record is returned either way."""
+    SIGTERM (and, in a job process's worker thread, SIGINT) stops the step with
+    JobTerminated, recorded with the signal's name. The success record is returned
+    either way."""
     started = utc_now()
     storage.makedirs(ctx.output)
 
     def on_term(signum, frame):
         raise JobTerminated(signum)
 
-    previous = signal.signal(signal.SIGTERM, on_term) if _in_main_thread() else None
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_term) if in_main else None
+    if not in_main:
+        _STEP_THREADS[threading.get_ident()] = None
     try:
         result = function(ctx)
         result = canonical_value({} if result is None else result, "result")
@@ -322,18 +395,13 @@ def run_step(
         print(f"{ctx.key}: step failed ({type(error).__name__}: {error}); failure record {where}", file=sys.stderr)
         raise
     finally:
+        _STEP_THREADS.pop(threading.get_ident(), None)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     record = success_record(entry, result, provenance.as_dict(started, utc_now()))
     if not process:
         write_success(ctx.output, record)
     return record
-
-
-def _in_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def trie_regex(words: list[str]) -> str:
@@ -378,12 +446,17 @@ def _dep_keys(recorded_deps: dict) -> dict:
     return out
 
 
-def _recorded_dep_fingerprint(recorded_deps: dict, key: str) -> str | None:
+def _recorded_dep(recorded_deps: dict, key: str) -> dict:
+    """The entry a record keeps for upstream `key` (empty if none)."""
     for dep in recorded_deps.values():
         for d in dep if isinstance(dep, list) else [dep]:
             if isinstance(d, dict) and f"{d.get('name')}@{d.get('version')}" == key:
-                return d.get("fingerprint")
-    return None
+                return d
+    return {}
+
+
+def _built_at(record: dict | None) -> str | None:
+    return (record or {}).get("provenance", {}).get("ended")
 
 
 def refresh_mirror(prefix: str, mirror: str) -> None:
@@ -438,6 +511,7 @@ def begin(workflow: Any, config: dict) -> Session:
     try:
         path = select_experiment(config, configfiles, workdir, workflow_dir)
         experiment = load_experiment(path)
+        _check_targets(experiment, config.get("target"))
     except MarinError as e:
         print(f"marin-rules: {e}", file=sys.stderr)
         raise SystemExit(1) from None
@@ -465,6 +539,8 @@ def begin(workflow: Any, config: dict) -> Session:
         targets_config=config.get("target"),
     )
     _install_dag_labels()
+    if not main_process:
+        install_stop_handlers()
     return _session
 
 

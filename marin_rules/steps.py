@@ -6,14 +6,24 @@ names its run function and a config checker by dotted path, imported lazily: loa
 an experiment (dry runs, `--dag`) never imports JAX. A checker is
 `check(config: dict, deps: dict) -> None` raising `ConfigError(field, message)` with
 `field` relative to the artifact entry (`config.vocab_size`, `deps.corpus`).
+
+Each built-in also declares, per dependency role, the step kind its upstream must be
+(`BuiltinStep.deps`): the loader refuses a `download` artifact wired in as a train
+step's `data`. An upstream that is a user step is accepted for any role (what it
+writes is the user's business). User steps are checked only for a findable module
+(`check_user_step`): the module itself is not imported at load, it may import JAX.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 import re
-from dataclasses import dataclass
-from typing import Any, Callable
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
 
 from marin_rules.artifacts.errors import ConfigError
 
@@ -23,6 +33,9 @@ class BuiltinStep:
     run: str  # "module:function" called as function(ctx)
     check: str  # "module:function" called as check(config, deps) before anything runs
     family: str  # rules/<family>.smk; also the Snakemake rule name is the step kind
+    # role -> the built-in step kind its upstream must be (each member of a mixture too);
+    # the roles are the ones the checker accepts. A user-step upstream fits any role.
+    deps: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 BUILTIN_STEPS: dict[str, BuiltinStep] = {
@@ -33,13 +46,22 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
         "marin_rules.data.tokenizer:train_tokenizer",
         "marin_rules.data.checks:check_train_tokenizer",
         "data",
+        {"corpus": "download"},
     ),
     "tokenize": BuiltinStep(
-        "marin_rules.data.tokenize:tokenize", "marin_rules.data.checks:check_tokenize", "data"
+        "marin_rules.data.tokenize:tokenize",
+        "marin_rules.data.checks:check_tokenize",
+        "data",
+        {"corpus": "download", "tokenizer": "train_tokenizer"},
     ),
-    "train": BuiltinStep("marin_rules.train.step:train", "marin_rules.train.config:check_train", "train"),
+    "train": BuiltinStep(
+        "marin_rules.train.step:train", "marin_rules.train.config:check_train", "train", {"data": "tokenize"}
+    ),
     "evaluate": BuiltinStep(
-        "marin_rules.eval.step:evaluate", "marin_rules.eval.config:check_evaluate", "evaluate"
+        "marin_rules.eval.step:evaluate",
+        "marin_rules.eval.config:check_evaluate",
+        "evaluate",
+        {"model": "train", "data": "download"},
     ),
 }
 
@@ -48,6 +70,66 @@ USER_STEP = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Z
 
 def is_valid_step(step: Any) -> bool:
     return isinstance(step, str) and (step in BUILTIN_STEPS or bool(USER_STEP.match(step)))
+
+
+def check_user_step(step: str) -> None:
+    """Refuse a user step whose module cannot be found, without importing it (it may
+    import JAX); `find_spec` does import its parent packages. Searched like the run
+    does: jobs run in `python -m snakemake` started in the working directory, so the
+    current directory comes first, then `sys.path` (which holds the Snakefile's
+    directory once Snakemake has read it, PYTHONPATH and installed packages)."""
+    module_name = step.partition(":")[0]
+    try:
+        with _current_directory_on_path():
+            spec = importlib.util.find_spec(module_name)
+    except ModuleNotFoundError as e:
+        spec, reason = None, str(e)
+    except Exception as e:  # a parent package that fails to import
+        first = (str(e).splitlines() or [""])[0]
+        raise ConfigError(
+            "step", f"cannot import the package of module {module_name!r} ({type(e).__name__}: {first})"
+        ) from None
+    else:
+        reason = f"No module named {module_name!r}"
+    if spec is None:
+        raise ConfigError(
+            "step",
+            f"cannot find module {module_name!r} ({reason}); looked in the current directory "
+            f"{os.getcwd()} and on sys.path (PYTHONPATH, installed packages): check the spelling, "
+            "or install the package / add its folder to PYTHONPATH",
+        )
+
+
+@contextmanager
+def _current_directory_on_path() -> Iterator[None]:
+    cwd = os.getcwd()
+    added = not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path)
+    if added:
+        sys.path.insert(0, cwd)
+        importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def check_dep_kinds(step: str, deps: Mapping[str, Any], step_of: Mapping[str, str]) -> None:
+    """Refuse an upstream of the wrong kind for a built-in step's role. `step_of` maps
+    each upstream key to its step kind; user steps upstream fit any role."""
+    builtin = BUILTIN_STEPS.get(step)
+    if builtin is None:
+        return
+    for role, dep in deps.items():
+        expected = builtin.deps.get(role)
+        if expected is None:
+            continue
+        for upstream in [dep] if isinstance(dep, str) else list(dep):
+            kind = step_of.get(upstream)
+            if kind in BUILTIN_STEPS and kind != expected:
+                raise ConfigError(
+                    f"deps.{role}", f"expected a {expected!r} artifact, got {upstream} (a {kind!r} artifact)"
+                )
 
 
 def import_function(dotted: str) -> Callable[..., Any]:

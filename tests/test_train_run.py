@@ -3,7 +3,10 @@
 One uninterrupted run of a tiny MoE is the reference; the other runs must match
 its final loss: a run killed with SIGKILL after a checkpoint and started again,
 a run split over 2 processes x 4 CPU devices joined by `jax.distributed`, and a
-run whose artifact lives on gs:// (a local emulator). All runs share a JAX
+run whose artifact lives on gs:// (a local emulator). A copy of the reference
+cut back to checkpoint 10 stands in for a killed run where only the rerun
+matters: one with a changed recipe must refuse to resume and touch nothing, one
+that only logs and checkpoints more often must resume. All runs share a JAX
 compilation cache so each program is compiled about once.
 """
 
@@ -11,6 +14,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import signal
 import socket
 from pathlib import Path
@@ -68,6 +73,8 @@ def test_uninterrupted_run_writes_metrics_plot_model_and_checkpoints(baseline, t
     assert info["model"]["d_model"] == 32 and info["model"]["vocab_size"] == 512
     assert info["tokenizer"].endswith("tokenizer.json") and Path(info["tokenizer"]).exists()
     assert str(STEPS) in {p.name for p in (output / "checkpoints").iterdir()}
+    recipe = json.loads((output / "checkpoints" / "recipe.json").read_text())
+    assert recipe == {"config": runs.tiny_config(), "deps": {"data": os.path.abspath(tokens)}}
 
 
 def test_result_reports_losses_baseline_throughput_and_mfu(baseline):
@@ -117,6 +124,56 @@ def test_resume_after_kill_matches_uninterrupted_loss(baseline, tokens, cache, t
     assert steps == list(range(5, STEPS + 1, 5))  # one log, as if never interrupted
 
 
+def killed_at_10(baseline_output: Path, dest: Path) -> Path:
+    """A copy of the reference run as a run killed after checkpoint 10 leaves it."""
+    shutil.copytree(baseline_output, dest)
+    shutil.rmtree(dest / "checkpoints" / str(STEPS))
+    for name in ("model.json", "loss.png"):
+        (dest / name).unlink()
+    assert sorted(p.name for p in (dest / "checkpoints").iterdir()) == ["10", "recipe.json"]
+    return dest
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_resume_with_a_changed_learning_rate_is_refused_and_touches_nothing(baseline, tokens, cache, tmp_path):
+    output = killed_at_10(baseline[1], tmp_path / "artifact")
+    before = snapshot(output)
+    optimizer = {"name": "adamw", "learning_rate": 0.002, "warmup_steps": 2}  # was 0.01
+    config = runs.tiny_config(num_train_steps=12, optimizer=optimizer)
+    spec = runs.write_spec(tmp_path / "spec.json", output=str(output), config=config, data=tokens,
+                           compile_cache=cache)  # fmt: skip
+    proc = runs.start(spec, runs.train_env(1), tmp_path / "log")
+    proc.wait(timeout=180)
+    err = runs.tail(tmp_path / "log")
+    assert proc.returncode == 1, err
+    assert (
+        f"StepError: config: the checkpoints in {output} were written by another recipe "
+        "(num_train_steps: 20 -> 12; optimizer.learning_rate: 0.01 -> 0.002); bump the version to train "
+        f"the new recipe, or delete {output / 'checkpoints'} to start over\n"
+    ) in err
+    assert snapshot(output) == before  # checkpoints, recipe and metrics untouched, nothing new
+
+
+def test_resume_may_log_evaluate_and_checkpoint_more_often(baseline, tokens, cache, tmp_path):
+    result, baseline_output = baseline
+    output = killed_at_10(baseline_output, tmp_path / "artifact")
+    recipe = (output / "checkpoints" / "recipe.json").read_bytes()
+    config = runs.tiny_config(log_every=2, eval_every=5, checkpoint_every=5)
+    spec = runs.write_spec(tmp_path / "spec.json", output=str(output), config=config, data=tokens,
+                           compile_cache=cache)  # fmt: skip
+    resumed = runs.run(spec, runs.train_env(1), tmp_path / "log")
+    assert resumed["resumed_from_step"] == 10
+    assert resumed["final_train_loss"] == pytest.approx(result["final_train_loss"], abs=1e-5)
+    assert resumed["final_val_loss"] == pytest.approx(result["final_val_loss"], abs=1e-5)
+    records = read_metrics(str(output / "metrics.jsonl"))
+    assert [r["step"] for r in records if r["split"] == "train"] == [5, 10, 12, 14, 16, 18, 20]
+    assert [r["step"] for r in records if r["split"] == "val"] == [10, 15, 20]
+    assert (output / "checkpoints" / "recipe.json").read_bytes() == recipe  # still the recipe of the weights
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -159,8 +216,9 @@ def test_training_on_gcs_writes_the_artifact_and_loads_back(baseline, tokens, ca
                            compile_cache=cache)  # fmt: skip
     remote = runs.run(spec, runs.train_env(1, gcs_env), tmp_path / "log")
     assert remote["final_train_loss"] == pytest.approx(result["final_train_loss"], abs=1e-5)
-    for name in ("model.json", "metrics.jsonl", "loss.png"):
+    for name in ("model.json", "metrics.jsonl", "loss.png", "checkpoints/recipe.json"):
         assert storage.exists(f"{output}/{name}"), name
+    assert storage.read_json(f"{output}/checkpoints/recipe.json")["config"] == config
     trained = load_trained(output)
     assert trained.step == STEPS
 

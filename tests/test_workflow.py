@@ -39,6 +39,13 @@ STEPS = textwrap.dedent(
             raise RuntimeError("simulated crash at step 1")
         storage.write_text_atomic(storage.join(ctx.output, "data.txt"), "done")
         return {"ok": True}
+
+    def stop_self(ctx):
+        storage.write_text_atomic(storage.join(ctx.output, "partial.txt"), "half")
+        os.kill(os.getpid(), getattr(signal, ctx.config["signal"]))  # as Ctrl-C or a scheduler would
+        for _ in range(10**9):  # a long computation (tens of seconds), stopped by the signal
+            pass
+        return {"finished": True}
     '''
 )
 
@@ -151,6 +158,28 @@ def test_failing_step_keeps_data_writes_failure_record_and_history_survives_succ
     assert len(list((folder / ".failures").glob("*.json"))) == 1  # failures are history
 
 
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_signal_to_the_job_process_stops_the_step_with_a_failure_record(ws, signal_name):
+    # Snakemake runs the step in a worker thread of the job process, where Python
+    # delivers no signals: the glue's handlers must still stop it and record why
+    ws.write({"ck/s@v1": {"step": "usersteps:stop_self", "config": {"signal": signal_name}}})
+    proc = ws.snakemake(check=False)
+    assert proc.returncode != 0
+    folder = Path(ws.prefix) / "ck/s/v1"
+    (failure,) = [json.loads(f.read_text()) for f in (folder / ".failures").glob("*.json")]
+    assert failure["error"]["type"] == "JobTerminated" and failure["error"]["exit_status"] == signal_name
+    assert (folder / "partial.txt").read_text() == "half"  # finished data is kept
+    assert not (folder / ".artifact.json").exists()
+
+
+def test_a_step_function_that_does_not_exist_fails_with_a_record_naming_it(ws):
+    ws.write({"ck/m@v1": {"step": "usersteps:no_such_function", "config": {}}})
+    proc = ws.snakemake(check=False)
+    assert proc.returncode != 0 and "ck/m@v1: step failed" in proc.stderr
+    (failure,) = [json.loads(f.read_text()) for f in (Path(ws.prefix) / "ck/m/v1/.failures").glob("*.json")]
+    assert "no_such_function" in failure["error"]["message"]
+
+
 def test_drift_warns_once_in_dry_run_dag_rulegraph_and_run_without_rebuilding(built):
     ws = built
     before = ws.record("mid/b@v1")
@@ -192,6 +221,15 @@ def test_upstream_rebuilt_with_new_recipe_gets_one_line_advisory(built):
     assert len(lines) == 1 and "serving the cached output" in lines[0]
     assert nothing_to_do(proc)
     assert "mid/b@v1: recipe drift" not in proc.stderr  # its record matches the recipe now
+
+
+def test_upstream_forced_with_the_same_recipe_gets_the_advisory_too(built):
+    ws = built
+    ws.snakemake("-f", ws.record_path("mid/b@v1"))  # same recipe, rebuilt: its data may differ
+    proc = ws.snakemake("-n")
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("top/c@v1: upstream mid/b@v1 was rebuilt")]
+    assert len(lines) == 1 and "same recipe" in lines[0] and "serving the cached output" in lines[0]
+    assert nothing_to_do(proc)
 
 
 def test_new_upstream_version_does_not_rebuild_built_consumer(built):
@@ -286,6 +324,26 @@ def test_configfile_and_config_experiment_select_one_experiment_never_merged(ws)
     assert proc.returncode != 0 and "name different experiments" in proc.stderr
 
 
+def test_configfile_with_a_misspelled_top_level_key_is_an_error_not_the_default_experiment(ws):
+    (ws.root / "typo.yaml").write_text(yaml.safe_dump({"artifact": {"solo/x@v1": {"step": "usersteps:make"}}}))
+    proc = ws.snakemake("-n", exp="typo.yaml", check=False)
+    assert proc.returncode != 0 and "unknown top-level key 'artifact'" in proc.stderr
+    assert "shakespeare" not in proc.stdout  # the default experiment was not planned
+    # a configfile that only sets the glue's own keys is plain config, not an experiment
+    (ws.root / "where.yaml").write_text(yaml.safe_dump({"prefix": ws.prefix}))
+    ws.write({"solo/x@v1": {"step": "usersteps:make", "config": {"text": "x"}}})
+    proc = ws._run("-n", "--configfile", "where.yaml", "--config", "experiment=exp.yaml", cwd=ws.root, env=ws.env)
+    assert "solo/x/v1" in proc.stdout
+
+
+def test_unknown_target_is_one_line(ws):
+    ws.write(chain())
+    proc = ws.snakemake("-n", "--config", "target=raw/nope@v1", check=False)
+    lines = [l for l in proc.stderr.splitlines() if "target=raw/nope@v1" in l]
+    assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith("marin-rules: ")
+    assert "Traceback" not in proc.stderr and "File " not in proc.stderr
+
+
 @pytest.mark.parametrize(
     "artifacts,message",
     [
@@ -310,9 +368,10 @@ def test_bad_input_exits_nonzero_with_one_line_and_writes_nothing(ws, artifacts,
     assert not list(Path(ws.prefix).rglob(".artifact.json"))
 
 
-def test_marin_status_shows_built_drifted_missing_and_failed(ws):
+def test_marin_status_shows_built_drifted_missing_and_failed(ws, monkeypatch):
     from marin_rules.cli import main
 
+    monkeypatch.chdir(ws.root)  # as a user runs it: user steps are found from the workflow folder
     art = chain()
     art["ck/f@v1"] = {"step": "usersteps:fail"}
     ws.write(art)

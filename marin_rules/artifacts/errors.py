@@ -8,6 +8,10 @@
 
 from __future__ import annotations
 
+import math
+import re
+from typing import Any
+
 
 class MarinError(Exception):
     """Base class for errors meant to be shown to the user as one line."""
@@ -38,3 +42,44 @@ class DriftError(MarinError):
 
 class StepError(MarinError):
     """A step failed for a reason the user can fix (empty corpus, missing source)."""
+
+
+def got(value: Any) -> str:
+    """`repr(value)` for a "got ..." message about a number, with a hint when the value
+    is a string that reads as a number: YAML 1.1 reads `3e-4` (no dot, or an exponent
+    without a sign) as text, and a quoted number is text too."""
+    return f"{value!r}{number_text_hint(value)}"
+
+
+_NUMBER_TEXT = re.compile(r"^([-+]?)(\d*)(?:\.(\d*))?(?:[eE]([-+]?)(\d+))?$")
+
+
+def number_text_hint(value: Any) -> str:
+    """` (a string: ...)` when `value` is a string that parses as a finite number, else ``."""
+    if not isinstance(value, str):
+        return ""
+    text = value.strip()
+    m = _NUMBER_TEXT.match(text)
+    if not m or not (m.group(2) or m.group(3)):
+        return ""
+    try:
+        if not math.isfinite(float(text)):
+            return ""
+    except ValueError:
+        return ""
+    if _yaml_number(text):
+        return f" (a string; write {text} without quotes)"
+    sign, whole, frac, exp_sign, exp = m.groups()
+    written = f"{sign}{whole or '0'}.{frac or '0'}" + (f"e{exp_sign or '+'}{exp}" if exp else "")
+    suggestion = f"; write {written}" if _yaml_number(written) else ""
+    return f" (a string: YAML reads {text} as text{suggestion})"
+
+
+def _yaml_number(text: str) -> bool:
+    import yaml  # the experiment loader's own parser, already imported there
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -68,7 +68,8 @@ def git_state(directory: str) -> dict[str, Any]:
     commit = git("rev-parse", "HEAD")
     if commit is None:
         return {"commit": None}
-    status = git("status", "--porcelain", "--untracked-files=no")
+    # untracked (not ignored) files count: a user step or experiment file not yet in git
+    status = git("status", "--porcelain")
     return {"commit": commit, "dirty": bool(status), "branch": git("rev-parse", "--abbrev-ref", "HEAD")}
 
 

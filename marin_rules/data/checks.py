@@ -16,6 +16,7 @@ import math
 from typing import Any, Mapping
 
 from marin_rules.artifacts.errors import ConfigError
+from marin_rules.artifacts.errors import got
 
 # ---- download -------------------------------------------------------------------
 
@@ -122,7 +123,7 @@ def check_tokenize(config: Mapping[str, Any], deps: Mapping[str, Any]) -> None:
         raise ConfigError(f"deps.{extra[0]}", "tokenize takes only deps `tokenizer` and `corpus`")
     fraction = config.get("validation_fraction", DEFAULT_VALIDATION_FRACTION)
     if not _is_number(fraction) or not 0 <= fraction < 1:
-        raise ConfigError("config.validation_fraction", f"expected a number in [0, 1), got {fraction!r}")
+        raise ConfigError("config.validation_fraction", f"expected a number in [0, 1), got {got(fraction)}")
     _check_optional_count(config, "sample_count")
     _check_optional_count(config, "num_workers")
     _check_optional_count(config, "batch_size")
@@ -141,7 +142,7 @@ def check_mixture(value: Any, field: str = "deps.data") -> dict[Any, float]:
         raise ConfigError(field, f"expected an artifact or a mapping artifact -> weight, got {value!r}")
     for key, weight in value.items():
         if not _is_number(weight) or not math.isfinite(weight) or weight < 0:
-            raise ConfigError(field, f"weight of {key} must be a finite number >= 0, got {weight!r}")
+            raise ConfigError(field, f"weight of {key} must be a finite number >= 0, got {got(weight)}")
     total = float(sum(value.values()))
     if total <= 0:
         raise ConfigError(field, f"mixture weights must sum to a positive number, got {total} for {dict(value)}")

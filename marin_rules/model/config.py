@@ -14,12 +14,18 @@ References: nanoGPT `model.py` (config shape, FLOP count), Switch Transformer
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from marin_rules.artifacts.errors import ConfigError
+from marin_rules.artifacts.errors import got
+
+# The settings the experiment wrote, while `from_dict` builds a config: an error about a
+# value the user never wrote says it is the default (None: built in code, all given).
+_GIVEN: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("model_config_given", default=None)
 
 ROUTER_GATES = ("softmax", "sigmoid")
 BALANCES = ("aux_loss", "quantile")
@@ -91,7 +97,11 @@ class ModelConfig:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         for name, value in values.items():
             _check_type(name, value, fields[name].default)
-        return cls(**values)
+        token = _GIVEN.set(frozenset(values))
+        try:
+            return cls(**values)
+        finally:
+            _GIVEN.reset(token)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -107,7 +117,7 @@ def _check_type(name: str, value: Any, default: Any) -> None:
             raise ConfigError(name, f"expected an integer, got {value!r}")
     elif isinstance(default, float):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(name, f"expected a number, got {value!r}")
+            raise ConfigError(name, f"expected a number, got {got(value)}")
     elif isinstance(default, str):
         if not isinstance(value, str):
             raise ConfigError(name, f"expected a string, got {value!r}")
@@ -124,7 +134,7 @@ def _number_in(c: ModelConfig, name: str, low: float, *, inclusive: bool) -> Non
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     ok = ok and (v >= low if inclusive else v > low)
     if not ok:
-        raise ConfigError(name, f"expected a number {'>=' if inclusive else '>'} {low}, got {v!r}")
+        raise ConfigError(name, f"expected a number {'>=' if inclusive else '>'} {low}, got {got(v)}")
 
 
 def _choice(c: ModelConfig, name: str, choices: tuple[str, ...]) -> None:
@@ -154,14 +164,37 @@ def _validate(c: ModelConfig) -> None:
     _number_in(c, "norm_eps", 0.0, inclusive=False)
     _number_in(c, "init_std", 0.0, inclusive=False)
     if c.d_model % c.n_heads:
-        raise ConfigError("n_heads", f"must divide d_model={c.d_model}, got {c.n_heads}")
+        raise ConfigError("n_heads", f"must divide {_other(c, 'd_model')}, got {_own(c, 'n_heads')}")
     if c.head_dim % 2:
-        raise ConfigError("n_heads", f"head size d_model/n_heads must be even for rotary, got {c.head_dim}")
+        raise ConfigError(
+            "n_heads",
+            f"head size d_model/n_heads must be even for rotary, got {c.head_dim} "
+            f"({_other(c, 'd_model')}, {_other(c, 'n_heads')})",
+        )
     if c.n_heads % c.n_kv_heads:
-        raise ConfigError("n_kv_heads", f"must divide n_heads={c.n_heads}, got {c.n_kv_heads}")
+        raise ConfigError("n_kv_heads", f"must divide {_other(c, 'n_heads')}, got {_own(c, 'n_kv_heads')}")
     if c.top_k > c.n_experts:
-        raise ConfigError("top_k", f"expected at most n_experts={c.n_experts}, got {c.top_k}")
+        raise ConfigError("top_k", f"expected at most {_other(c, 'n_experts')}, got {_own(c, 'top_k')}")
     if c.balance == "quantile" and c.top_k >= c.n_experts and c.moe_every > 0:
         raise ConfigError(
-            "balance", f"'quantile' needs top_k < n_experts (it thresholds at the (top_k+1)-th expert), got top_k={c.top_k}"
+            "balance",
+            "'quantile' needs top_k < n_experts (it thresholds at the (top_k+1)-th expert), "
+            f"got {_other(c, 'top_k')}, {_other(c, 'n_experts')}",
         )
+
+
+def _is_default(name: str) -> bool:
+    given = _GIVEN.get()
+    return given is not None and name not in given
+
+
+def _own(c: ModelConfig, name: str) -> str:
+    """The offending field's value, `6 (the default; set n_heads)` when not written."""
+    value = getattr(c, name)
+    return f"{value} (the default; set {name})" if _is_default(name) else f"{value}"
+
+
+def _other(c: ModelConfig, name: str) -> str:
+    """Another field named in a message, `d_model=192 (the default)` when not written."""
+    value = getattr(c, name)
+    return f"{name}={value} (the default)" if _is_default(name) else f"{name}={value}"

@@ -8,6 +8,8 @@ which is also all the data loader needs (its batches are a pure function of the
 step), so restoring a checkpoint and continuing gives the same run as never
 stopping. Saves are asynchronous; `close()` waits for the last one. Every process
 of a multi-process run calls the same methods: orbax coordinates who writes what.
+Beside the step folders, `checkpoints/recipe.json` names the recipe they belong to
+(`recipe.py`); orbax ignores plain files there.
 
 Orbax understands local paths and `gs://` but not `file://`: `checkpoint_dir`
 strips it and makes local paths absolute. Arrays are stored as plain zarr

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from marin_rules.artifacts.errors import ConfigError
+from marin_rules.artifacts.errors import got, number_text_hint
 
 OPTIMIZERS = ("adamw", "muon")
 NAME_AT_VERSION_HINT = "a 'name@version' string or a mapping of 'name@version' to a weight"
@@ -108,7 +109,7 @@ def _number(d: Mapping, key: str, field: str, default: Any, lo: float, hi: float
         bound = f"{'>' if lo_open else '>='} {lo:g}"
         if hi is not None:
             bound += f" and {'<' if hi_open else '<='} {hi:g}"
-        raise ConfigError(field, f"expected a number {bound}, got {value!r}")
+        raise ConfigError(field, f"expected a number {bound}, got {got(value)}")
     return float(value)
 
 
@@ -138,7 +139,8 @@ def parse_optimizer(d: Any) -> OptimizerConfig:
         or len(betas) != 2
         or not all(_is_number(b) and 0 <= b < 1 for b in betas)
     ):
-        raise ConfigError(f"{field}.betas", f"expected two numbers in [0, 1), got {betas!r}")
+        hint = next((h for h in map(number_text_hint, betas if isinstance(betas, (list, tuple)) else []) if h), "")
+        raise ConfigError(f"{field}.betas", f"expected two numbers in [0, 1), got {betas!r}{hint}")
     return OptimizerConfig(
         name=name,
         learning_rate=_number(d, "learning_rate", f"{field}.learning_rate", default.learning_rate, 0, lo_open=True),
@@ -210,7 +212,8 @@ def parse_train_config(config: Any, vocab_size: int | None = None) -> TrainConfi
         )
     max_seq = _model_max_seq_len(model)
     if max_seq is not None and tc.seq_len > max_seq:
-        raise ConfigError("config.seq_len", f"expected at most model.max_seq_len={max_seq}, got {tc.seq_len}")
+        default = "" if "max_seq_len" in config["model"] else " (the model's default; set model.max_seq_len)"
+        raise ConfigError("config.seq_len", f"expected at most model.max_seq_len={max_seq}{default}, got {tc.seq_len}")
     if tc.optimizer.warmup_steps > tc.num_train_steps:
         raise ConfigError(
             "config.optimizer.warmup_steps",

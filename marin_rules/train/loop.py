@@ -7,7 +7,8 @@ takes them and a batch [grad_accum_steps, micro_batch, seq_len + 1], averages th
 micro-batches' gradients, applies one optimizer update, then lets the model package
 replace its router bias (`update_router_bias`). Step `s` (0-based) always trains on
 `loader.batch(s)`, so a run restored from checkpoint `s` continues exactly as if it
-had never stopped. Every process of a multi-process run executes the same loop on
+had never stopped, provided the checkpoints belong to the same recipe (`recipe.py`
+refuses them otherwise, before anything compiles). Every process of a multi-process run executes the same loop on
 its own rows of each batch; only process 0 writes metrics, plots and `model.json`.
 
 Recorded steps count completed updates: the record of step `s` (1-based) holds the
@@ -40,6 +41,7 @@ from marin_rules.train import checkpoint, distributed
 from marin_rules.train.config import TrainConfig
 from marin_rules.train.metrics import MetricsLog, plot_losses
 from marin_rules.train.optim import learning_rates, make_optimizer
+from marin_rules.train.recipe import claim_checkpoints
 
 VAL_SPLIT = "validation"
 
@@ -193,12 +195,32 @@ def check_divisible(config: TrainConfig, shards: int) -> None:
         )
 
 
-def run(config: TrainConfig, data: Data, output: str, runtime: Mapping[str, Any]) -> dict:
-    """Train (or resume) the run at `output`; returns the result summary."""
+def open_checkpoints(output: str, recipe: Mapping[str, Any] | None, writer: bool) -> tuple[Any, int]:
+    """The checkpoint manager at `output` and the step to start from, once the
+    checkpoints there are known to belong to `recipe` (see `recipe.py`; None skips
+    the check). On a refusal the manager is closed and nothing is written."""
+    manager = checkpoint.open_manager(output)
+    start = checkpoint.latest_step(manager) or 0
+    if recipe is not None:
+        try:
+            claim_checkpoints(output, recipe, resuming=bool(start), writer=writer)
+        except BaseException:
+            manager.close()
+            raise
+    return manager, start
+
+
+def run(
+    config: TrainConfig, data: Data, output: str, runtime: Mapping[str, Any], recipe: Mapping[str, Any] | None = None
+) -> dict:
+    """Train (or resume) the run at `output`; returns the result summary. `recipe`
+    (`recipe.make_recipe` of the step's config and deps) is recorded with fresh
+    checkpoints and must match the stored one to resume."""
     writer = distributed.is_writer()
     model_config = config.model
     data_size, expert_size = mesh_shape(config)
     check_divisible(config, data_size * expert_size)
+    manager, start = open_checkpoints(output, recipe, writer)  # refuse before compiling anything
     mesh = make_mesh(data_size, expert_size)
     accum = config.grad_accum_steps
     tokens_per_step = config.batch_size * config.seq_len
@@ -214,8 +236,6 @@ def run(config: TrainConfig, data: Data, output: str, runtime: Mapping[str, Any]
         sharding = NamedSharding(mesh, batch_spec())
         pid, nproc = jax.process_index(), jax.process_count()
 
-        manager = checkpoint.open_manager(output)
-        start = checkpoint.latest_step(manager) or 0
         if start:
             weights, opt_state = checkpoint.restore(manager, start, {"params": params, "state": state}, opt_state)
             params, state = weights["params"], weights["state"]

@@ -5,8 +5,11 @@ Model: `ctx.config` is the recipe (`config.py`), `ctx.deps["data"]` the token da
 the execution choices that never enter the fingerprint (`distributed`, and
 `peak_flops` to skip measuring the MFU ceiling), `ctx.output` where the artifact
 goes (local or gs://). Running the same step again on the same output resumes
-from the last checkpoint. The artifact: `checkpoints/`, `model.json`,
-`metrics.jsonl`, `loss.png`; the returned summary becomes the record's `result`.
+from the last checkpoint, if the checkpoints were written by the same recipe
+(config and deps; `recipe.py` says what may change) and refuses with a StepError
+otherwise. The artifact: `checkpoints/` (with `checkpoints/recipe.json`),
+`model.json`, `metrics.jsonl`, `loss.png`; the returned summary becomes the
+record's `result`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import StepError
 from marin_rules.train import distributed
 from marin_rules.train.config import parse_train_config
+from marin_rules.train.recipe import make_recipe
 
 
 def train(ctx: StepContext) -> dict:
@@ -27,6 +31,7 @@ def train(ctx: StepContext) -> dict:
     first = parse_train_config(ctx.config)  # fail fast, before any data is opened
     if "data" not in ctx.deps:
         raise StepError("deps.data: missing; the train step needs its token data")
+    recipe = make_recipe(ctx.config, ctx.deps)
     sources = ctx.deps["data"]
     seed = first.seed
     train_loader = make_loader(
@@ -48,5 +53,5 @@ def train(ctx: StepContext) -> dict:
         tokenizer=train_loader.tokenizer,
         eos_id=getattr(train_loader, "eos_id", None),
     )
-    return run(config, data, ctx.output, ctx.runtime)
+    return run(config, data, ctx.output, ctx.runtime, recipe=recipe)
 

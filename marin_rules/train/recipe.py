@@ -1,0 +1,123 @@
+"""The recipe a run's checkpoints belong to: recorded at a fresh start, checked on resume.
+
+Model: `{output}/checkpoints/recipe.json` holds `{"config": ..., "deps": ...}`, the
+train step's `config` as the experiment gave it (canonical JSON data) and its deps'
+locations (local paths made absolute with `file://` stripped, so one folder spelled
+two ways is one location). Only the writer process writes it, atomically, when a
+run starts with no checkpoint, before the first checkpoint is saved; deleting
+`checkpoints/` removes it with them. A run about to resume from a checkpoint
+compares it with its own recipe and refuses with a `StepError` when they differ:
+resuming would continue the old recipe's weights and optimizer state, and the
+success record would then claim the new config made them.
+
+What may change without refusing: the keys in `FREE_KEYS` (`log_every`,
+`checkpoint_every`, `eval_every`), which decide when metrics, checkpoints and
+validation losses are written, never what is trained. Everything else counts,
+including a default now written out explicitly (the fingerprint counts it too),
+`eval_batches` (the run's validation records would average different batches
+before and after the resume) and `mesh` (the `capacity` MoE backend buckets tokens
+per shard, so the mesh decides which tokens are dropped). `runtime` is not part of
+the recipe. Checkpoints with no `recipe.json` (written by older code) resume
+unchecked, as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.canonical import canonical_value
+from marin_rules.artifacts.drift import MAX_DIFF_LINES, recipe_diff
+from marin_rules.artifacts.errors import StepError
+
+RECIPE_FILE = "recipe.json"
+FREE_KEYS = ("log_every", "checkpoint_every", "eval_every")
+
+
+def recipe_location(output: str) -> str:
+    return storage.join(output, "checkpoints", RECIPE_FILE)
+
+
+def normalize_location(location: str) -> str:
+    """One spelling per place: remote URLs without a trailing '/', local paths absolute."""
+    if storage.is_remote(location):
+        return location.rstrip("/")
+    return os.path.abspath(storage.local_path(location))
+
+
+def make_recipe(config: Mapping[str, Any], deps: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe of a train step: its config and its deps' (normalized) locations."""
+    located: dict[str, Any] = {}
+    for role, value in deps.items():
+        if isinstance(value, Mapping):  # a mixture: location -> weight
+            located[role] = {normalize_location(loc): weight for loc, weight in value.items()}
+        else:
+            located[role] = normalize_location(value)
+    return {"config": canonical_value(config, "config"), "deps": canonical_value(located, "deps")}
+
+
+def _binding(recipe: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a recipe a resume must keep: all of it but `FREE_KEYS`."""
+    config = {k: v for k, v in recipe.get("config", {}).items() if k not in FREE_KEYS}
+    return {"config": config, "deps": recipe.get("deps", {})}
+
+
+def recipe_changes(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Lines `field: old -> new` (config fields bare, deps as `deps.<role>`) that forbid a resume."""
+    return recipe_diff(_binding(stored), _binding(current))
+
+
+def record_recipe(output: str, recipe: Mapping[str, Any]) -> None:
+    """Write the recipe of a run starting afresh at `output` (writer process only)."""
+    storage.write_json_atomic(recipe_location(output), dict(recipe))
+
+
+def read_recipe(output: str) -> dict[str, Any] | None:
+    """The stored recipe of the checkpoints at `output`; None when older code wrote them."""
+    location = recipe_location(output)
+    if not storage.exists(location):
+        return None
+    checkpoints = storage.join(output, "checkpoints")
+    try:
+        stored = storage.read_json(location)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise StepError(
+            f"{location}: unreadable ({e}); delete {checkpoints} to start the run over"
+        ) from None
+    if not isinstance(stored, dict) or not isinstance(stored.get("config"), dict):
+        raise StepError(f"{location}: not a recipe; delete {checkpoints} to start the run over")
+    return stored
+
+
+def mismatch_message(output: str, changes: list[str]) -> str:
+    """One line naming the changed fields and the two ways out."""
+    shown = changes[:MAX_DIFF_LINES]
+    if len(changes) > MAX_DIFF_LINES:
+        shown.append(f"...and {len(changes) - MAX_DIFF_LINES} more")
+    field = "config" if any(not line.startswith("deps") for line in changes) else "deps"
+    checkpoints = storage.join(output, "checkpoints")
+    return (
+        f"{field}: the checkpoints in {output} were written by another recipe ({'; '.join(shown)}); "
+        f"bump the version to train the new recipe, or delete {checkpoints} to start over"
+    )
+
+
+def check_recipe(output: str, recipe: Mapping[str, Any]) -> None:
+    """Raise StepError if the checkpoints at `output` belong to a recipe other than `recipe`."""
+    stored = read_recipe(output)
+    if stored is None:
+        return
+    changes = recipe_changes(stored, recipe)
+    if changes:
+        raise StepError(mismatch_message(output, changes))
+
+
+def claim_checkpoints(output: str, recipe: Mapping[str, Any], *, resuming: bool, writer: bool) -> None:
+    """Before training: check the recipe of the checkpoints resumed from, or record
+    ours when starting afresh (the writer only; the others just train)."""
+    if resuming:
+        check_recipe(output, recipe)
+    elif writer:
+        record_recipe(output, recipe)

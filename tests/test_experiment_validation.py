@@ -1,0 +1,282 @@
+"""Experiment-load validation: dep kinds, findable user steps, sweep key collisions,
+numbers YAML read as text, and errors about defaults the user never wrote."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+from marin_rules.artifacts.errors import ConfigError, MarinError
+from marin_rules.experiment import build_experiment, load_experiment
+from marin_rules.steps import BUILTIN_STEPS
+
+USER = "valsteps_pkg.steps:make"
+
+CHAIN = {
+    "raw/tiny@v1": {"step": "download", "config": {"heldout": ["hamlet"]}},
+    "tokenizers/tiny@v1": {"step": "train_tokenizer", "deps": {"corpus": "raw/tiny@v1"}, "config": {"vocab_size": 512}},
+    "tokenized/tiny@v1": {"step": "tokenize", "deps": {"tokenizer": "tokenizers/tiny@v1", "corpus": "raw/tiny@v1"}},
+    "checkpoints/x@v1": {
+        "step": "train",
+        "deps": {"data": "tokenized/tiny@v1"},
+        "config": {"model": {"d_model": 64, "n_heads": 4}, "num_train_steps": 10, "batch_size": 4, "seq_len": 32},
+    },
+    "evaluations/x@v1": {"step": "evaluate", "deps": {"model": "checkpoints/x@v1", "data": "raw/tiny@v1"}},
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def user_step_package(tmp_path_factory):
+    root = tmp_path_factory.mktemp("valsteps")
+    (root / "valsteps_pkg").mkdir()
+    (root / "valsteps_pkg" / "__init__.py").write_text("")
+    (root / "valsteps_pkg" / "steps.py").write_text("def make(ctx):\n    return {}\n")
+    sys.path.insert(0, str(root))
+    importlib.invalidate_caches()
+    yield root
+    sys.path.remove(str(root))
+    for name in ("valsteps_pkg.steps", "valsteps_pkg"):
+        sys.modules.pop(name, None)
+
+
+def chain(**changes) -> dict:
+    """The built-in chain with some entries' fields replaced (key -> {field: value})."""
+    artifacts = copy.deepcopy(CHAIN)
+    for key, fields in changes.items():
+        artifacts.setdefault(key, {}).update(fields)
+    return {"artifacts": artifacts}
+
+
+def load_error(data) -> str:
+    with pytest.raises(MarinError) as e:
+        build_experiment(data)
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+def load_yaml_error(tmp_path, text: str) -> str:
+    path = tmp_path / "exp.yaml"
+    path.write_text(textwrap.dedent(text))
+    with pytest.raises(MarinError) as e:
+        load_experiment(str(path))
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_valid_builtin_chain_loads():
+    assert list(build_experiment(chain()).artifacts) == list(CHAIN)
+
+
+# ---- 1. deps of the wrong kind ------------------------------------------------------
+
+
+def test_train_data_from_a_download_artifact_is_refused_at_load():
+    message = load_error(chain(**{"checkpoints/x@v1": {"deps": {"data": "raw/tiny@v1"}}}))
+    assert message == "checkpoints/x@v1: deps.data: expected a 'tokenize' artifact, got raw/tiny@v1 (a 'download' artifact)"
+
+
+def test_wrong_kind_inside_a_train_mixture_is_refused():
+    deps = {"data": {"tokenized/tiny@v1": 0.5, "raw/tiny@v1": 0.5}}
+    message = load_error(chain(**{"checkpoints/x@v1": {"deps": deps}}))
+    assert message == "checkpoints/x@v1: deps.data: expected a 'tokenize' artifact, got raw/tiny@v1 (a 'download' artifact)"
+
+
+@pytest.mark.parametrize(
+    "key,role,upstream,expected,got",
+    [
+        ("tokenized/tiny@v1", "tokenizer", "raw/tiny@v1", "train_tokenizer", "download"),
+        ("tokenized/tiny@v1", "corpus", "tokenizers/tiny@v1", "download", "train_tokenizer"),
+        ("tokenizers/tiny@v1", "corpus", "tokenized/tiny@v1", "download", "tokenize"),
+        ("evaluations/x@v1", "model", "tokenized/tiny@v1", "train", "tokenize"),
+        ("evaluations/x@v1", "data", "tokenized/tiny@v1", "download", "tokenize"),
+    ],
+)  # fmt: skip
+def test_every_builtin_role_refuses_an_upstream_of_the_wrong_kind(key, role, upstream, expected, got):
+    data = chain()
+    data["artifacts"][key]["deps"][role] = upstream
+    if key == "tokenizers/tiny@v1":  # avoid a cycle: tokenized/tiny needs tokenizers/tiny
+        data["artifacts"]["tokenized/tiny@v1"]["deps"]["tokenizer"] = "tokenizers/other@v1"
+        data["artifacts"]["tokenizers/other@v1"] = copy.deepcopy(CHAIN["tokenizers/tiny@v1"])
+    message = load_error(data)
+    assert message == f"{key}: deps.{role}: expected a {expected!r} artifact, got {upstream} (a {got!r} artifact)"
+
+
+def test_user_step_upstream_is_accepted_for_any_role():
+    data = chain(**{"features/tokens@v1": {"step": USER, "deps": {"corpus": "raw/tiny@v1"}}})
+    data["artifacts"]["checkpoints/x@v1"]["deps"] = {"data": {"tokenized/tiny@v1": 1, "features/tokens@v1": 1}}
+    data["artifacts"]["evaluations/x@v1"]["deps"]["model"] = "features/tokens@v1"
+    assert "evaluations/x@v1" in build_experiment(data).artifacts
+
+
+def test_dep_kind_table_names_builtin_kinds_and_roles_each_checker_accepts():
+    roles = {"download": set(), "train_tokenizer": {"corpus"}, "tokenize": {"tokenizer", "corpus"},
+             "train": {"data"}, "evaluate": {"model", "data"}}  # fmt: skip
+    assert {name: set(b.deps) for name, b in BUILTIN_STEPS.items()} == roles
+    assert all(kind in BUILTIN_STEPS for b in BUILTIN_STEPS.values() for kind in b.deps.values())
+
+
+# ---- 2. user steps whose module cannot be found -------------------------------------
+
+
+def test_user_step_with_unfindable_module_fails_at_load_naming_step():
+    message = load_error({"artifacts": {"features/x@v1": {"step": "no_such_pkg_zz.steps:count"}}})
+    assert message.startswith("features/x@v1: step: cannot find module 'no_such_pkg_zz.steps' (No module named 'no_such_pkg_zz')")
+
+
+def test_user_step_missing_submodule_of_a_found_package_fails_at_load():
+    message = load_error({"artifacts": {"features/x@v1": {"step": "valsteps_pkg.nope:count"}}})
+    assert message.startswith("features/x@v1: step: cannot find module 'valsteps_pkg.nope'")
+
+
+def test_user_step_module_in_the_current_directory_is_found_without_importing_it(tmp_path, monkeypatch):
+    (tmp_path / "cwd_only_steps_zz.py").write_text("raise RuntimeError('imported at load')\n")
+    monkeypatch.chdir(tmp_path)
+    before = list(sys.path)
+    exp = build_experiment({"artifacts": {"features/x@v1": {"step": "cwd_only_steps_zz:count"}}})
+    assert "features/x@v1" in exp.artifacts
+    assert "cwd_only_steps_zz" not in sys.modules
+    assert sys.path == before
+
+
+def test_user_step_check_runs_once_per_step_across_a_sweep(monkeypatch):
+    import marin_rules.experiment as experiment
+
+    calls = []
+    monkeypatch.setattr(experiment, "check_user_step", lambda step: calls.append(step))
+    build_experiment({"sweeps": {"s/n{i}@v1": {"step": USER, "config": {"i": "{i}"}, "grid": {"i": {"range": [0, 50]}}}}})
+    assert calls == [USER]
+
+
+# ---- 3. sweep keys that leave out a variable ----------------------------------------
+
+
+def test_sweep_key_without_a_grid_variable_names_the_variable():
+    message = load_error({"sweeps": {"features/x@v1": {"step": USER, "config": {"a": "{a}"}, "grid": {"a": [1, 2]}}}})
+    assert message == (
+        "sweeps.features/x@v1: grid variable 'a' does not appear in the key, so its expansions would share "
+        "one name; add {a} to the name or version"
+    )
+
+
+def test_sweep_key_without_one_of_two_grid_variables_names_that_one():
+    sweep = {"step": USER, "grid": {"lr": [0.1, 0.2], "seed": [0, 1]}}
+    message = load_error({"sweeps": {"ck/lr{lr}@v1": sweep}})
+    assert message.startswith("sweeps.ck/lr{lr}@v1: grid variable 'seed' does not appear in the key")
+
+
+def test_sweep_key_without_a_cases_variable_names_it_but_distinct_keys_are_fine():
+    cases = [{"size": "s", "d": 64}, {"size": "s", "d": 128}]
+    message = load_error({"sweeps": {"ck/{size}@v1": {"step": USER, "cases": cases}}})
+    assert message.startswith("sweeps.ck/{size}@v1: cases variable 'd' does not appear in the key")
+    cases = [{"size": "s", "d": 64}, {"size": "l", "d": 128}]  # `d` rides along with a named case
+    assert list(build_experiment({"sweeps": {"ck/{size}@v1": {"step": USER, "cases": cases}}}).artifacts) == ["ck/s@v1", "ck/l@v1"]
+
+
+def test_sweep_values_that_print_alike_are_reported_as_such():
+    message = load_error({"sweeps": {"ck/a{a}@v1": {"step": USER, "grid": {"a": [1, "1"]}}}})
+    assert message.startswith("sweeps.ck/a{a}@v1: two expansions both give ck/a1@v1")
+
+
+def test_sweep_key_colliding_with_another_entry_is_still_defined_twice():
+    data = {"artifacts": {"ck/a1@v1": {"step": USER}}, "sweeps": {"ck/a{a}@v1": {"step": USER, "grid": {"a": [1]}}}}
+    assert "ck/a1@v1 is defined twice" in load_error(data)
+
+
+# ---- 4. numbers YAML 1.1 reads as text ----------------------------------------------
+
+TRAIN_YAML = """\
+artifacts:
+  raw/tiny@v1: {step: download}
+  tokenizers/tiny@v1: {step: train_tokenizer, deps: {corpus: raw/tiny@v1}, config: {vocab_size: 512}}
+  tokenized/tiny@v1: {step: tokenize, deps: {tokenizer: tokenizers/tiny@v1, corpus: raw/tiny@v1}%s}
+  checkpoints/x@v1:
+    step: train
+    deps: {data: tokenized/tiny@v1}
+    config:
+      model: {d_model: 64, n_heads: 4%s}
+      optimizer: {learning_rate: %s}
+      num_train_steps: 10
+      batch_size: 4
+      seq_len: 32
+"""
+
+
+def test_learning_rate_written_3e_minus_4_gets_a_yaml_hint(tmp_path):
+    message = load_yaml_error(tmp_path, TRAIN_YAML % ("", "", "3e-4"))
+    assert message == (
+        "checkpoints/x@v1: config.optimizer.learning_rate: expected a number > 0, "
+        "got '3e-4' (a string: YAML reads 3e-4 as text; write 3.0e-4)"
+    )
+
+
+def test_suggested_yaml_number_form_loads_as_that_number(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text(TRAIN_YAML % ("", "", "3.0e-4"))
+    assert load_experiment(str(path))["checkpoints/x@v1"].config["optimizer"]["learning_rate"] == 3e-4
+    assert yaml.safe_load("x: 1.0e+5")["x"] == 1e5
+
+
+def test_quoted_number_hint_says_drop_the_quotes(tmp_path):
+    message = load_yaml_error(tmp_path, TRAIN_YAML % ("", "", "'0.001'"))
+    assert message.endswith("got '0.001' (a string; write 0.001 without quotes)")
+
+
+def test_model_and_data_number_fields_share_the_hint(tmp_path):
+    message = load_yaml_error(tmp_path, TRAIN_YAML % ("", ", norm_eps: 1e-6", "0.001"))
+    assert message == (
+        "checkpoints/x@v1: config.model.norm_eps: expected a number, "
+        "got '1e-6' (a string: YAML reads 1e-6 as text; write 1.0e-6)"
+    )
+    message = load_yaml_error(tmp_path, TRAIN_YAML % (", config: {validation_fraction: 5e-2}", "", "0.001"))
+    assert message == (
+        "tokenized/tiny@v1: config.validation_fraction: expected a number in [0, 1), "
+        "got '5e-2' (a string: YAML reads 5e-2 as text; write 5.0e-2)"
+    )
+
+
+def test_text_that_is_not_a_number_gets_no_hint(tmp_path):
+    message = load_yaml_error(tmp_path, TRAIN_YAML % ("", "", "fast"))
+    assert message.endswith("expected a number > 0, got 'fast'")
+
+
+# ---- 5. errors about a default the user did not write --------------------------------
+
+
+def test_n_heads_error_says_when_the_value_is_the_unwritten_default():
+    message = load_error(chain(**{"checkpoints/x@v1": {"config": {**CHAIN["checkpoints/x@v1"]["config"], "model": {"d_model": 32}}}}))
+    assert message == "checkpoints/x@v1: config.model.n_heads: must divide d_model=32, got 6 (the default; set n_heads)"
+
+
+def test_n_heads_error_written_by_the_user_has_no_default_note():
+    model = {"d_model": 32, "n_heads": 6}
+    message = load_error(chain(**{"checkpoints/x@v1": {"config": {**CHAIN["checkpoints/x@v1"]["config"], "model": model}}}))
+    assert message == "checkpoints/x@v1: config.model.n_heads: must divide d_model=32, got 6"
+
+
+def test_n_kv_heads_and_top_k_errors_name_their_unwritten_defaults():
+    from marin_rules.model.config import ModelConfig
+
+    with pytest.raises(ConfigError) as e:
+        ModelConfig.from_dict({"d_model": 96, "n_heads": 3})
+    assert str(e.value) == "n_kv_heads: must divide n_heads=3, got 2 (the default; set n_kv_heads)"
+    with pytest.raises(ConfigError) as e:
+        ModelConfig.from_dict({"n_experts": 1})
+    assert str(e.value) == "top_k: expected at most n_experts=1, got 2 (the default; set top_k)"
+    with pytest.raises(ConfigError) as e:  # built in code: every value counts as given
+        ModelConfig(d_model=32)
+    assert str(e.value) == "n_heads: must divide d_model=32, got 6"
+
+
+def test_seq_len_error_says_when_max_seq_len_is_the_model_default():
+    config = {**CHAIN["checkpoints/x@v1"]["config"], "seq_len": 512}
+    message = load_error(chain(**{"checkpoints/x@v1": {"config": config}}))
+    assert message == (
+        "checkpoints/x@v1: config.seq_len: expected at most model.max_seq_len=256 "
+        "(the model's default; set model.max_seq_len), got 512"
+    )
