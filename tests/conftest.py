@@ -59,3 +59,21 @@ def run_snakemake(
 @pytest.fixture
 def snakemake_cmd():
     return run_snakemake
+
+
+@pytest.fixture(scope="module")
+def user_step_package(tmp_path_factory):
+    """`mypkg.steps` (with `make(ctx)`) on sys.path, as a user's package would be: the
+    loader refuses a user step whose module it cannot find."""
+    import importlib
+
+    root = tmp_path_factory.mktemp("userpkg")
+    (root / "mypkg").mkdir()
+    (root / "mypkg" / "__init__.py").write_text("")
+    (root / "mypkg" / "steps.py").write_text("def make(ctx):\n    return {}\n")
+    sys.path.insert(0, str(root))
+    importlib.invalidate_caches()
+    yield root
+    sys.path.remove(str(root))
+    for name in ("mypkg.steps", "mypkg"):
+        sys.modules.pop(name, None)

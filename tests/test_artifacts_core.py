@@ -108,20 +108,8 @@ USER = "mypkg.steps:make"
 
 
 @pytest.fixture(autouse=True, scope="module")
-def user_step_package(tmp_path_factory):
-    """`mypkg.steps` on sys.path: the loader refuses a user step whose module it cannot find."""
-    import importlib
-
-    root = tmp_path_factory.mktemp("userpkg")
-    (root / "mypkg").mkdir()
-    (root / "mypkg" / "__init__.py").write_text("")
-    (root / "mypkg" / "steps.py").write_text("def make(ctx):\n    return {}\n")
-    sys.path.insert(0, str(root))
-    importlib.invalidate_caches()
-    yield root
-    sys.path.remove(str(root))
-    for name in ("mypkg.steps", "mypkg"):
-        sys.modules.pop(name, None)
+def _user_package(user_step_package):
+    return user_step_package
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ numbers YAML read as text, and errors about defaults the user never wrote."""
 from __future__ import annotations
 
 import copy
-import importlib
 import sys
 import textwrap
 
@@ -15,7 +14,7 @@ from marin_rules.artifacts.errors import ConfigError, MarinError
 from marin_rules.experiment import build_experiment, load_experiment
 from marin_rules.steps import BUILTIN_STEPS
 
-USER = "valsteps_pkg.steps:make"
+USER = "mypkg.steps:make"
 
 CHAIN = {
     "raw/tiny@v1": {"step": "download", "config": {"heldout": ["hamlet"]}},
@@ -31,17 +30,8 @@ CHAIN = {
 
 
 @pytest.fixture(autouse=True, scope="module")
-def user_step_package(tmp_path_factory):
-    root = tmp_path_factory.mktemp("valsteps")
-    (root / "valsteps_pkg").mkdir()
-    (root / "valsteps_pkg" / "__init__.py").write_text("")
-    (root / "valsteps_pkg" / "steps.py").write_text("def make(ctx):\n    return {}\n")
-    sys.path.insert(0, str(root))
-    importlib.invalidate_caches()
-    yield root
-    sys.path.remove(str(root))
-    for name in ("valsteps_pkg.steps", "valsteps_pkg"):
-        sys.modules.pop(name, None)
+def _user_package(user_step_package):
+    return user_step_package
 
 
 def chain(**changes) -> dict:
@@ -130,8 +120,8 @@ def test_user_step_with_unfindable_module_fails_at_load_naming_step():
 
 
 def test_user_step_missing_submodule_of_a_found_package_fails_at_load():
-    message = load_error({"artifacts": {"features/x@v1": {"step": "valsteps_pkg.nope:count"}}})
-    assert message.startswith("features/x@v1: step: cannot find module 'valsteps_pkg.nope'")
+    message = load_error({"artifacts": {"features/x@v1": {"step": "mypkg.nope:count"}}})
+    assert message.startswith("features/x@v1: step: cannot find module 'mypkg.nope'")
 
 
 def test_user_step_module_in_the_current_directory_is_found_without_importing_it(tmp_path, monkeypatch):
