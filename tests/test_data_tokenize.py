@@ -99,6 +99,15 @@ def test_a_worker_that_cannot_start_is_an_error_not_a_hang():
         list(stream)
 
 
+def test_a_split_far_from_the_asked_fraction_says_so(built, tmp_path, capsys):
+    # 5 training documents of very different sizes: the one validation document (the
+    # tiny one) holds 0.07% of the tokens where 1% was asked
+    result = run_tokenize(tmp_path / "few", built["raw"], built["tok"], validation_fraction=0.01)
+    share = result["validation_token_share"]
+    assert share == pytest.approx(result["validation_tokens"] / result["tokens"], abs=1e-4) and share < 0.005
+    assert "validation holds 0.1% of the tokens (1 of 5 documents), asked 1.0%" in capsys.readouterr().err
+
+
 def test_validation_documents_are_evenly_spaced_and_never_all_or_none():
     assert split_labels(10, 0.2) == ["train", "train", "train", "train", "validation"] * 2
     assert split_labels(3, 0.01).count("validation") == 1

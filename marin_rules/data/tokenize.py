@@ -116,6 +116,14 @@ def tokenize(ctx: StepContext) -> dict[str, Any]:
     storage.write_json_atomic(index_location, index)
     seconds = time.perf_counter() - started
     total = sum(s["tokens"] for s in splits.values())
+    validation_share = splits["validation"]["tokens"] / total if total else 0.0
+    if fraction > 0 and not fraction / 2 <= validation_share <= fraction * 2:
+        print(
+            f"{ctx.key}: validation holds {validation_share:.1%} of the tokens "
+            f"({splits['validation']['documents']} of {n_docs} documents), asked {fraction:.1%}: the split "
+            "takes whole documents; more, shorter documents give a closer split",
+            file=sys.stderr,
+        )
     return {
         "tokens": total,
         "documents": n_docs,
@@ -123,6 +131,7 @@ def tokenize(ctx: StepContext) -> dict[str, Any]:
         "train_documents": splits["train"]["documents"],
         "validation_tokens": splits["validation"]["tokens"],
         "validation_documents": splits["validation"]["documents"],
+        "validation_token_share": round(validation_share, 4),
         "vocab_size": vocab["vocab_size"],
         "dtype": vocab["dtype"],
         "num_workers": num_workers,
