@@ -30,9 +30,8 @@ from typing import Any, Iterator, Mapping
 import yaml
 
 from marin_rules.artifacts.canonical import canonical_value, fingerprint, fingerprint_payload
-from marin_rules.artifacts.errors import ConfigError, ExperimentError
+from marin_rules.artifacts.errors import ConfigError, ExperimentError, got
 from marin_rules.artifacts.identity import ArtifactId, parse_key
-from marin_rules.artifacts.errors import got
 from marin_rules.steps import BUILTIN_STEPS, check_dep_kinds, check_step_config, check_user_step, is_valid_step
 
 ENTRY_FIELDS = {"step", "deps", "config", "runtime", "expect_fingerprint", "description"}

@@ -90,7 +90,7 @@ def _same_file(a: str, b: str, workdir: str) -> bool:
     return os.path.realpath(os.path.join(workdir, a)) == os.path.realpath(os.path.join(workdir, b))
 
 
-def _check_targets(experiment: Experiment, targets_config: Any) -> list[str]:
+def target_keys(experiment: Experiment, targets_config: Any) -> list[str]:
     """The artifact keys `--config target=KEY|STEP[,...]` names (all when unset)."""
     if not targets_config:
         return list(experiment.artifacts)
@@ -152,7 +152,7 @@ class Session:
     # ---- targets -----------------------------------------------------------------
     def targets(self) -> list[str]:
         """Records the `all` rule asks for: everything, or `--config target=KEY[,KEY...]`."""
-        return [self.record_path(k) for k in _check_targets(self.experiment, self.targets_config)]
+        return [self.record_path(k) for k in target_keys(self.experiment, self.targets_config)]
 
     # ---- forcing -----------------------------------------------------------------
     def is_forced(self, key: str) -> bool:
@@ -293,13 +293,13 @@ class Session:
         return step_function(artifact.step)
 
     def _dep_entry(self, key: str) -> dict[str, Any]:
-        upstream = self.experiment[key]
+        upstream, record = self.experiment[key], self.recorded(key)
         return {
             "name": upstream.id.name,
             "version": upstream.id.version,
             "path": self.location(key),
-            "fingerprint": (self.recorded(key) or {}).get("fingerprint"),
-            "built": _built_at(self.recorded(key)),  # tells a later forced rebuild of it apart
+            "fingerprint": (record or {}).get("fingerprint"),
+            "built": _built_at(record),  # tells a later forced rebuild of it apart
         }
 
 
@@ -511,7 +511,7 @@ def begin(workflow: Any, config: dict) -> Session:
     try:
         path = select_experiment(config, configfiles, workdir, workflow_dir)
         experiment = load_experiment(path)
-        _check_targets(experiment, config.get("target"))
+        target_keys(experiment, config.get("target"))
     except MarinError as e:
         print(f"marin-rules: {e}", file=sys.stderr)
         raise SystemExit(1) from None

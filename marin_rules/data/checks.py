@@ -15,8 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from marin_rules.artifacts.errors import ConfigError
-from marin_rules.artifacts.errors import got
+from marin_rules.artifacts.errors import ConfigError, got
 
 # ---- download -------------------------------------------------------------------
 

@@ -10,7 +10,8 @@ both are scored by exactly the same tokenization, batching and tasks.
   that several requests share (the context of a multiple-choice question's choices)
   becomes a prefix: requests are sorted so that equal prefixes sit together, and each
   batch of `batch_size` rows runs every distinct prefix once into a key/value cache,
-  then the rows' own tokens after it. The output head runs only at scored positions. Rows are right-padded to bucketed lengths (powers of two, capped at
+  then the rows' own tokens after it. The output head runs only at scored
+  positions. Rows are right-padded to bucketed lengths (powers of two, capped at
   `max_length`) and the key/value cache has one length per call, so a whole
   evaluation compiles a handful of shapes.
 - `loglikelihood_rolling`: lm-eval's `get_rolling_token_windows` over the model's
@@ -269,13 +270,12 @@ class MarinLM(TemplateLM):
         pieces share becomes their common prefix (run once per batch); any other
         window is all suffix, scored at its last positions only."""
         windows = [(i, seq, n) for i, (_, ctx, cont) in enumerate(requests) for seq, n in self._pieces(ctx, cont)]
-        histories = collections.Counter(tuple(seq[: len(seq) - 1 - n]) for _, seq, n in windows)
+        histories = [tuple(seq[: len(seq) - 1 - n]) for _, seq, n in windows]
+        shared = collections.Counter(histories)
         pieces = []
-        for i, seq, n in windows:
-            split = len(seq) - 1 - n
-            if histories[tuple(seq[:split])] < 2:
-                split = 0
-            pieces.append(Piece(i, tuple(seq[:split]), seq[split:-1], seq[split + 1 :], n))
+        for (i, seq, n), history in zip(windows, histories):
+            split = len(history) if shared[history] > 1 else 0
+            pieces.append(Piece(i, history if split else (), seq[split:-1], seq[split + 1 :], n))
         return pieces
 
     def _score_batch(self, chunk: list[Piece], cache_length: int) -> ScoreBatch:

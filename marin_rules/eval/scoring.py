@@ -1,4 +1,4 @@
-"""The scoring interface the lm-eval wrapper talks to, and its JAX implementation.
+"""The scoring interface the lm-eval wrapper talks to (no JAX here).
 
 Model: a `Scorer` sees only padded integer arrays, never text or requests. The wrapper
 (lm.py) splits every scored sequence into a *prefix* (the history whose tokens are

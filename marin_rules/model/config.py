@@ -20,8 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from marin_rules.artifacts.errors import ConfigError
-from marin_rules.artifacts.errors import got
+from marin_rules.artifacts.errors import ConfigError, got
 
 # The settings the experiment wrote, while `from_dict` builds a config: an error about a
 # value the user never wrote says it is the default (None: built in code, all given).

@@ -73,10 +73,6 @@ class KVCache(NamedTuple):
     k: jax.Array
     v: jax.Array
 
-    @property
-    def length(self) -> int:
-        return self.k.shape[2]
-
     def rows(self, index: jax.Array) -> "KVCache":
         """The cache of rows `index` [R] (rows may repeat: continuations sharing a prefix)."""
         return KVCache(self.k[:, index], self.v[:, index])

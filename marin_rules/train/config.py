@@ -20,8 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from marin_rules.artifacts.errors import ConfigError
-from marin_rules.artifacts.errors import got, number_text_hint
+from marin_rules.artifacts.errors import ConfigError, got, number_text_hint
 
 OPTIMIZERS = ("adamw", "muon")
 NAME_AT_VERSION_HINT = "a 'name@version' string or a mapping of 'name@version' to a weight"

@@ -23,7 +23,6 @@ unchecked, as before.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Mapping
 
@@ -36,8 +35,12 @@ RECIPE_FILE = "recipe.json"
 FREE_KEYS = ("log_every", "checkpoint_every", "eval_every")
 
 
+def _checkpoints(output: str) -> str:
+    return storage.join(output, "checkpoints")
+
+
 def recipe_location(output: str) -> str:
-    return storage.join(output, "checkpoints", RECIPE_FILE)
+    return storage.join(_checkpoints(output), RECIPE_FILE)
 
 
 def normalize_location(location: str) -> str:
@@ -79,7 +82,7 @@ def read_recipe(output: str) -> dict[str, Any] | None:
     location = recipe_location(output)
     if not storage.exists(location):
         return None
-    checkpoints = storage.join(output, "checkpoints")
+    checkpoints = _checkpoints(output)
     try:
         stored = storage.read_json(location)
     except (ValueError, UnicodeDecodeError) as e:
@@ -97,7 +100,7 @@ def mismatch_message(output: str, changes: list[str]) -> str:
     if len(changes) > MAX_DIFF_LINES:
         shown.append(f"...and {len(changes) - MAX_DIFF_LINES} more")
     field = "config" if any(not line.startswith("deps") for line in changes) else "deps"
-    checkpoints = storage.join(output, "checkpoints")
+    checkpoints = _checkpoints(output)
     return (
         f"{field}: the checkpoints in {output} were written by another recipe ({'; '.join(shown)}); "
         f"bump the version to train the new recipe, or delete {checkpoints} to start over"
