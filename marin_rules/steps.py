@@ -2,7 +2,8 @@
 
 Model: a step kind is either a built-in name (`download`, `train_tokenizer`,
 `tokenize`, `train`, `evaluate`) or a user step `pkg.module:function`. Each built-in
-names its run function and a config checker by dotted path, imported lazily: loading
+names its run function, a config checker and its config dataclass (whose
+`marin_rules.validation` rules give the JSON Schema) by dotted path, imported lazily: loading
 an experiment (dry runs, `--dag`) never imports JAX. A checker is
 `check(config: dict, deps: dict) -> None` raising `ConfigError(field, message)` with
 `field` relative to the artifact entry (`config.vocab_size`, `deps.corpus`).
@@ -10,12 +11,14 @@ an experiment (dry runs, `--dag`) never imports JAX. A checker is
 Each built-in also declares, per dependency role, the step kind its upstream must be
 (`BuiltinStep.deps`): the loader refuses a `download` artifact wired in as a train
 step's `data`. An upstream that is a user step is accepted for any role (what it
-writes is the user's business). User steps are checked only for a findable module
-(`check_user_step`): the module itself is not imported at load, it may import JAX.
+writes is the user's business). A user step is checked at load without importing
+its module (it may import JAX): the module must be findable and its source must
+define the function (`check_user_step` reads it with `ast`).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import os
@@ -26,13 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from marin_rules.artifacts.errors import ConfigError
+from marin_rules.validation import suggest_key
 
 
 @dataclass(frozen=True)
 class BuiltinStep:
     run: str  # "module:function" called as function(ctx)
     check: str  # "module:function" called as check(config, deps) before anything runs
-    family: str  # rules/<family>.smk; also the Snakemake rule name is the step kind
+    settings: str  # "module:Class": the config dataclass whose rules give its JSON Schema
     # role -> the built-in step kind its upstream must be (each member of a mixture too);
     # the roles are the ones the checker accepts. A user-step upstream fits any role.
     deps: Mapping[str, str] = field(default_factory=dict, hash=False)
@@ -40,27 +44,27 @@ class BuiltinStep:
 
 BUILTIN_STEPS: dict[str, BuiltinStep] = {
     "download": BuiltinStep(
-        "marin_rules.data.download:download", "marin_rules.data.checks:check_download", "data"
+        "marin_rules.data.download:download", "marin_rules.data.checks:check_download", "marin_rules.data.checks:DownloadConfig"
     ),
     "train_tokenizer": BuiltinStep(
         "marin_rules.data.tokenizer:train_tokenizer",
         "marin_rules.data.checks:check_train_tokenizer",
-        "data",
+        "marin_rules.data.checks:TrainTokenizerConfig",
         {"corpus": "download"},
     ),
     "tokenize": BuiltinStep(
         "marin_rules.data.tokenize:tokenize",
         "marin_rules.data.checks:check_tokenize",
-        "data",
+        "marin_rules.data.checks:TokenizeConfig",
         {"corpus": "download", "tokenizer": "train_tokenizer"},
     ),
     "train": BuiltinStep(
-        "marin_rules.train.step:train", "marin_rules.train.config:check_train", "train", {"data": "tokenize"}
+        "marin_rules.train.step:train", "marin_rules.train.config:check_train", "marin_rules.train.config:TrainConfig", {"data": "tokenize"}
     ),
     "evaluate": BuiltinStep(
         "marin_rules.eval.step:evaluate",
         "marin_rules.eval.config:check_evaluate",
-        "evaluate",
+        "marin_rules.eval.config:EvaluateSettings",
         {"model": "train", "data": "download"},
     ),
 }
@@ -91,13 +95,64 @@ def check_user_step(step: str) -> None:
         ) from None
     else:
         reason = f"No module named {module_name!r}"
-    if spec is None:
-        raise ConfigError(
+    if spec is not None:
+        return _check_defines_callable(step, spec.origin)
+    raise ConfigError(
             "step",
             f"cannot find module {module_name!r} ({reason}); looked in the current directory "
             f"{os.getcwd()} and on sys.path (PYTHONPATH, installed packages): check the spelling, "
             "or install the package / add its folder to PYTHONPATH",
+    )
+
+
+def _check_defines_callable(step: str, origin: str | None) -> None:
+    """Read the module's source (without running it) and refuse a step function it
+    does not define, or binds to a literal (`count = 3`). Names it may get in ways
+    the source does not show (a star import, a module `__getattr__`) are accepted;
+    `import_function` checks them when the step runs."""
+    module_name, _, attr = step.partition(":")
+    if not origin or not origin.endswith(".py"):
+        return
+    try:
+        with open(origin, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), origin)
+    except (OSError, SyntaxError, UnicodeDecodeError) as e:
+        raise ConfigError("step", f"cannot read module {module_name!r} at {origin} ({type(e).__name__}: {e})") from None
+    functions: list[str] = []
+    literal_line = None
+    for node in _top_level(tree.body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name in (attr, "__getattr__"):
+                return
+            functions.append(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" or (a.asname or a.name.split(".")[0]) == attr for a in node.names):
+                return
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(attr in {n.id for n in ast.walk(t) if isinstance(n, ast.Name)} for t in targets):
+                if not isinstance(node.value, (ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.JoinedStr)):
+                    return  # bound to an expression: may well be callable
+                literal_line = node.lineno
+    if literal_line is not None:
+        raise ConfigError(
+            "step", f"{step!r} is not callable: {origin}:{literal_line} binds {attr} to a literal; point step at a function"
         )
+    raise ConfigError(
+        "step", f"module {module_name!r} ({origin}) defines no function {attr!r}{suggest_key(attr, functions)}"
+    )
+
+
+def _top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Module-level statements, looking inside if/try/with blocks (conditional definitions)."""
+    for node in body:
+        yield node
+        for block in ("body", "orelse", "finalbody"):
+            if isinstance(node, (ast.If, ast.Try, ast.With)) and hasattr(node, block):
+                yield from _top_level(getattr(node, block))
+        if isinstance(node, ast.Try):
+            for handler in node.handlers:
+                yield from _top_level(handler.body)
 
 
 @contextmanager
@@ -115,7 +170,8 @@ def _current_directory_on_path() -> Iterator[None]:
 
 
 def check_dep_kinds(step: str, deps: Mapping[str, Any], step_of: Mapping[str, str]) -> None:
-    """Refuse an upstream of the wrong kind for a built-in step's role. `step_of` maps
+    """Refuse a role a built-in step does not take, and an upstream of the wrong kind
+    for one it takes. `step_of` maps
     each upstream key to its step kind; user steps upstream fit any role."""
     builtin = BUILTIN_STEPS.get(step)
     if builtin is None:
@@ -123,7 +179,8 @@ def check_dep_kinds(step: str, deps: Mapping[str, Any], step_of: Mapping[str, st
     for role, dep in deps.items():
         expected = builtin.deps.get(role)
         if expected is None:
-            continue
+            takes = ", ".join(sorted(builtin.deps)) or "no dependencies"
+            raise ConfigError(f"deps.{role}", f"unknown role{suggest_key(role, builtin.deps)}; {step} takes: {takes}")
         for upstream in [dep] if isinstance(dep, str) else list(dep):
             kind = step_of.get(upstream)
             if kind in BUILTIN_STEPS and kind != expected:
@@ -144,7 +201,7 @@ def import_function(dotted: str) -> Callable[..., Any]:
     except AttributeError:
         raise ConfigError("step", f"module {module_name!r} has no function {attr!r}") from None
     if not callable(function):
-        raise ConfigError("step", f"{dotted!r} is not callable")
+        raise ConfigError("step", f"{dotted!r} is not callable ({type(function).__name__}); point step at a function")
     return function
 
 

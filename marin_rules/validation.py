@@ -34,12 +34,14 @@ def suggest_key(text: str, keys: Iterable[str]) -> str:
 
 
 def _bounds(lo: float | None, lo_open: bool, hi: float | None, hi_open: bool) -> str:
-    if lo is not None and hi is not None:
-        return f" in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-    if lo is not None:
-        return f" {'>' if lo_open else '>='} {lo:g}"
-    if hi is not None:
-        return f" {'<' if hi_open else '<='} {hi:g}"
+    """` > 0`, ` in [0, 1)`, or `` (no bound), as the messages say it."""
+    a, b = (None if x is None else (str(x) if isinstance(x, int) else f"{x:g}") for x in (lo, hi))
+    if a is not None and b is not None:
+        return f" in {'(' if lo_open else '['}{a}, {b}{')' if hi_open else ']'}"
+    if a is not None:
+        return f" {'>' if lo_open else '>='} {a}"
+    if b is not None:
+        return f" {'<' if hi_open else '<='} {b}"
     return ""
 
 

@@ -104,11 +104,16 @@ def test_user_step_upstream_is_accepted_for_any_role():
     assert "evaluations/x@v1" in build_experiment(data).artifacts
 
 
-def test_dep_kind_table_names_builtin_kinds_and_roles_each_checker_accepts():
-    roles = {"download": set(), "train_tokenizer": {"corpus"}, "tokenize": {"tokenizer", "corpus"},
-             "train": {"data"}, "evaluate": {"model", "data"}}  # fmt: skip
-    assert {name: set(b.deps) for name, b in BUILTIN_STEPS.items()} == roles
-    assert all(kind in BUILTIN_STEPS for b in BUILTIN_STEPS.values() for kind in b.deps.values())
+@pytest.mark.parametrize("step", sorted(BUILTIN_STEPS))
+def test_each_builtin_checker_accepts_exactly_the_roles_its_kind_table_declares(step):
+    """The kind table and the checkers agree: the declared roles load, any other is refused."""
+    key = next(k for k, entry in CHAIN.items() if entry["step"] == step)
+    data = chain()
+    roles = {role: data["artifacts"][key].get("deps", {}).get(role) for role in BUILTIN_STEPS[step].deps}
+    assert set(roles) == set(data["artifacts"][key].get("deps", {}))
+    assert build_experiment(data)[key].deps == roles
+    data["artifacts"][key].setdefault("deps", {})["extra"] = "raw/tiny@v1"
+    assert load_error(data).startswith(f"{key}: deps")
 
 
 # ---- 2. user steps whose module cannot be found -------------------------------------
@@ -125,7 +130,7 @@ def test_user_step_missing_submodule_of_a_found_package_fails_at_load():
 
 
 def test_user_step_module_in_the_current_directory_is_found_without_importing_it(tmp_path, monkeypatch):
-    (tmp_path / "cwd_only_steps_zz.py").write_text("raise RuntimeError('imported at load')\n")
+    (tmp_path / "cwd_only_steps_zz.py").write_text("raise RuntimeError('imported at load')\ndef count(ctx):\n    return {}\n")
     monkeypatch.chdir(tmp_path)
     before = list(sys.path)
     exp = build_experiment({"artifacts": {"features/x@v1": {"step": "cwd_only_steps_zz:count"}}})

@@ -123,7 +123,7 @@ def check_train_tokenizer(config: Mapping[str, Any], deps: Mapping[str, Any]) ->
     if values.get("vocab_size") is None:
         raise ConfigError("config.vocab_size", "missing: give a vocab size such as 4096 (or `pretrained:`)")
     n_special = len(set(special.values()))
-    Int(min=min_vocab_size(n_special), max=MAX_VOCAB,
+    Int(min=min_vocab_size(n_special),
         extra=f" ({BYTE_ALPHABET} byte symbols + {n_special} special tokens + {MIN_MERGES} merges)",
         ).check(config["vocab_size"], "config.vocab_size")  # fmt: skip
 

@@ -28,13 +28,14 @@ experiment load) and by the step, so the two never disagree.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import re
-import importlib.util
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
 from marin_rules.artifacts.errors import ConfigError
+from marin_rules.validation import Int, OneOf, Optional, Rule, check_fields, json_schema, parse
 
 BPB_TASK = "marin_shakespeare_bpb"
 CLOZE_TASK = "marin_shakespeare_cloze"
@@ -42,19 +43,17 @@ LOCAL_TASKS = (BPB_TASK, CLOZE_TASK)
 ROLLING_TASKS = (BPB_TASK,)  # scored as whole passages: few-shot makes no sense
 BASELINES = ("unigram", "none")
 
-KEYS = {"tasks", "limit", "num_fewshot", "batch_size", "seed", "baseline", "cloze", "bpb"}
-TASK_KEYS = {"name", "num_fewshot", "limit"}
-CLOZE_KEYS = {"context_lines", "distractors", "min_chars"}
-BPB_KEYS = {"passage_chars"}
 REQUIRED_DEPS = {
     "model": "a `train` artifact (checkpoints/...@v) whose model is evaluated",
     "data": "a `download` artifact (raw/...@v) whose heldout/ plays build the local tasks",
 }
-OPTIONAL_DEPS: dict[str, str] = {}
 
 DEFAULT_TASKS = LOCAL_TASKS
 DEFAULT_BATCH_SIZE = 32
 TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+Limit = Annotated[int | None, Optional(Int(min=1))]
+Shots = Annotated[int, Int(min=0)]
 
 
 @dataclass(frozen=True)
@@ -68,16 +67,93 @@ class TaskSpec:
         return self.name in LOCAL_TASKS
 
 
+class TaskName(Rule):
+    """A local task or one lm-eval bundles (read from its task files, no import)."""
+
+    def check(self, value: Any, field: str) -> str:
+        if not isinstance(value, str) or not TASK_NAME.match(value):
+            raise ConfigError(field, f"expected a task name such as {BPB_TASK!r}, got {value!r}")
+        if value not in LOCAL_TASKS and not is_standard_task(value):
+            raise ConfigError(
+                field,
+                f"unknown task {value!r}: not one of the local tasks ({', '.join(LOCAL_TASKS)}) "
+                "and not a task, group or tag among lm-eval's bundled task files",
+            )
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "string", "pattern": TASK_NAME.pattern, "examples": list(LOCAL_TASKS) + ["hellaswag", "arc_easy"]}
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    """One `tasks:` item written as a mapping; unset fields take the config's own."""
+
+    name: Annotated[str, TaskName(), "a local task or a task, group or tag of lm-eval's bundled registry"]
+    num_fewshot: Annotated[int | None, Optional(Int(min=0)), "examples shown before each question"] = None
+    limit: Annotated[Limit, "examples scored (null: all)"] = None
+
+
+class Tasks(Rule):
+    """`tasks:`: a task name, or a non-empty list of names and `{name, num_fewshot, limit}`."""
+
+    def check(self, value: Any, field: str) -> tuple[TaskEntry, ...]:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not value:
+            raise ConfigError(field, f"expected a non-empty list of task names or {{name, ...}}, got {value!r}")
+        entries: list[TaskEntry] = []
+        for i, entry in enumerate(value):
+            where = f"{field}[{i}]"
+            if isinstance(entry, str):
+                entry = {"name": entry}
+            if not isinstance(entry, Mapping):
+                raise ConfigError(where, f"expected a task name or {{name, num_fewshot, limit}}, got {entry!r}")
+            parsed = parse(TaskEntry, entry, where)
+            if any(e.name == parsed.name for e in entries):
+                raise ConfigError(f"{where}.name", f"task {parsed.name!r} is listed twice")
+            entries.append(parsed)
+        return tuple(entries)
+
+    def schema(self) -> dict[str, Any]:
+        item = {"anyOf": [TaskName().schema(), json_schema(TaskEntry)]}
+        return {"anyOf": [TaskName().schema(), {"type": "array", "minItems": 1, "items": item}]}
+
+
+class Baseline(Rule):
+    """`baseline:` unigram or none (null and false mean none)."""
+
+    def check(self, value: Any, field: str) -> str:
+        return "none" if value is None or value is False else OneOf(BASELINES).check(value, field)
+
+    def schema(self) -> dict[str, Any]:
+        return {"enum": [*BASELINES, None, False]}
+
+
 @dataclass(frozen=True)
 class ClozeOptions:
-    context_lines: int = 4  # preceding lines shown as the question
-    distractors: int = 3  # wrong lines from the same play beside the true one
-    min_chars: int = 20  # target and distractor lines shorter than this are skipped
+    context_lines: Annotated[int, Int(min=1), "preceding lines shown as the question"] = 4
+    distractors: Annotated[int, Int(min=1), "wrong lines from the same play beside the true one"] = 3
+    min_chars: Annotated[int, Int(min=0), "target and distractor lines shorter than this are skipped"] = 20
 
 
 @dataclass(frozen=True)
 class BpbOptions:
-    passage_chars: int = 4000  # plays are cut at blank lines into passages about this long
+    passage_chars: Annotated[int, Int(min=100), "plays are cut at blank lines into passages about this long"] = 4000
+
+
+@dataclass(frozen=True)
+class EvaluateSettings:
+    """`config:` of an `evaluate` artifact as written."""
+
+    tasks: Annotated[tuple[TaskEntry, ...], Tasks(), "lm-eval tasks; the two local ones by default"] = ()
+    limit: Annotated[Limit, "examples per task (null: all); a task entry may override it"] = None
+    num_fewshot: Annotated[Shots, "a task entry may override it"] = 0
+    batch_size: Annotated[int, Int(min=1), "scored continuations per jitted call"] = DEFAULT_BATCH_SIZE
+    seed: Annotated[int, Int(min=0), "cloze distractors, passage order, lm-eval's seeds"] = 0
+    baseline: Annotated[str, Baseline(), "unigram baseline scored beside the model, or none"] = "unigram"
+    cloze: ClozeOptions = ClozeOptions()
+    bpb: BpbOptions = BpbOptions()
 
 
 @dataclass(frozen=True)
@@ -104,31 +180,20 @@ def check_evaluate(config: Mapping[str, Any], deps: Mapping[str, Any]) -> None:
 
 
 def parse_evaluate(config: Mapping[str, Any] | None, deps: Mapping[str, Any] | None) -> EvaluateConfig:
-    config = {} if config is None else config
-    deps = {} if deps is None else deps
-    if not isinstance(config, Mapping):
-        raise ConfigError("config", f"expected a mapping, got {type(config).__name__}")
-    _check_deps(deps)
-    _reject_unknown(config, KEYS, "config")
-    limit = _optional_count(config.get("limit"), "config.limit")
-    num_fewshot = _count(config.get("num_fewshot", 0), "config.num_fewshot", low=0)
-    batch_size = _count(config.get("batch_size", DEFAULT_BATCH_SIZE), "config.batch_size", low=1)
-    seed = _count(config.get("seed", 0), "config.seed", low=0)
-    baseline = config.get("baseline", "unigram")
-    if baseline is None or baseline is False:
-        baseline = "none"
-    if baseline not in BASELINES:
-        raise ConfigError("config.baseline", f"expected one of {', '.join(BASELINES)}, got {baseline!r}")
-    tasks = _parse_tasks(config.get("tasks", list(DEFAULT_TASKS)), limit, num_fewshot)
-    cloze = _parse_options(config.get("cloze", {}), ClozeOptions, CLOZE_KEYS, "config.cloze")
-    if cloze.context_lines < 1:
-        raise ConfigError("config.cloze.context_lines", f"expected an integer >= 1, got {cloze.context_lines}")
-    if cloze.distractors < 1:
-        raise ConfigError("config.cloze.distractors", f"expected an integer >= 1, got {cloze.distractors}")
-    bpb = _parse_options(config.get("bpb", {}), BpbOptions, BPB_KEYS, "config.bpb")
-    if bpb.passage_chars < 100:
-        raise ConfigError("config.bpb.passage_chars", f"expected an integer >= 100, got {bpb.passage_chars}")
-    return EvaluateConfig(tasks, batch_size, seed, baseline, cloze, bpb)
+    _check_deps({} if deps is None else deps)
+    given = check_fields(EvaluateSettings, {} if config is None else config, "config")
+    s = EvaluateSettings(**given)
+    entries = s.tasks or tuple(TaskEntry(name) for name in DEFAULT_TASKS)
+    tasks = []
+    for i, e in enumerate(entries):
+        spec = TaskSpec(e.name, s.num_fewshot if e.num_fewshot is None else e.num_fewshot, e.limit or s.limit)
+        if spec.name in ROLLING_TASKS and spec.num_fewshot:
+            raise ConfigError(
+                f"config.tasks[{i}].num_fewshot",
+                f"{spec.name} scores whole passages (loglikelihood_rolling); expected 0, got {spec.num_fewshot}",
+            )
+        tasks.append(spec)
+    return EvaluateConfig(tuple(tasks), s.batch_size, s.seed, s.baseline, s.cloze, s.bpb)
 
 
 def _check_deps(deps: Mapping[str, Any]) -> None:
@@ -139,48 +204,9 @@ def _check_deps(deps: Mapping[str, Any]) -> None:
             raise ConfigError(f"deps.{role}", f"missing; evaluate needs `{role}`: {what}")
         if not isinstance(deps[role], str):
             raise ConfigError(f"deps.{role}", f"expected one name@version, got {deps[role]!r}")
-    unknown = sorted(str(r) for r in deps if r not in REQUIRED_DEPS and r not in OPTIONAL_DEPS)
+    unknown = sorted(str(r) for r in deps if r not in REQUIRED_DEPS)
     if unknown:
-        known = ", ".join(sorted({**REQUIRED_DEPS, **OPTIONAL_DEPS}))
-        raise ConfigError(f"deps.{unknown[0]}", f"unknown role; evaluate takes: {known}")
-
-
-def _parse_tasks(value: Any, limit: int | None, num_fewshot: int) -> tuple[TaskSpec, ...]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not value:
-        raise ConfigError("config.tasks", f"expected a non-empty list of task names or {{name, ...}}, got {value!r}")
-    specs: list[TaskSpec] = []
-    for i, entry in enumerate(value):
-        field = f"config.tasks[{i}]"
-        if isinstance(entry, str):
-            entry = {"name": entry}
-        if not isinstance(entry, Mapping):
-            raise ConfigError(field, f"expected a task name or {{name, num_fewshot, limit}}, got {entry!r}")
-        _reject_unknown(entry, TASK_KEYS, field)
-        name = entry.get("name")
-        if not isinstance(name, str) or not TASK_NAME.match(name):
-            raise ConfigError(f"{field}.name", f"expected a task name such as {BPB_TASK!r}, got {name!r}")
-        spec = TaskSpec(
-            name,
-            _count(entry.get("num_fewshot", num_fewshot), f"{field}.num_fewshot", low=0),
-            _optional_count(entry.get("limit", limit), f"{field}.limit"),
-        )
-        if spec.name in ROLLING_TASKS and spec.num_fewshot:
-            raise ConfigError(
-                f"{field}.num_fewshot",
-                f"{spec.name} scores whole passages (loglikelihood_rolling); expected 0, got {spec.num_fewshot}",
-            )
-        if not spec.is_local and not is_standard_task(spec.name):
-            raise ConfigError(
-                f"{field}.name",
-                f"unknown task {name!r}: not one of the local tasks ({', '.join(LOCAL_TASKS)}) "
-                "and not a task, group or tag among lm-eval's bundled task files",
-            )
-        if any(s.name == spec.name for s in specs):
-            raise ConfigError(f"{field}.name", f"task {name!r} is listed twice")
-        specs.append(spec)
-    return tuple(specs)
+        raise ConfigError(f"deps.{unknown[0]}", f"unknown role; evaluate takes: {', '.join(sorted(REQUIRED_DEPS))}")
 
 
 def is_standard_task(name: str) -> bool:
@@ -209,26 +235,3 @@ def _standard_task_names() -> frozenset[str]:
             for block in listed.findall(text):
                 names.update(item.strip().lstrip("-").strip().strip("'\"") for item in block.splitlines())
     return frozenset(n for n in names if n)
-
-
-def _parse_options(value: Any, cls: type, keys: set[str], field: str) -> Any:
-    if not isinstance(value, Mapping):
-        raise ConfigError(field, f"expected a mapping, got {value!r}")
-    _reject_unknown(value, keys, field)
-    return cls(**{k: _count(v, f"{field}.{k}", low=0) for k, v in value.items()})
-
-
-def _reject_unknown(mapping: Mapping[str, Any], known: set[str], field: str) -> None:
-    unknown = sorted(str(k) for k in mapping if k not in known)
-    if unknown:
-        raise ConfigError(f"{field}.{unknown[0]}", f"unknown setting; known: {', '.join(sorted(known))}")
-
-
-def _count(value: Any, field: str, *, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(field, f"expected an integer >= {low}, got {value!r}")
-    return value
-
-
-def _optional_count(value: Any, field: str) -> int | None:
-    return None if value is None else _count(value, field, low=1)
