@@ -1,0 +1,90 @@
+"""The published JSON Schema of experiment files: current, valid, and in agreement with
+the loader (what the schema refuses, `load_experiment` refuses too)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import jsonschema
+import pytest
+import yaml
+
+from conftest import REPO
+from marin_rules.artifacts.errors import MarinError
+from marin_rules.experiment import ENTRY_FIELDS, TOP_FIELDS, build_experiment
+from marin_rules.schema import SCHEMA_FILE, experiment_schema, schema_text
+from marin_rules.steps import BUILTIN_STEPS
+from marin_rules.sweeps import SWEEP_ONLY_FIELDS
+
+DEFAULT = yaml.safe_load((REPO / "experiments" / "default.yaml").read_text())
+TRAIN = "checkpoints/nano-moe@v1"
+
+
+@pytest.fixture(scope="module")
+def validator() -> jsonschema.Draft7Validator:
+    schema = json.loads((REPO / "schema" / "experiment.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+def test_committed_schema_is_the_generated_one():
+    with open(SCHEMA_FILE, encoding="utf-8") as f:
+        assert f.read() == schema_text(), "schema is out of date: run python -m marin_rules.schema --write"
+
+
+def test_schema_lists_exactly_the_loaders_fields_and_every_builtin_step():
+    s = experiment_schema()
+    assert set(s["properties"]) == TOP_FIELDS
+    assert set(s["definitions"]["entry"]["properties"]) == ENTRY_FIELDS
+    assert set(s["definitions"]["sweep"]["properties"]) == ENTRY_FIELDS | SWEEP_ONLY_FIELDS
+    steps = [case["if"]["properties"]["step"]["const"] for case in s["definitions"]["entry"]["allOf"]]
+    assert sorted(steps) == sorted(BUILTIN_STEPS)
+
+
+def test_shipped_experiments_validate_against_the_schema(validator):
+    files = sorted((REPO / "experiments").glob("*.yaml"))
+    assert files
+    for f in files:
+        errors = [e.message for e in validator.iter_errors(yaml.safe_load(f.read_text()))]
+        assert errors == [], f"{f.name}: {errors}"
+
+
+def _train(**changes) -> dict:
+    data = copy.deepcopy(DEFAULT)
+    config = data["artifacts"][TRAIN]["config"]
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split(".")
+        node = config
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    "data,path",
+    [
+        (_train(**{"optimizer.learning_rate": "3e-4"}), ["config", "optimizer", "learning_rate"]),
+        (_train(**{"model.d_modle": 64}), ["config", "model"]),
+        (_train(**{"model.moe_impl": "fast"}), ["config", "model", "moe_impl"]),
+        (_train(**{"batch_size": 0}), ["config", "batch_size"]),
+        (_train(**{"mesh.expert": True}), ["config", "mesh", "expert"]),
+    ],
+)  # fmt: skip
+def test_schema_and_loader_refuse_the_same_bad_train_config(validator, data, path):
+    errors = list(validator.iter_errors(data))
+    assert [list(e.absolute_path) for e in errors] == [["artifacts", TRAIN, *path]]
+    with pytest.raises(MarinError, match=f"^{TRAIN}: config"):
+        build_experiment(data)
+
+
+def test_schema_refuses_bad_keys_roles_and_missing_steps(validator):
+    bad_key = {"artifacts": {"Checkpoints/x": {"step": "download"}}}
+    wrong_role = copy.deepcopy(DEFAULT)
+    wrong_role["artifacts"][TRAIN]["deps"] = {"corpus": "raw/shakespeare@v1"}
+    no_step = {"artifacts": {"raw/x@v1": {"config": {}}}}
+    for data in (bad_key, wrong_role, no_step):
+        assert list(validator.iter_errors(data)), data
+        with pytest.raises(MarinError):
+            build_experiment(data)
