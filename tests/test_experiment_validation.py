@@ -275,3 +275,121 @@ def test_seq_len_error_says_when_max_seq_len_is_the_model_default():
         "checkpoints/x@v1: config.seq_len: expected at most model.max_seq_len=256 "
         "(the model's default; set model.max_seq_len), got 512"
     )
+
+
+# ---- 6. bad input, part two: duplicate keys, YAML errors, steps, dep references ------
+
+
+@pytest.mark.parametrize(
+    "text,line,key,first",
+    [
+        ("artifacts:\n  raw/a@v1: {step: download}\n  raw/a@v1: {step: download}\n", 3, "raw/a@v1", 2),
+        ("artifacts:\n  raw/a@v1:\n    step: download\n    config: {heldout: [x]}\n    config: {}\n", 5, "config", 4),
+        ("artifacts:\n  raw/a@v1:\n    step: download\n    config:\n      heldout: [x]\n      sample_count: 1\n"
+         "      heldout: [y]\n", 7, "heldout", 5),
+        ("artifacts: {}\nsweeps:\n  s/n{i}@v1: {step: download, grid: {i: [1]}, grid: {i: [2]}}\n", 3, "grid", 3),
+        ("description: a\nartifacts: {}\ndescription: b\n", 3, "description", 1),
+    ],
+)  # fmt: skip
+def test_duplicate_keys_at_any_depth_are_refused_naming_file_and_line(tmp_path, monkeypatch, text, line, key, first):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exp.yaml").write_text(text)
+    with pytest.raises(MarinError) as e:
+        load_experiment("exp.yaml")
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith(f"exp.yaml:{line}:")
+    assert f"duplicate key {key!r} (first at line {first})" in message
+
+
+def test_merge_keys_may_still_override_a_merged_value():
+    text = """\
+    base: &base {step: download, config: {heldout: [hamlet]}}
+    artifacts:
+      raw/a@v1: {<<: *base, description: one}
+      raw/b@v1:
+        <<: *base
+        config: {heldout: [tempest]}
+    """
+    from marin_rules.yaml_file import load_yaml_text
+
+    data = load_yaml_text(textwrap.dedent(text), "exp.yaml")
+    assert data["artifacts"]["raw/b@v1"]["config"] == {"heldout": ["tempest"]}
+
+
+@pytest.mark.parametrize(
+    "text,where,problem",
+    [
+        ("artifacts:\n  raw/a@v1: {step: download\n", "exp.yaml:3:1", "expected ',' or '}', but got '<stream end>'"),
+        ("artifacts:\n  raw/a@v1:\n    step: download\n   config: {}\n", "exp.yaml:4:4", "expected <block end>, but found '<block mapping start>'"),
+        ("artifacts:\n\traw/a@v1: {step: download}\n", "exp.yaml:2:1", "found character '\\t' that cannot start any token"),
+        ("artifacts: [a, b\nsweeps: {}\n", "exp.yaml:2:7", "expected ',' or ']', but got ':'"),
+    ],
+)  # fmt: skip
+def test_yaml_syntax_errors_name_file_line_and_column(tmp_path, monkeypatch, text, where, problem):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exp.yaml").write_text(text)
+    with pytest.raises(MarinError) as e:
+        load_experiment("exp.yaml")
+    assert "\n" not in str(e.value)
+    assert str(e.value).startswith(f"{where}: not valid YAML: {problem}")
+
+
+@pytest.fixture
+def steps_module(tmp_path, monkeypatch):
+    (tmp_path / "badsteps_zz.py").write_text(
+        "import json\n"
+        "raise RuntimeError('imported at load')\n"
+        "count = 3\n"
+        "def count_words(ctx):\n    return {}\n"
+        "if json:\n    def conditional(ctx):\n        return {}\n"
+        "made = json.loads\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    yield "badsteps_zz"
+    sys.modules.pop("badsteps_zz", None)
+
+
+def test_user_step_bound_to_a_literal_is_not_callable_at_load(steps_module):
+    message = load_error({"artifacts": {"features/x@v1": {"step": "badsteps_zz:count"}}})
+    assert message.startswith("features/x@v1: step: 'badsteps_zz:count' is not callable: ")
+    assert message.endswith("badsteps_zz.py:3 binds count to a literal; point step at a function")
+    assert "badsteps_zz" not in sys.modules  # read, not imported
+
+
+def test_user_step_naming_a_missing_function_suggests_the_nearest(steps_module):
+    message = load_error({"artifacts": {"features/x@v1": {"step": "badsteps_zz:count_word"}}})
+    assert message.startswith("features/x@v1: step: module 'badsteps_zz' (")
+    assert message.endswith("defines no function 'count_word' (did you mean count_words?)")
+
+
+def test_user_step_functions_defined_in_blocks_or_bound_to_expressions_are_accepted(steps_module):
+    for function in ("count_words", "conditional", "made", "json"):
+        build_experiment({"artifacts": {"features/x@v1": {"step": f"badsteps_zz:{function}"}}})
+    assert "badsteps_zz" not in sys.modules
+
+
+def test_dep_without_version_suggests_the_experiments_key():
+    data = chain(**{"checkpoints/x@v1": {"deps": {"data": "tokenized/tiny"}}})
+    assert load_error(data) == (
+        "checkpoints/x@v1: deps.data: expected 'name@version', got 'tokenized/tiny' (did you mean tokenized/tiny@v1?)"
+    )
+
+
+def test_misspelled_dep_suggests_the_nearest_key():
+    data = chain(**{"evaluations/x@v1": {"deps": {"model": "checkpoints/y@v1", "data": "raw/tiny@v1"}}})
+    assert load_error(data) == (
+        "evaluations/x@v1: deps.model: checkpoints/y@v1 is not defined in this experiment "
+        "(did you mean checkpoints/x@v1?); add an entry for it or fix the name@version"
+    )
+    data = chain(**{"evaluations/x@v1": {"deps": {"model": "checkpoints/x@v1", "data": "raw/tiny@v1"}, "confg": {}}})
+    assert load_error(data).startswith("evaluations/x@v1: confg: unknown field (did you mean config?); expected one of ")
+
+
+def test_suggest_key_is_empty_when_nothing_is_close():
+    from marin_rules.experiment import suggest_key
+
+    assert suggest_key("checkpoints/nano-moe", ["checkpoints/nano-moe@v1", "raw/x@v1"]) == (
+        " (did you mean checkpoints/nano-moe@v1?)"
+    )
+    assert suggest_key("zzz", ["checkpoints/nano-moe@v1"]) == ""
