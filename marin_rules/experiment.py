@@ -94,16 +94,18 @@ def build_experiment(data: Any, path: str = "<experiment>") -> Experiment:
             f"{path}: unknown top-level key {unknown[0]!r}{suggest_key(unknown[0], TOP_FIELDS)}; "
             f"expected one of {', '.join(sorted(TOP_FIELDS))}"
         )
+    if not isinstance(data.get("description", ""), str):
+        raise ExperimentError(f"{path}: description: expected text, got {data['description']!r}")
     raw: dict[str, Any] = {}
     for section in ("artifacts", "sweeps"):
         value = data.get(section) or {}
         if not isinstance(value, Mapping):
             raise ExperimentError(f"{path}: '{section}:' must be a mapping of 'name@version' to entries")
     for key, entry in (data.get("artifacts") or {}).items():
-        raw[_checked_key(key, raw)] = entry
+        raw[_checked_key(key, raw, f"{path}: artifacts: ")] = entry
     for template, sweep in (data.get("sweeps") or {}).items():
         for key, entry in expand_sweep(template, sweep, ENTRY_FIELDS):
-            raw[_checked_key(key, raw, template)] = entry
+            raw[_checked_key(key, raw, f"sweep {template}: ")] = entry
     if not raw:
         raise ExperimentError(f"{path}: no artifacts defined; add entries under 'artifacts:'")
 
@@ -145,8 +147,7 @@ def build_experiment(data: Any, path: str = "<experiment>") -> Experiment:
     return Experiment(path, artifacts, {a.id.path: a for a in artifacts.values()})
 
 
-def _checked_key(key: Any, seen: Mapping[str, Any], template: str | None = None) -> str:
-    where = f"sweep {template}: " if template else ""
+def _checked_key(key: Any, seen: Mapping[str, Any], where: str) -> str:
     try:
         parsed = parse_key(key)
     except ConfigError as e:
@@ -174,8 +175,10 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
         raise fail(
             "step",
             f"expected a built-in step (download, train_tokenizer, tokenize, train, evaluate) "
-            f"or 'pkg.module:function', got {step!r}",
+            f"or 'pkg.module:function', got {step!r}{suggest_key(step, BUILTIN_STEPS) if isinstance(step, str) else ''}",
         )
+    if not isinstance(entry.get("description", ""), str):
+        raise fail("description", f"expected text, got {entry['description']!r}")
     config = entry.get("config") or {}
     runtime = entry.get("runtime") or {}
     deps_in = entry.get("deps") or {}
