@@ -33,7 +33,7 @@ Count = Annotated[int, Int(min=1)]
 class ModelRule(Rule):
     """`config.model`: a `ModelConfig` mapping, checked by `ModelConfig.from_dict`."""
 
-    missing = "the model settings (e.g. {d_model: 128, n_layers: 2})"
+    what = "the model settings (e.g. {d_model: 128, n_layers: 2})"
 
     def check(self, value: Any, field: str) -> ModelConfig:
         try:

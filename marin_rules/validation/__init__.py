@@ -1,0 +1,26 @@
+"""The one validation layer for step configs (standard library only: loading an
+experiment, dry runs included, imports neither JAX nor pydantic).
+
+`rules`: how one setting is checked and described (`Int`, `Number`, `Bool`, `OneOf`,
+`Text`, `Optional`, `ListOf`, or a `Rule` subclass); `fields`: config dataclasses whose
+fields carry rules (`parse`, `check_fields`, `check_instance`, `json_schema`).
+"""
+
+from marin_rules.validation.fields import check_fields, check_instance, json_schema, parse, specs
+from marin_rules.validation.rules import (
+    Bool,
+    Int,
+    ListOf,
+    Number,
+    OneOf,
+    Optional,
+    Rule,
+    Text,
+    is_number,
+    suggest_key,
+)
+
+__all__ = [
+    "Bool", "Int", "ListOf", "Number", "OneOf", "Optional", "Rule", "Text",
+    "check_fields", "check_instance", "is_number", "json_schema", "parse", "specs", "suggest_key",
+]  # fmt: skip

@@ -1,0 +1,194 @@
+"""Field rules: how one setting of a step config is checked, described and schema'd.
+
+Model: a rule checks one value from an experiment file (`check(value, field)` returns
+the value to store or raises `ConfigError(field, message)`), says what it expects in
+words (`what`: "an integer >= 1", used by every message: `expected a number > 0, got
+'fast'`, with the YAML `3e-4`-is-text hint of `got`) and as JSON Schema (`schema()`).
+A step-specific rule is a `Rule` subclass beside its config.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from marin_rules.artifacts.errors import ConfigError, got
+
+
+def suggest_key(text: str, keys: Iterable[str]) -> str:
+    """` (did you mean X?)` for the known key closest to a misspelled one, else ``."""
+    close = difflib.get_close_matches(str(text), [str(k) for k in keys], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _bounds(lo: float | None, lo_open: bool, hi: float | None, hi_open: bool) -> str:
+    """` > 0`, ` in [0, 1)`, or `` (no bound), as the messages say it."""
+    a, b = (None if x is None else (str(x) if isinstance(x, int) else f"{x:g}") for x in (lo, hi))
+    if a is not None and b is not None:
+        return f" in {'(' if lo_open else '['}{a}, {b}{')' if hi_open else ']'}"
+    if a is not None:
+        return f" {'>' if lo_open else '>='} {a}"
+    if b is not None:
+        return f" {'<' if hi_open else '<='} {b}"
+    return ""
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class Rule:
+    """How one field is checked (`check` returns the value to store), described in
+    messages (`what`: "an integer >= 1") and in the JSON Schema (`schema()`)."""
+
+    what = "a value"
+
+    def check(self, value: Any, field: str) -> Any:
+        raise NotImplementedError
+
+    def schema(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def refuse(self, value: Any, field: str) -> ConfigError:
+        return ConfigError(field, f"expected {self.what}, got {got(value)}")
+
+
+@dataclass(frozen=True)
+class Int(Rule):
+    min: int | None = None
+    max: int | None = None
+    extra: str = ""  # said after the bound, e.g. " (256 byte symbols + ...)"
+
+    @property
+    def what(self) -> str:
+        return f"an integer{_bounds(self.min, False, self.max, False)}{self.extra}"
+
+    def check(self, value: Any, field: str) -> int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if not (ok and (self.min is None or value >= self.min) and (self.max is None or value <= self.max)):
+            raise self.refuse(value, field)
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        bounds = {"minimum": self.min, "maximum": self.max}
+        return {"type": "integer", **{k: v for k, v in bounds.items() if v is not None}}
+
+
+@dataclass(frozen=True)
+class Number(Rule):
+    """A finite number; `gt`/`lt` are open bounds, `ge`/`le` closed ones."""
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+
+    @property
+    def what(self) -> str:
+        lo, hi = (self.gt if self.gt is not None else self.ge), (self.lt if self.lt is not None else self.le)
+        return f"a number{_bounds(lo, self.gt is not None, hi, self.lt is not None)}"
+
+    def check(self, value: Any, field: str) -> float:
+        ok = is_number(value)
+        ok = ok and (self.gt is None or value > self.gt) and (self.ge is None or value >= self.ge)
+        ok = ok and (self.lt is None or value < self.lt) and (self.le is None or value <= self.le)
+        if not ok:
+            raise self.refuse(value, field)
+        return float(value)
+
+    def schema(self) -> dict[str, Any]:
+        bounds = {"exclusiveMinimum": self.gt, "minimum": self.ge, "exclusiveMaximum": self.lt, "maximum": self.le}
+        return {"type": "number", **{k: v for k, v in bounds.items() if v is not None}}
+
+
+@dataclass(frozen=True)
+class Bool(Rule):
+    what = "true or false"
+
+    def check(self, value: Any, field: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.refuse(value, field)
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "boolean"}
+
+
+@dataclass(frozen=True)
+class OneOf(Rule):
+    choices: tuple[Any, ...]
+
+    @property
+    def what(self) -> str:
+        return f"one of {', '.join(map(repr, self.choices))}"
+
+    def check(self, value: Any, field: str) -> Any:
+        if isinstance(value, bool) or value not in self.choices:  # `True in (1,)` would pass
+            raise self.refuse(value, field)
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        return {"enum": list(self.choices)}
+
+
+@dataclass(frozen=True)
+class Text(Rule):
+    what: str = "a non-empty string"
+
+    def check(self, value: Any, field: str) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self.refuse(value, field)
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "string", "minLength": 1}
+
+
+@dataclass(frozen=True)
+class Optional(Rule):
+    """`rule`, or null (YAML `~` / `null`) for "not set"."""
+
+    rule: Rule
+
+    @property
+    def what(self) -> str:
+        return self.rule.what
+
+    def check(self, value: Any, field: str) -> Any:
+        return None if value is None else self.rule.check(value, field)
+
+    def schema(self) -> dict[str, Any]:
+        return {"anyOf": [self.rule.schema(), {"type": "null"}]}
+
+
+@dataclass(frozen=True)
+class ListOf(Rule):
+    """A list of `item`s; `length` fixes its size, `unique` refuses repeats. Stored as a tuple."""
+
+    item: Rule
+    what: str  # "two numbers in [0, 1)", "a list of document keys (e.g. [hamlet, macbeth])"
+    length: int | None = None
+    unique: bool = False
+
+    def check(self, value: Any, field: str) -> tuple:
+        if not isinstance(value, (list, tuple)) or (self.length is not None and len(value) != self.length):
+            raise self.refuse(value, field)
+        try:
+            items = tuple(self.item.check(v, field) for v in value)
+        except ConfigError:
+            hint = next((got(v)[len(repr(v)):] for v in value if got(v) != repr(v)), "")
+            raise ConfigError(field, f"expected {self.what}, got {value!r}{hint}") from None
+        repeated = sorted({v for v in items if items.count(v) > 1}, key=str) if self.unique else []
+        if repeated:
+            raise ConfigError(field, f"lists {list(repeated)} more than once")
+        return items
+
+    def schema(self) -> dict[str, Any]:
+        s: dict[str, Any] = {"type": "array", "items": self.item.schema()}
+        if self.length is not None:
+            s["minItems"] = s["maxItems"] = self.length
+        if self.unique:
+            s["uniqueItems"] = True
+        return s
