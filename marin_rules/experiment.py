@@ -1,16 +1,15 @@
 """Experiment files: YAML -> a validated graph of artifacts.
 
 Model: an experiment is one YAML file with `artifacts:` (entries keyed `name@version`)
-and optionally `sweeps:` (templates expanded into many entries). Loading validates
-everything before anything runs: keys, steps (a user step's module must be findable),
-deps (missing ones, cycles, and an upstream of the wrong kind for a built-in step's
-role), each built-in step's config, the canonical form of every recipe, and pinned
-fingerprints.
-Every error is one line that names the artifact and the field. The result is an
+and optionally `sweeps:` (templates expanded into many entries, sweeps.py). Loading
+validates everything before anything runs: the YAML itself (duplicate keys and
+syntax errors at file:line:column, yaml_file.py), keys, steps (a user step's module
+must be findable and define the function: read, not imported), deps (malformed or
+missing ones with the nearest key suggested, cycles, roles a built-in step does not
+take, upstreams of the wrong kind), each built-in step's config (the validation
+layer), the canonical form of every recipe, and pinned fingerprints. Every error is
+one line that names the file, or the artifact and the field. The result is an
 `Experiment`: artifacts in dependency order, each with its fingerprint.
-
-Sweep form (a template key with `{var}` placeholders, expanded over a grid or a
-list of cases; a string that is exactly `{var}` takes the value with its type):
 
     sweeps:
       checkpoints/moe-lr{lr}-e{experts}@v1:
