@@ -22,7 +22,9 @@ evaluations/nano-moe@v1:
 ```
 
 `parse_evaluate` is the one reader of this config, used both by the checker (at
-experiment load) and by the step, so the two never disagree.
+experiment load) and by the step, so the two never disagree. The settings as written
+are `EvaluateSettings` (validation-layer rules, also its JSON Schema); a task entry's
+unset `limit`/`num_fewshot` take the config's own.
 """
 
 from __future__ import annotations
