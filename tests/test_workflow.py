@@ -172,12 +172,12 @@ def test_signal_to_the_job_process_stops_the_step_with_a_failure_record(ws, sign
     assert not (folder / ".artifact.json").exists()
 
 
-def test_a_step_function_that_does_not_exist_fails_with_a_record_naming_it(ws):
+def test_a_step_function_that_does_not_exist_is_refused_at_load_naming_it(ws):
     ws.write({"ck/m@v1": {"step": "usersteps:no_such_function", "config": {}}})
     proc = ws.snakemake(check=False)
-    assert proc.returncode != 0 and "ck/m@v1: step failed" in proc.stderr
-    (failure,) = [json.loads(f.read_text()) for f in (Path(ws.prefix) / "ck/m/v1/.failures").glob("*.json")]
-    assert "no_such_function" in failure["error"]["message"]
+    assert proc.returncode != 0 and "ck/m@v1: step: module 'usersteps' (" in proc.stderr
+    assert "defines no function 'no_such_function'" in proc.stderr
+    assert not (Path(ws.prefix) / "ck/m/v1").exists()  # found before anything ran
 
 
 def test_drift_warns_once_in_dry_run_dag_rulegraph_and_run_without_rebuilding(built):
