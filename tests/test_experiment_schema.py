@@ -88,3 +88,17 @@ def test_schema_refuses_bad_keys_roles_and_missing_steps(validator):
         assert list(validator.iter_errors(data)), data
         with pytest.raises(MarinError):
             build_experiment(data)
+
+
+def test_every_setting_of_every_builtin_step_has_a_description_for_editors():
+    undocumented = []
+
+    def walk(schema: dict, path: str) -> None:
+        for name, prop in schema.get("properties", {}).items():
+            if "description" not in prop:
+                undocumented.append(f"{path}.{name}")
+            walk(prop, f"{path}.{name}")
+
+    for case in experiment_schema()["definitions"]["entry"]["allOf"]:
+        walk(case["then"]["properties"]["config"], case["if"]["properties"]["step"]["const"])
+    assert undocumented == []

@@ -80,7 +80,7 @@ class SpecialTokens:
 class TrainTokenizerConfig:
     vocab_size: Annotated[int | None, Optional(Int(min=BYTE_ALPHABET, max=MAX_VOCAB)), "train a byte-level BPE of this size"] = None
     pretrained: Annotated[str | None, Optional(Text("the location of a tokenizer.json")), "use this tokenizer.json instead of training one"] = None
-    special_tokens: SpecialTokens = SpecialTokens()
+    special_tokens: Annotated[SpecialTokens, "role -> token string"] = SpecialTokens()
     min_frequency: Annotated[int, Int(min=1), "BPE's merge threshold"] = 2
 
 

@@ -154,8 +154,8 @@ class EvaluateSettings:
     batch_size: Annotated[int, Int(min=1), "scored continuations per jitted call"] = DEFAULT_BATCH_SIZE
     seed: Annotated[int, Int(min=0), "cloze distractors, passage order, lm-eval's seeds"] = 0
     baseline: Annotated[str, Baseline(), "unigram baseline scored beside the model, or none"] = "unigram"
-    cloze: ClozeOptions = ClozeOptions()
-    bpb: BpbOptions = BpbOptions()
+    cloze: Annotated[ClozeOptions, "the local cloze task: which lines are asked and offered"] = ClozeOptions()
+    bpb: Annotated[BpbOptions, "the local bits-per-byte task"] = BpbOptions()
 
 
 @dataclass(frozen=True)

@@ -71,14 +71,14 @@ class TrainConfig:
     num_train_steps: Annotated[Count, "optimizer updates"]
     batch_size: Annotated[Count, "global sequences per optimizer step (all processes, all micro-batches)"]
     seq_len: Annotated[Count, "input tokens per sequence (at most model.max_seq_len)"]
-    optimizer: OptimizerConfig = OptimizerConfig()
+    optimizer: Annotated[OptimizerConfig, "AdamW (or Muon + AdamW) and its schedule"] = OptimizerConfig()
     grad_accum_steps: Annotated[Count, "micro-batches per step; must divide batch_size"] = 1
     seed: Annotated[int, Int(min=0), "initialisation and data order"] = 0
     checkpoint_every: Annotated[Count, "steps between checkpoints"] = 100
     eval_every: Annotated[int, Int(min=0), "steps between validation losses; 0: only at the end"] = 0
     eval_batches: Annotated[Count, "validation batches per evaluation"] = 4
     log_every: Annotated[Count, "steps between metrics lines"] = 10
-    mesh: MeshConfig = field(default_factory=MeshConfig)
+    mesh: Annotated[MeshConfig, "how devices split into data x expert parallelism"] = field(default_factory=MeshConfig)
 
     @property
     def micro_batch_size(self) -> int:
