@@ -32,7 +32,9 @@ import yaml
 from marin_rules.artifacts.canonical import canonical_value, fingerprint, fingerprint_payload
 from marin_rules.artifacts.errors import ConfigError, ExperimentError, got
 from marin_rules.artifacts.identity import ArtifactId, parse_key
-from marin_rules.steps import BUILTIN_STEPS, check_dep_kinds, check_step_config, check_user_step, is_valid_step
+from marin_rules.steps import (
+    BUILTIN_STEPS, check_dep_kinds, check_step_config, check_upstream_configs, check_user_step, is_valid_step,
+)
 
 ENTRY_FIELDS = {"step", "deps", "config", "runtime", "expect_fingerprint", "description"}
 SWEEP_FIELDS = ENTRY_FIELDS | {"grid", "cases"}
@@ -141,12 +143,14 @@ def build_experiment(data: Any, path: str = "<experiment>") -> Experiment:
                     )
     order = _dependency_order(entries)
     step_of = {key: entry[0] for key, entry in entries.items()}
+    config_of = {key: entry[1] for key, entry in entries.items()}
     artifacts: dict[str, Artifact] = {}
     for key in order:
         step, config, deps, runtime, pin = entries[key]
         try:
             check_step_config(step, dict(config), dict(deps))
             check_dep_kinds(step, deps, step_of)
+            check_upstream_configs(step, dict(config), deps, config_of)
             fp = fingerprint(step, config, deps)
         except ConfigError as e:
             raise ConfigError(f"{key}: {e.field}", e.message) from None

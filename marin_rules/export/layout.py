@@ -8,8 +8,8 @@ renormalised when k > 1) is, weight for weight,
 - `Qwen2MoeForCausalLM` otherwise: a shared expert (its gate weight set to 0, so
   sigmoid gives 0.5, and its down projection doubled), dense layers between MoE
   layers (`decoder_sparse_step` = moe_every; all layers `mlp_only_layers` for a
-  dense model), top-1 without renormalisation (`norm_topk_prob: false`), and its
-  attention biases set to 0.
+  dense model), top-1 without renormalisation (`norm_topk_prob: false`); its
+  attention biases are off (`qkv_bias: false`).
 Refused, with the reason: a sigmoid router gate, and quantile balancing (a router
 bias that changes which experts are chosen); neither architecture has them.
 """
