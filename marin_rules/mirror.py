@@ -49,6 +49,7 @@ def refresh_mirror(prefix: str, mirror: str) -> None:
     one bulk fetch of the new or changed ones)."""
     fs, root = storage.filesystem(prefix)
     root = root.rstrip("/")
+    fs.invalidate_cache(root)  # another process may have written since this one listed
     try:
         listing = fs.find(root, detail=True)
     except FileNotFoundError:
