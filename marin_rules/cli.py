@@ -26,7 +26,8 @@ from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, ArtifactId, artifact_location
 from marin_rules.experiment import Experiment, load_experiment
 from marin_rules.inspect import reading
-from marin_rules.snakemake import DEFAULT_PREFIX, mirror_root
+from marin_rules.mirror import mirror_root
+from marin_rules.snakemake import DEFAULT_PREFIX
 
 DEFAULT_EXPERIMENT = "experiments/default.yaml"
 EXPERIMENT_COMMANDS = ("status", "show", "path", "verify", "plan", "dag")
@@ -70,7 +71,7 @@ def _prefix_key(text: str, experiment: Experiment | None, prefix: str) -> tuple[
     name = text.rpartition("@")[0] or text
     known = _known_keys(experiment, prefix, name)
     artifact = reading.resolve_key(text, known)
-    record = reading.record_dict(artifact_location(prefix, artifact))
+    record = reading.record_dict(artifact_location(prefix, artifact), artifact)
     if record is None:
         others = [k for k in _known_keys(experiment, prefix, artifact.name) if k != artifact.key]
         raise MarinError(
@@ -82,7 +83,7 @@ def _prefix_key(text: str, experiment: Experiment | None, prefix: str) -> tuple[
 def _verify(key: str, location: str, prefix: str, artifact: ArtifactId) -> int:
     from marin_rules.artifacts.records import read_record, verify_files
 
-    record = read_record(location)
+    record = read_record(location, artifact)
     rebuild = f"snakemake -f {record_path(prefix, artifact)}"
     if record is None:
         print(f"{key}: not built (no record under {location}); build it with: {rebuild}", file=sys.stderr)
@@ -111,7 +112,7 @@ def _run(args) -> int:
             name = args.key.rpartition("@")[0] or args.key
             artifact = reading.resolve_key(args.key, _known_keys(experiment, prefix, name))
             location = artifact_location(prefix, artifact)
-            events = artifact_history(location)
+            events = artifact_history(location, artifact)
             if not events and (experiment is None or artifact.key not in experiment.artifacts):
                 others = _known_keys(experiment, prefix, artifact.name)
                 raise MarinError(f"{artifact.key}: nothing recorded under {prefix}{reading.suggestion(artifact.key, others)}")
@@ -158,7 +159,7 @@ def _run(args) -> int:
     if args.command == "verify":
         return _verify(key, location, prefix, artifact)
     failures = reading.failures(location)
-    shown = {"record": reading.record_dict(location), "last_failure": failures[-1] if failures else None}
+    shown = {"record": reading.record_dict(location, artifact), "last_failure": failures[-1] if failures else None}
     print(reading.dumps(shown))
     return 0
 

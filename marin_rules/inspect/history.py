@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from marin_rules.artifacts.identity import ArtifactId
 from marin_rules.inspect import reading
 from marin_rules.inspect.status import first_line
 
@@ -55,11 +56,11 @@ def _event(record: Mapping[str, Any], outcome: str) -> Event:
     )
 
 
-def artifact_history(location: str) -> list[Event]:
+def artifact_history(location: str, expected: ArtifactId | None = None) -> list[Event]:
     """Every attempt at the artifact at `location`, oldest first. Raises MarinError
     when the current record is corrupt (the one line says what to do)."""
     events: list[Event] = []
-    current = reading.record_dict(location)
+    current = reading.record_dict(location, expected)
     if current is not None:
         events.append(_event(current, "built (current)"))
     for failure in reading.failures(location):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from marin_rules.artifacts.errors import MarinError
-from marin_rules.artifacts.identity import artifact_location
+from marin_rules.artifacts.identity import ArtifactId, artifact_location
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.inspect import reading
 from marin_rules.model.flops import active_params, flops_per_token, total_params
@@ -105,9 +105,11 @@ def price_job(
     model = train.model
     tokens = train.num_train_steps * train.batch_size * train.seq_len
     flops = float(tokens * flops_per_token(model, train.seq_len))
-    runtime = artifact.runtime
-    accelerator = parse_accelerator(runtime.get("accelerator") or runtime.get("tpu"))
+    named = artifact.runtime.get("accelerator") or artifact.runtime.get("tpu")
+    accelerator = parse_accelerator(named)
     accelerator_s = flops / (accelerator.peak * mfu) if accelerator else None
+    if named and accelerator is None:
+        note = ", ".join(filter(None, [note, f"no peak FLOP/s known for {named!r} (known: {', '.join(PEAK_FLOPS)})"]))
     cpu_s = flops / cpu.flops_per_s + cpu.overhead_s if cpu else None
     return JobPrice(key, total_params(model), active_params(model), tokens, flops, accelerator, accelerator_s, cpu_s, note)
 
@@ -144,7 +146,8 @@ def past_train_records(experiment: Experiment, prefix: str) -> list[dict]:
     for name in names:
         for version in reading.versions_on_prefix(prefix, name):
             try:
-                record = reading.record_dict(f"{prefix.rstrip('/')}/{name}/{version}")
+                found = ArtifactId(name, version)
+                record = reading.record_dict(artifact_location(prefix, found), found)
             except MarinError:
                 continue
             if record is not None and record.get("step") == "train":
@@ -157,7 +160,7 @@ def jobs_to_run(experiment: Experiment, prefix: str) -> list[str]:
     keys = []
     for key in experiment.keys_of_step("train"):
         try:
-            record = reading.record_dict(artifact_location(prefix, experiment[key].id))
+            record = reading.record_dict(artifact_location(prefix, experiment[key].id), experiment[key].id)
         except MarinError:
             record = None
         if record is None:

@@ -2,8 +2,8 @@
 
 Model: an artifact `name@version` lives at `{prefix}/{name}/{version}`; its success
 record, failure records and forced-rebuild history are read through the records
-module and handed on as plain JSON dicts (`record_dict`), so the commands format
-records whatever their loader's type. A corrupt record raises the records module's
+module and handed on as plain JSON dicts (`record_dict`, `Record.to_json()`), as
+failure and history records are. A corrupt record raises the records module's
 one-line `MarinError` (`CorruptRecord`). `versions_on_prefix` lists every version of
 a name found on the prefix (a folder holding a record, failures or history), and
 `resolve_key` turns what a user typed into a key, or one line with the nearest
@@ -20,35 +20,19 @@ from typing import Any, Iterable
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, MarinError
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, VERSION, ArtifactId, parse_key
-from marin_rules.artifacts.records import read_failures, read_record
-
-HISTORY_DIR = ".history"
+from marin_rules.artifacts.records import HISTORY_DIR, read_failures, read_record
 
 
-def as_dict(record: Any) -> dict[str, Any]:
-    """A record as its JSON dict (the records module's `Record`, or a dict already)."""
-    return record.to_json() if hasattr(record, "to_json") else dict(record)
-
-
-def record_dict(location: str) -> dict[str, Any] | None:
+def record_dict(location: str, expected: ArtifactId | None = None) -> dict[str, Any] | None:
     """The success record at an artifact location as a dict; None when never built.
-    Raises MarinError (one line naming the file and the fix) when it is corrupt."""
-    try:
-        record = read_record(location)
-    except MarinError:
-        raise
-    except (ValueError, UnicodeDecodeError) as e:  # a records module that does not validate yet
-        where = storage.join(location, RECORD_FILE)
-        raise MarinError(
-            f"{where}: not a valid record ({str(e).splitlines()[0]}); delete it and rebuild with: "
-            f"snakemake -f {where}"
-        ) from None
-    return None if record is None else as_dict(record)
+    Raises CorruptRecord (one line naming the file and the fix) when it is corrupt."""
+    record = read_record(location, expected)
+    return None if record is None else record.to_json()
 
 
 def failures(location: str) -> list[dict[str, Any]]:
     """The artifact's failure records, oldest first (unreadable ones are skipped)."""
-    return [as_dict(f) for f in read_failures(location)]
+    return read_failures(location)
 
 
 def history_files(location: str) -> list[str]:

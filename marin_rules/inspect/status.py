@@ -16,7 +16,9 @@ recipe and its upstreams' records:
 
 A version found on the prefix that the experiment does not name (`--all`) gets
 `built`/`failed`/`corrupt` from its files alone. Headline columns: the final
-validation loss of a train result and the main score of an evaluate result.
+validation loss of a train result and the main score of an evaluate result (the
+first of SCORE_METRICS, in that order, that any task reports: accuracy before bits
+per byte).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, Mapping
 from marin_rules.artifacts.drift import recipe_diff
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
+from marin_rules.artifacts.lease import STALE_S, read_lease
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.inspect import reading
 
@@ -83,12 +86,10 @@ def headline(record: Mapping[str, Any] | None) -> tuple[float | None, str]:
     if not isinstance(result, Mapping):
         return None, ""
     val = next((result[k] for k in VAL_LOSS_KEYS if isinstance(result.get(k), (int, float))), None)
-    for task in sorted(result):
-        metrics = result[task]
-        if not isinstance(metrics, Mapping):
-            continue
-        for metric in SCORE_METRICS:
-            value = metrics.get(metric)
+    tasks = [t for t in sorted(result) if isinstance(result[t], Mapping)]
+    for metric in SCORE_METRICS:  # the first metric in this order that any task reports
+        for task in tasks:
+            value = result[task].get(metric)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 return val, f"{task} {metric} {value:.3f}"
     return val, ""
@@ -96,14 +97,14 @@ def headline(record: Mapping[str, Any] | None) -> tuple[float | None, str]:
 
 def _lease_holder(location: str) -> str | None:
     try:
-        from marin_rules.artifacts.lease import read_lease
-    except ImportError:  # before the records branch lands (lead: drop this guard at merge)
-        return None
-    try:
         holder = read_lease(location)
     except (MarinError, OSError, ValueError):
         return None
-    return None if holder is None else holder.describe()
+    if holder is None:
+        return None
+    if holder.age_s() > STALE_S:
+        return f"{holder.describe()} (stale: not renewed for {holder.age_s():.0f} s, the next run takes it over)"
+    return holder.describe()
 
 
 def _times(record: Mapping[str, Any]) -> tuple[str, str]:
@@ -121,14 +122,14 @@ def _failure_line(failure: Mapping[str, Any]) -> str:
 
 def location_status(
     key: str, location: str, step: str = "?", artifact: Artifact | None = None,
-    upstream_records: Mapping[str, dict | None] | None = None,
+    upstream_records: Mapping[str, dict | None] | None = None, expected: ArtifactId | None = None,
 ) -> tuple[Status, dict | None]:  # fmt: skip
     """The state of one artifact location, and its record (None when missing or corrupt).
     With `artifact` (the experiment's entry) drift is judged; with `upstream_records`
     (upstream key -> its current record) rebuilt upstreams are reported."""
     fingerprint = "-"
     try:
-        record = reading.record_dict(location)
+        record = reading.record_dict(location, expected)
     except MarinError as e:
         return Status(key, step, "corrupt", str(e), "-", "-", "-", in_experiment=artifact is not None), None
     fails = reading.failures(location)
@@ -153,7 +154,7 @@ def location_status(
         n = len(lines)
         state = "drifted"
         reason = (
-            f"{n} field{'s' if n != 1 else ''} differ from the recipe ({lines[0] if lines else 'fingerprint'}"
+            f"{n} field{'s differ' if n != 1 else ' differs'} from the recipe ({lines[0] if lines else 'fingerprint'}"
             f"{', ...' if n > 1 else ''}); served as built, bump the version to build the new recipe"
         )
     elif artifact is not None and upstream_records:
@@ -193,7 +194,7 @@ def experiment_status(experiment: Experiment, prefix: str, every_version: bool =
     for key, artifact in experiment.artifacts.items():
         location = artifact_location(prefix, artifact.id)
         upstreams = {u: records.get(u) for u in artifact.upstream_keys()}
-        status, record = location_status(key, location, artifact.step, artifact, upstreams)
+        status, record = location_status(key, location, artifact.step, artifact, upstreams, artifact.id)
         records[key] = record
         rows.append(status)
     if every_version:
@@ -202,8 +203,8 @@ def experiment_status(experiment: Experiment, prefix: str, every_version: bool =
             for version in reading.versions_on_prefix(prefix, name):
                 key = f"{name}@{version}"
                 if key not in experiment.artifacts:
-                    location = artifact_location(prefix, ArtifactId(name, version))
-                    rows.append(location_status(key, location)[0])
+                    found = ArtifactId(name, version)
+                    rows.append(location_status(key, artifact_location(prefix, found), expected=found)[0])
     return rows
 
 
