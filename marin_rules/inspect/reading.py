@@ -105,12 +105,12 @@ def versions_on_prefix(prefix: str, name: str) -> list[str]:
 
 
 def suggestion(text: str, keys: Iterable[str]) -> str:
-    """" (did you mean KEY?)" for the nearest key, or ""."""
+    """" (did you mean KEY?)" for the nearest key (every version of a name typed without
+    `@`, up to three), or ""."""
     keys = list(keys)
-    close = difflib.get_close_matches(text, keys, n=1, cutoff=0.5)
-    if not close and "@" not in text:
-        close = [k for k in keys if k.rpartition("@")[0] == text][:1]
-    return f" (did you mean {close[0]}?)" if close else ""
+    same_name = [k for k in keys if k.rpartition("@")[0] == text] if "@" not in text else []
+    close = same_name[:3] or difflib.get_close_matches(text, keys, n=1, cutoff=0.5)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 def resolve_key(text: str, known: Iterable[str]) -> ArtifactId:
