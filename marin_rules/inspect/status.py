@@ -216,6 +216,7 @@ COLUMNS = (
     ("SCORE", lambda s: s.score or "-"),
     ("BUILT (UTC)", lambda s: s.built),
     ("TOOK", lambda s: s.took),
+    ("FINGERPRINT", lambda s: s.fingerprint),
     ("REASON", lambda s: s.reason),
 )
 
