@@ -156,3 +156,12 @@ def test_config_json_names_the_layout_settings():
     assert config["model_type"] == "qwen2_moe" and config["decoder_sparse_step"] == 2
     assert config["norm_topk_prob"] is False and config["eos_token_id"] == 2
     assert json.loads(json.dumps(config)) == config
+
+
+def test_snakemake_plans_an_export_under_its_own_rule(tmp_path, snakemake_cmd):
+    import yaml
+
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(_experiment(dict(BASE))))
+    proc = snakemake_cmd("-n", "--configfile", "exp.yaml", "--config", f"prefix={tmp_path / 'a'}", cwd=tmp_path)
+    jobs = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith(("export_hf", "train "))]
+    assert ["export_hf", "1"] in jobs, proc.stdout

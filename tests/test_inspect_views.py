@@ -116,3 +116,19 @@ def test_dag_draws_every_artifact_labelled_and_coloured_by_state(experiment_file
     assert edges == {(u, k) for k, a in experiment.artifacts.items() for u in a.upstream_keys()}
     assert main(["dag", "--configfile", experiment_file, "-o", str(tmp_path / "dag.png")]) == 1
     assert "ending in .svg" in capsys.readouterr().err
+
+
+def test_diff_and_history_read_a_gcs_prefix(experiment_file, gcs_prefix, capsys):  # noqa: F811
+    experiment = load_experiment(experiment_file)
+    key = "checkpoints/nano@v1"
+    first = build(gcs_prefix, experiment, key, result={"final_val_loss": 3.5}, ended="2026-12-01T10:00:00.000Z")
+    storage.write_json_atomic(f"{gcs_prefix}/checkpoints/nano/v1/.history/20261201T100000Z/.artifact.json", first)
+    storage.write_json_atomic(
+        f"{gcs_prefix}/checkpoints/nano/v0/.artifact.json", {**first, "version": "v0", "path": "checkpoints/nano/v0",
+                                                           "result": {"final_val_loss": 4.0}})  # fmt: skip
+    build(gcs_prefix, experiment, key, result={"final_val_loss": 3.0}, ended="2026-12-03T10:00:00.000Z")
+    assert main(["history", key, "--prefix", gcs_prefix, "--configfile", experiment_file]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"{key}: 2 attempts"
+    assert main(["diff", "checkpoints/nano@v0", key, "--prefix", gcs_prefix, "--only-changed"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("same recipe") and out[-1].split() == ["final_val_loss", "4", "3", "-1"]

@@ -91,7 +91,10 @@ def export_hf(ctx: StepContext) -> dict[str, Any]:
     check_export_hf(ctx.config, {"model": "given"})
     if "model" not in ctx.deps:
         raise StepError("deps.model: missing; export_hf needs deps: {model: <a train artifact>}")
-    from safetensors.numpy import save_file
+    try:
+        from safetensors.numpy import save, save_file
+    except ImportError:
+        raise StepError("export_hf writes model.safetensors with the `safetensors` package: pip install safetensors") from None
 
     from marin_rules.train.load import load_trained
 
@@ -109,8 +112,6 @@ def export_hf(ctx: StepContext) -> dict[str, Any]:
     if local:
         save_file(weights, storage.local_path(target), metadata={"format": "pt"})
     else:
-        from safetensors.numpy import save
-
         storage.write_bytes_atomic(target, save(weights, metadata={"format": "pt"}))
     storage.write_json_atomic(storage.join(ctx.output, "config.json"), hf_config(trained.config, special))
     copied = []
