@@ -3,8 +3,8 @@
 Real parts: the data package's download and tokenizer steps (shared with the eval
 tests), MoETransformers of several layouts saved in the training checkpoint layout
 and read back by `load_trained`, the step itself, and `transformers` on CPU loading
-the folder with `AutoModelForCausalLM` / `AutoTokenizer`. The weights are untrained
-but drawn with a large init_std, so logits and expert choices are far from uniform.
+the folder with `AutoModelForCausalLM` / `AutoTokenizer`. The weights are random
+(init_std 0.15, norm scales 1 +- 0.2), so logits and expert choices are far from uniform.
 torch and transformers come from the test extra; without torch the logit tests skip.
 """
 
@@ -51,7 +51,9 @@ def tokenizer_dir(tmp_path_factory) -> str:
 
 
 def save_model(folder: str, model_settings: dict, tokenizer_dir: str):
-    """A random MoETransformer in the train artifact layout (checkpoint + model.json)."""
+    """A MoETransformer with random weights (norm scales around 1, router bias 0) in the
+    train artifact layout (checkpoint + model.json). Filled from numpy: no JAX compile."""
+    import jax
     import jax.numpy as jnp
     from flax import nnx
 
@@ -62,8 +64,21 @@ def save_model(folder: str, model_settings: dict, tokenizer_dir: str):
     tokenizer_json = os.path.join(tokenizer_dir, "tokenizer.json")
     tokenizer, special = load_tokenizer(tokenizer_json)
     config = ModelConfig.from_dict(model_settings, vocab_size=tokenizer.get_vocab_size())
-    model = MoETransformer(config, rngs=nnx.Rngs(params=7))
-    _, params, state = nnx.split(model, nnx.Param, ...)
+    graphdef, params, state = nnx.split(nnx.eval_shape(lambda: MoETransformer(config, rngs=nnx.Rngs(0))), nnx.Param, ...)
+    rng = np.random.default_rng(7)
+
+    def fill(path, leaf):
+        where = jax.tree_util.keystr(path)
+        if "scale" in where:
+            value = 1.0 + 0.2 * rng.standard_normal(leaf.shape)
+        elif "bias" in where:
+            value = np.zeros(leaf.shape)
+        else:
+            value = config.init_std * rng.standard_normal(leaf.shape)
+        return jnp.asarray(value.astype(np.float32))
+
+    params = jax.tree_util.tree_map_with_path(fill, params)
+    state = jax.tree_util.tree_map_with_path(fill, state)
     manager = checkpoint.open_manager(folder)
     checkpoint.save(manager, 1, {"params": params, "state": state}, {"count": jnp.zeros((), jnp.int32)})
     manager.wait_until_finished()
@@ -73,11 +88,13 @@ def save_model(folder: str, model_settings: dict, tokenizer_dir: str):
         {"model": config.to_dict(), "vocab_size": config.vocab_size, "tokenizer": tokenizer_json,
          "eos_id": special.eos, "seq_len": config.max_seq_len, "final_step": 1},
     )  # fmt: skip
-    return model, tokenizer
+    return nnx.merge(graphdef, params, state), tokenizer
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_export_loads_in_transformers_with_our_logits(layout, tokenizer_dir, tmp_path):
+    from flax import nnx
+
     from marin_rules.export.hf import export_hf
 
     overrides, expected_arch = LAYOUTS[layout]
@@ -91,16 +108,19 @@ def test_export_loads_in_transformers_with_our_logits(layout, tokenizer_dir, tmp
     hf.eval()
     assert type(hf).__name__ == expected_arch
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
-    worst = 0.0
-    for line in LINES:
-        ids = tokenizer.encode(line).ids
+    rows = [tokenizer.encode(line).ids for line in LINES]
+    for line, ids in zip(LINES, rows):
         assert hf_tokenizer(line, add_special_tokens=False)["input_ids"] == ids
-        ours = np.asarray(model(np.asarray([ids], np.int32))[0])[0]
-        with torch.no_grad():
-            theirs = hf(torch.tensor([ids])).logits[0].numpy()
-        assert ours.shape == theirs.shape
-        assert np.abs(ours).max() > 0.5  # logits far from zero: a real comparison
-        worst = max(worst, float(np.abs(ours - theirs).max()))
+    # one padded batch (causal: padding after a row never changes its own positions)
+    width = max(len(ids) for ids in rows)
+    batch = np.asarray([ids + [0] * (width - len(ids)) for ids in rows], np.int32)
+    ours = np.asarray(nnx.jit(lambda m, x: m(x)[0])(model, batch))
+    with torch.no_grad():
+        theirs = hf(torch.tensor(batch, dtype=torch.long)).logits.numpy()
+    assert ours.shape == theirs.shape
+    worst = max(float(np.abs(ours[i, : len(ids)] - theirs[i, : len(ids)]).max()) for i, ids in enumerate(rows))
+    assert np.abs(ours).max() > 0.5  # logits far from zero: a real comparison
+    print(f"{layout}: max |logit difference| {worst:.2e}")
     assert worst < 1e-4, f"{layout}: max |logit difference| {worst:.2e}"
 
 
