@@ -24,6 +24,7 @@ import sys
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, ArtifactId, artifact_location
+from marin_rules.artifacts.records import read_failures
 from marin_rules.experiment import Experiment, load_experiment
 from marin_rules.inspect import reading
 from marin_rules.mirror import mirror_root
@@ -48,12 +49,10 @@ def record_path(prefix: str, artifact: ArtifactId) -> str:
     return f"{root}/{artifact.path}/{RECORD_FILE}"
 
 
-def _known_keys(experiment: Experiment | None, prefix: str, name: str | None = None) -> list[str]:
+def _known_keys(experiment: Experiment | None, prefix: str, name: str) -> list[str]:
+    """The experiment's keys and every version of `name` on the prefix (for suggestions)."""
     keys = list(experiment.artifacts) if experiment else []
-    names = {name} if name else set()
-    for n in sorted(names):
-        keys += [f"{n}@{v}" for v in reading.versions_on_prefix(prefix, n) if f"{n}@{v}" not in keys]
-    return keys
+    return keys + [k for v in reading.versions_on_prefix(prefix, name) if (k := f"{name}@{v}") not in keys]
 
 
 def _experiment_key(text: str, experiment: Experiment, command: str) -> str:
@@ -158,7 +157,7 @@ def _run(args) -> int:
         return 0
     if args.command == "verify":
         return _verify(key, location, prefix, artifact)
-    failures = reading.failures(location)
+    failures = read_failures(location)
     shown = {"record": reading.record_dict(location, artifact), "last_failure": failures[-1] if failures else None}
     print(reading.dumps(shown))
     return 0

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from marin_rules.artifacts.identity import ArtifactId
+from marin_rules.artifacts.records import read_failures
 from marin_rules.inspect import reading
 from marin_rules.inspect.status import first_line
 
@@ -63,7 +64,7 @@ def artifact_history(location: str, expected: ArtifactId | None = None) -> list[
     current = reading.record_dict(location, expected)
     if current is not None:
         events.append(_event(current, "built (current)"))
-    for failure in reading.failures(location):
+    for failure in read_failures(location):
         events.append(_event(failure, "failed"))
     for path in reading.history_files(location):
         old = reading.read_json_file(path)

@@ -3,7 +3,7 @@
 Model: an artifact `name@version` lives at `{prefix}/{name}/{version}`; its success
 record, failure records and forced-rebuild history are read through the records
 module and handed on as plain JSON dicts (`record_dict`, `Record.to_json()`), as
-failure and history records are. A corrupt record raises the records module's
+failure records (`read_failures`) and history records are. A corrupt record raises the records module's
 one-line `MarinError` (`CorruptRecord`). `versions_on_prefix` lists every version of
 a name found on the prefix (a folder holding a record, failures or history), and
 `resolve_key` turns what a user typed into a key, or one line with the nearest
@@ -20,7 +20,7 @@ from typing import Any, Iterable
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, MarinError
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, VERSION, ArtifactId, parse_key
-from marin_rules.artifacts.records import HISTORY_DIR, read_failures, read_record
+from marin_rules.artifacts.records import HISTORY_DIR, read_record
 
 
 def record_dict(location: str, expected: ArtifactId | None = None) -> dict[str, Any] | None:
@@ -28,11 +28,6 @@ def record_dict(location: str, expected: ArtifactId | None = None) -> dict[str, 
     Raises CorruptRecord (one line naming the file and the fix) when it is corrupt."""
     record = read_record(location, expected)
     return None if record is None else record.to_json()
-
-
-def failures(location: str) -> list[dict[str, Any]]:
-    """The artifact's failure records, oldest first (unreadable ones are skipped)."""
-    return read_failures(location)
 
 
 def history_files(location: str) -> list[str]:

@@ -31,6 +31,7 @@ from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
 from marin_rules.artifacts.lease import STALE_S, read_lease
 from marin_rules.experiment import Artifact, Experiment
+from marin_rules.artifacts.records import read_failures
 from marin_rules.inspect import reading
 
 VAL_LOSS_KEYS = ("final_val_loss", "val_loss")
@@ -132,7 +133,7 @@ def location_status(
         record = reading.record_dict(location, expected)
     except MarinError as e:
         return Status(key, step, "corrupt", str(e), "-", "-", "-", in_experiment=artifact is not None), None
-    fails = reading.failures(location)
+    fails = read_failures(location)
     last_failure = fails[-1] if fails else None
     holder = _lease_holder(location)
     if record is None:
