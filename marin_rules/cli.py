@@ -185,7 +185,7 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("b", help="name@version (B)")
             p.add_argument("--only-changed", action="store_true", help="leave out results that are equal")
         if name == "plan":
-            p.add_argument("keys", nargs="*", help="train artifacts to price (default: those not built)")
+            p.add_argument("keys", nargs="*", help="[EXPERIMENT.yaml] train artifacts to price (default: those not built)")
             p.add_argument("--mfu", type=float, default=0.4, help="model FLOP utilisation assumed on accelerators")
         p.add_argument("--configfile", help="the experiment YAML file, spelled as for snakemake")
         if name not in ("plan", "diff"):
@@ -204,6 +204,13 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "plan":  # `marin plan exp.yaml [KEY ...]`: a YAML file names the experiment
+        files = [k for k in args.keys if k.endswith((".yaml", ".yml"))]
+        args.keys = [k for k in args.keys if k not in files]
+        args.experiment = files[0] if len(files) == 1 else args.experiment
+        if len(files) > 1:
+            print(f"marin: two experiments given ({', '.join(files)}); give one", file=sys.stderr)
+            return 1
     try:
         code = _run(args)
         sys.stdout.flush()
