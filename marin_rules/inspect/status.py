@@ -35,7 +35,7 @@ from marin_rules.artifacts.records import read_failures
 from marin_rules.inspect import reading
 
 VAL_LOSS_KEYS = ("final_val_loss", "val_loss")
-SCORE_METRICS = ("acc_norm", "acc", "exact_match", "f1", "bits_per_byte", "byte_perplexity", "word_perplexity")
+SCORE_METRICS = ("acc", "acc_norm", "exact_match", "f1", "bits_per_byte", "byte_perplexity", "word_perplexity")
 
 
 @dataclass(frozen=True)
