@@ -188,7 +188,7 @@ def _validated_entry(key: str, entry: Any) -> tuple[str, dict, dict, dict, str |
     if not is_valid_step(step):
         raise fail(
             "step",
-            f"expected a built-in step (download, train_tokenizer, tokenize, train, evaluate) "
+            f"expected a built-in step ({', '.join(BUILTIN_STEPS)}) "
             f"or 'pkg.module:function', got {step!r}",
         )
     config = entry.get("config") or {}

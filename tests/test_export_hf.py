@@ -185,3 +185,15 @@ def test_snakemake_plans_an_export_under_its_own_rule(tmp_path, snakemake_cmd):
     proc = snakemake_cmd("-n", "--configfile", "exp.yaml", "--config", f"prefix={tmp_path / 'a'}", cwd=tmp_path)
     jobs = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith(("export_hf", "train "))]
     assert ["export_hf", "1"] in jobs, proc.stdout
+
+
+def test_export_to_gcs_writes_the_same_files(tokenizer_dir, tmp_path, gcs_prefix):
+    from marin_rules.export.hf import export_hf
+
+    save_model(str(tmp_path / "model"), BASE, tokenizer_dir)
+    deps = {"model": str(tmp_path / "model")}
+    local, remote = str(tmp_path / "hf"), f"{gcs_prefix}/exports/m/v1"
+    export_hf(StepContext("exports/m", "v1", {}, deps, output=local))
+    result = export_hf(StepContext("exports/m", "v1", {}, deps, output=remote))
+    for name in result["files"]:
+        assert storage.read_bytes(f"{remote}/{name}") == storage.read_bytes(f"{local}/{name}"), name
