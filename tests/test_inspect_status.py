@@ -162,7 +162,7 @@ def test_missing_failed_building_and_corrupt_states(experiment_file, tmp_path, c
     assert rows["checkpoints/nano@v1"] == {**rows["checkpoints/nano@v1"], "state": "missing", "reason": "never built"}
 
 
-def test_a_forced_rebuild_in_flight_says_where_the_previous_build_is(experiment_file, tmp_path, capsys):
+def test_a_forced_rebuild_in_flight_or_failed_says_where_the_previous_build_is(experiment_file, tmp_path, capsys):
     prefix = str(tmp_path / "artifacts")
     experiment = load_experiment(experiment_file)
     old = build(prefix, experiment, "raw/s@v1")
@@ -170,7 +170,13 @@ def test_a_forced_rebuild_in_flight_says_where_the_previous_build_is(experiment_
     storage.write_json_atomic(f"{location}/.history/20261201T100000Z/.artifact.json", old)
     os.remove(f"{location}/.artifact.json")
     row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
-    assert row["state"] == "missing" and "previous build is kept in .history/" in row["reason"]
+    assert row == {**row, "state": "missing", "reason": "forced rebuild not finished; the previous build is kept in .history/"}
+    fail(prefix, experiment, "raw/s@v1", "network down", "2026-12-02T08:00:00.000Z")  # the forced rebuild failed
+    row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
+    assert row["state"] == "failed"
+    assert row["reason"] == (
+        "last attempt failed at 2026-12-02 08:00:00: RuntimeError: network down; the previous build is kept in .history/"
+    )
 
 
 def test_status_all_lists_every_version_on_the_prefix(experiment_file, tmp_path, capsys):

@@ -4,10 +4,11 @@ Model: the state of `name@version` on a prefix follows from its success record, 
 failure records, its lease and, for an artifact of the experiment, the current
 recipe and its upstreams' records:
 
-  missing          no record, no failure ("never built"; "previous build kept in
-                   .history/" after a forced rebuild that has not finished)
-  building         a live lease names who builds it now
+  missing          no record, no failure ("never built")
+  building         a lease names who builds it now (or a stale one, to be taken over)
   failed           no record and the last attempt failed (its error's first line)
+  (missing, building and failed add "the previous build is kept in .history/" while
+  a forced rebuild has not succeeded)
   built            the record matches the recipe ("; last retry failed: ..." when a
                    newer failure exists)
   drifted          the record was built from another recipe (how many fields differ)
@@ -141,10 +142,10 @@ def location_status(
             state, reason = "building", f"lease held by {holder}"
         elif last_failure is not None:
             state, reason = "failed", f"last attempt failed at {_failure_line(last_failure)}"
-        elif reading.history_files(location):
-            state, reason = "missing", "rebuilt by force and not finished; the previous build is kept in .history/"
         else:
             state, reason = "missing", "never built"
+        if reading.history_files(location):  # a forced rebuild that has not (or not yet) succeeded
+            reason = f"{reason if state != 'missing' else 'forced rebuild not finished'}; the previous build is kept in .history/"
         return Status(key, step, state, reason, fingerprint, "-", "-", in_experiment=artifact is not None), None
     step = str(record.get("step") or step)
     fingerprint = str(record.get("fingerprint"))
