@@ -167,8 +167,12 @@ def test_a_forced_rebuild_in_flight_or_failed_says_where_the_previous_build_is(e
     experiment = load_experiment(experiment_file)
     old = build(prefix, experiment, "raw/s@v1")
     location = artifact_location(prefix, experiment["raw/s@v1"].id)
-    storage.write_json_atomic(f"{location}/.history/20261201T100000Z/.artifact.json", old)
+    storage.write_json_atomic(f"{location}/.history/.forced-record", old)  # marked forced, job not started
     os.remove(f"{location}/.artifact.json")
+    row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
+    assert row == {**row, "state": "missing", "reason": "forced rebuild not finished; the previous build is kept in .history/"}
+    os.remove(f"{location}/.history/.forced-record")  # the job moved the old build
+    storage.write_json_atomic(f"{location}/.history/20261201T100000Z/.artifact.json", old)
     row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
     assert row == {**row, "state": "missing", "reason": "forced rebuild not finished; the previous build is kept in .history/"}
     fail(prefix, experiment, "raw/s@v1", "network down", "2026-12-02T08:00:00.000Z")  # the forced rebuild failed

@@ -22,6 +22,8 @@ from marin_rules.artifacts.errors import ConfigError, MarinError
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, VERSION, ArtifactId, parse_key
 from marin_rules.artifacts.records import HISTORY_DIR, read_record
 
+FORCED_MARKER = ".forced-record"  # the exec glue's marker of a forced build (workflow/forcing.py)
+
 
 def record_dict(location: str, expected: ArtifactId | None = None) -> dict[str, Any] | None:
     """The success record at an artifact location as a dict; None when never built.
@@ -31,8 +33,9 @@ def record_dict(location: str, expected: ArtifactId | None = None) -> dict[str, 
 
 
 def history_files(location: str) -> list[str]:
-    """Locations of earlier success records kept by forced rebuilds: `.history/<x>.json`
-    or `.history/<time>/.artifact.json`."""
+    """Locations of earlier success records kept by forced rebuilds: `.history/<x>.json`,
+    `.history/<time>/.artifact.json`, or the record a forced build saved before its job
+    moved the old build away (`.history/.forced-record`, holding `null` when none)."""
     root = storage.join(location, HISTORY_DIR)
     try:
         found = list(storage.walk_files(root))
@@ -43,7 +46,7 @@ def history_files(location: str) -> list[str]:
     for path in found:
         rel = path[len(base) :].lstrip("/") if path.startswith(base) else posixpath.basename(path)
         parts = rel.split("/")
-        if (len(parts) == 1 and parts[0].endswith(".json")) or (len(parts) == 2 and parts[1] == RECORD_FILE):
+        if (len(parts) == 1 and parts[0].endswith((".json", FORCED_MARKER))) or (len(parts) == 2 and parts[1] == RECORD_FILE):
             out.append(path)
     return sorted(out)
 
