@@ -114,7 +114,8 @@ def _run(args) -> int:
             events = artifact_history(location, artifact)
             if not events and (experiment is None or artifact.key not in experiment.artifacts):
                 others = _known_keys(experiment, prefix, artifact.name)
-                raise MarinError(f"{artifact.key}: nothing recorded under {prefix}{reading.suggestion(artifact.key, others)}")
+                hint = reading.suggestion(artifact.key, others)
+                raise MarinError(f"{artifact.key}: nothing recorded under {prefix}{hint}")
             if args.json:
                 print(json.dumps([e.to_json() for e in events], indent=2))
             else:
@@ -185,11 +186,11 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("b", help="name@version (B)")
             p.add_argument("--only-changed", action="store_true", help="leave out results that are equal")
         if name == "plan":
-            p.add_argument("keys", nargs="*", help="[EXPERIMENT.yaml] train artifacts to price (default: those not built)")
-            p.add_argument("--mfu", type=float, default=0.4, help="model FLOP utilisation assumed on accelerators")
+            p.add_argument("keys", nargs="*", help="[EXPERIMENT.yaml] train artifacts to price (default: not built)")
+            p.add_argument("--mfu", type=float, default=0.4, help="model FLOP utilisation on accelerators")
         p.add_argument("--configfile", help="the experiment YAML file, spelled as for snakemake")
         if name not in ("plan", "diff"):
-            p.add_argument("experiment", nargs="?", default=None, help=f"experiment YAML (default {DEFAULT_EXPERIMENT})")
+            p.add_argument("experiment", nargs="?", help=f"experiment YAML (default {DEFAULT_EXPERIMENT})")
         else:
             p.set_defaults(experiment=None)
         p.add_argument("--prefix", default=DEFAULT_PREFIX, help="artifact prefix (local path or gs:// URL)")

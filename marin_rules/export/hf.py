@@ -94,7 +94,9 @@ def export_hf(ctx: StepContext) -> dict[str, Any]:
     try:
         from safetensors.numpy import save, save_file
     except ImportError:
-        raise StepError("export_hf writes model.safetensors with the `safetensors` package: pip install safetensors") from None
+        raise StepError(
+            "export_hf writes model.safetensors with the `safetensors` package: pip install safetensors"
+        ) from None
 
     from marin_rules.train.load import load_trained
 

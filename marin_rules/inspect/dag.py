@@ -4,8 +4,9 @@ Model: nodes are the experiment's artifacts, labelled `name@version` and the ste
 filled by state (`status.py`); edges run from each upstream to its consumer. Layout
 is layered: a node's column is the length of the longest dependency path that
 reaches it, and nodes of one column are stacked in experiment order, so the picture
-reads left (raw data) to right (evaluations). Nodes are as wide as the longest label. Edges are cubic curves with arrowheads; one that skips columns arcs above the
-boxes between (top to top) instead of running behind them.
+reads left (raw data) to right (evaluations). Nodes are as wide as the longest
+label. Edges are cubic curves with arrowheads; one that skips columns arcs above
+the boxes between (top to top) instead of running behind them.
 """
 
 from __future__ import annotations

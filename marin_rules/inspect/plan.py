@@ -111,7 +111,8 @@ def price_job(
     if named and accelerator is None:
         note = ", ".join(filter(None, [note, f"no peak FLOP/s known for {named!r} (known: {', '.join(PEAK_FLOPS)})"]))
     cpu_s = flops / cpu.flops_per_s + cpu.overhead_s if cpu else None
-    return JobPrice(key, total_params(model), active_params(model), tokens, flops, accelerator, accelerator_s, cpu_s, note)
+    params = total_params(model), active_params(model)
+    return JobPrice(key, *params, tokens, flops, accelerator, accelerator_s, cpu_s, note)
 
 
 def cpu_speed(records: Iterable[Mapping[str, Any]], host: str | None = None) -> CpuSpeed | None:
@@ -211,7 +212,9 @@ def plan_lines(
         f"params x tokens + attention); accelerators at {mfu:.0%} MFU of peak bf16; {cpu_text}"
     ]
     for p in prices:
-        acc = f"{p.accelerator.name} ({p.accelerator.chips} chip(s)): {human(p.accelerator_s)}" if p.accelerator else "no accelerator named in runtime"
+        acc = "no accelerator named in runtime"
+        if p.accelerator:
+            acc = f"{p.accelerator.name} ({p.accelerator.chips} chip(s)): {human(p.accelerator_s)}"
         lines.append(
             f"  {p.key}: params {count(p.total_params)} total, {count(p.active_params)} active; "
             f"tokens {count(p.tokens)}; FLOPs {p.flops:.3g}; {acc}; this CPU: {human(p.cpu_s)}"

@@ -46,7 +46,8 @@ def history_files(location: str) -> list[str]:
     for path in found:
         rel = path[len(base) :].lstrip("/") if path.startswith(base) else posixpath.basename(path)
         parts = rel.split("/")
-        if (len(parts) == 1 and parts[0].endswith((".json", FORCED_MARKER))) or (len(parts) == 2 and parts[1] == RECORD_FILE):
+        kept_record = len(parts) == 1 and parts[0].endswith((".json", FORCED_MARKER))
+        if kept_record or (len(parts) == 2 and parts[1] == RECORD_FILE):
             out.append(path)
     return sorted(out)
 

@@ -145,7 +145,8 @@ def location_status(
         else:
             state, reason = "missing", "never built"
         if reading.history_files(location):  # a forced rebuild that has not (or not yet) succeeded
-            reason = f"{reason if state != 'missing' else 'forced rebuild not finished'}; the previous build is kept in .history/"
+            reason = "forced rebuild not finished" if state == "missing" else reason
+            reason += "; the previous build is kept in .history/"
         return Status(key, step, state, reason, fingerprint, "-", "-", in_experiment=artifact is not None), None
     step = str(record.get("step") or step)
     fingerprint = str(record.get("fingerprint"))
