@@ -22,7 +22,7 @@ import numpy as np
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
-from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.errors import ConfigError, StepError
 from marin_rules.export.layout import MIXTRAL, architecture, check_export_hf, hf_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -88,9 +88,7 @@ def _special_ids(tokenizer_dir: str, eos_id: int | None) -> dict[str, int | None
 
 
 def export_hf(ctx: StepContext) -> dict[str, Any]:
-    check_export_hf(ctx.config, {"model": "given"})
-    if "model" not in ctx.deps:
-        raise StepError("deps.model: missing; export_hf needs deps: {model: <a train artifact>}")
+    check_export_hf(ctx.config, ctx.deps)  # deps here: role -> location
     try:
         from safetensors.numpy import save, save_file
     except ImportError:
@@ -103,7 +101,7 @@ def export_hf(ctx: StepContext) -> dict[str, Any]:
     trained = load_trained(ctx.deps["model"])
     try:
         arch = architecture(trained.config)
-    except Exception as e:  # ConfigError: the model cannot be expressed
+    except ConfigError as e:  # the experiment loader refuses these; a model trained elsewhere may reach here
         raise StepError(f"deps.model: {ctx.deps['model']} cannot be exported: {e}") from None
     tokenizer_dir = storage.parent(trained.tokenizer)
     special = _special_ids(tokenizer_dir, trained.eos_id)
