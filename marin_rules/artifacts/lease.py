@@ -192,6 +192,7 @@ def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
     storage.makedirs(location)
     give_up = None if deadline_s is None else time.monotonic() + deadline_s
     seen_tokens: set[str] = set()
+    raced = 0
     while True:
         data, version = store.read()
         current = _decode(data)
@@ -206,8 +207,12 @@ def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
                 if is_done():  # built by a holder that released just before we took it
                     lease.release()
                     return None
-                return lease
-            continue  # someone else moved first: look again
+                if lease.renew():  # is_done() may have been slow: start the clock afresh
+                    return lease
+            raced += 1  # someone else moved first: look again (bounded, in case writes keep failing)
+            if raced > 100:
+                raise LeaseLost(f"{location}: could not write the lease after {raced} tries; check the prefix")
+            continue
         if is_done():
             return None
         if not wait:

@@ -83,8 +83,9 @@ def read_json(location: str) -> Any:
     return json.loads(read_bytes(location))
 
 
-def write_bytes_atomic(location: str, data: bytes) -> None:
-    """Write `data` so that readers see either nothing or all of it."""
+def write_bytes_atomic(location: str, data: bytes, durable: bool = True) -> None:
+    """Write `data` so that readers see either nothing or all of it. `durable=False`
+    skips the fsync, for caches rebuilt from elsewhere (the gs:// record mirror)."""
     if is_remote(location):
         fs, path = filesystem(location)
         fs.pipe_file(path, data)  # one PUT: atomic on object stores
@@ -94,8 +95,9 @@ def write_bytes_atomic(location: str, data: bytes) -> None:
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     with open(tmp, "wb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
