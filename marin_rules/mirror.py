@@ -81,7 +81,7 @@ def refresh_mirror(prefix: str, mirror: str) -> None:
             if os.path.exists(local):
                 os.remove(local)
             continue
-        storage.write_bytes_atomic(os.path.join(mirror, rel), data)
+        storage.write_bytes_atomic(os.path.join(mirror, rel), data, durable=False)
         index[rel] = remote[rel][1]
     if remote or os.path.isdir(mirror):
         storage.write_json_atomic(os.path.join(mirror, INDEX_FILE), index)

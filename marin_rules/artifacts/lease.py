@@ -182,6 +182,19 @@ def read_lease(location: str) -> LeaseHolder | None:
     return _decode(store_for(location, LEASE_FILE).read()[0])
 
 
+def _take(location: str, store: LeaseStore, data: bytes | None, version: Any, tried: LeaseHolder | None,
+          heartbeat_s: float, stale_s: float) -> tuple[Lease | None, LeaseHolder | None]:  # fmt: skip
+    """One try to make the lease ours: create it if absent, else replace the stale or
+    unreadable one we saw. Returns (the Lease or None, the holder tried)."""
+    if tried is not None and _decode(data) == tried:  # an earlier write reported lost (retried) did land
+        return Lease(location, tried, store, version, heartbeat_s, stale_s), tried
+    holder = new_holder()
+    written = store.create(_encode(holder)) if data is None else store.replace(_encode(holder), version)
+    if written is None or _decode(store.read()[0]) != holder:  # read back: see the NOTE on the emulator
+        return None, holder
+    return Lease(location, holder, store, written, heartbeat_s, stale_s), holder
+
+
 def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
             on_wait: Callable[[LeaseHolder], None] | None = None, heartbeat_s: float = HEARTBEAT_S,
             stale_s: float = STALE_S, poll_s: float = POLL_S, deadline_s: float | None = None) -> Lease | None:  # fmt: skip
@@ -192,22 +205,22 @@ def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
     storage.makedirs(location)
     give_up = None if deadline_s is None else time.monotonic() + deadline_s
     seen_tokens: set[str] = set()
+    raced, tried = 0, None
     while True:
         data, version = store.read()
         current = _decode(data)
-        if data is None or current is None or current.age_s() >= stale_s:
-            holder = new_holder()
-            if data is None:
-                written = store.create(_encode(holder))
-            else:  # stale or unreadable: take over, conditional on what we saw
-                written = store.replace(_encode(holder), version)
-            if written is not None and _decode(store.read()[0]) == holder:
-                lease = Lease(location, holder, store, written, heartbeat_s, stale_s)
+        if current is None or current == tried or current.age_s() >= stale_s:
+            lease, tried = _take(location, store, data, version, tried, heartbeat_s, stale_s)
+            if lease is not None:
                 if is_done():  # built by a holder that released just before we took it
                     lease.release()
                     return None
-                return lease
-            continue  # someone else moved first: look again
+                if lease.renew():  # is_done() may have been slow: start the clock afresh
+                    return lease
+            raced += 1  # someone else moved first: look again (bounded, in case writes keep failing)
+            if raced > 100:
+                raise LeaseLost(f"{location}: could not write the lease after {raced} tries; check the prefix")
+            continue
         if is_done():
             return None
         if not wait:

@@ -99,8 +99,9 @@ class GcsStore:
             blob = self.bucket.get_blob(self.name, timeout=30)
             if blob is None:
                 return None, None
+            generation = blob.generation  # (a download may reset the blob's properties)
             try:
-                return blob.download_as_bytes(if_generation_match=blob.generation, timeout=30), blob.generation
+                return blob.download_as_bytes(if_generation_match=generation, timeout=30), generation
             except (exceptions.NotFound, exceptions.PreconditionFailed):
                 continue
         raise MarinError(f"gs://{self.bucket.name}/{self.name}: kept changing while being read; try again")

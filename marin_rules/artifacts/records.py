@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, ArtifactId
-from marin_rules.artifacts.lease import LEASE_FILE  # the lease (and its .lock, .tmp-* siblings) is not data
+from marin_rules.artifacts.files import file_problems, list_data_files
 from marin_rules.artifacts.provenance import Provenance, iso, utc_now
 
 __all__ = [
@@ -37,8 +37,6 @@ __all__ = [
 ]  # fmt: skip
 
 RECORD_SCHEMA = 2  # 2: `files` added, `path` prefix-relative
-HISTORY_DIR = ".history"
-NOT_DATA = (RECORD_FILE, FAILURES_DIR, HISTORY_DIR, LEASE_FILE)
 
 
 class CorruptRecord(MarinError):
@@ -185,25 +183,6 @@ def _relative_dep(dep: Any) -> Any:
     return dep
 
 
-def list_data_files(location: str) -> dict[str, int]:
-    """Every data file under an artifact folder (relative path -> size), from one listing;
-    the record, failures, history and lease are not data."""
-    fs, root = storage.filesystem(location)
-    root = root.rstrip("/")
-    try:
-        found = fs.find(root, detail=True)
-    except FileNotFoundError:
-        return {}
-    files = {}
-    for path, info in found.items():
-        rel = path[len(root) + 1 :] if path.startswith(root + "/") else path
-        top = rel.split("/", 1)[0]
-        if top in NOT_DATA or top.startswith((RECORD_FILE + ".tmp-", LEASE_FILE)) or info.get("type") == "directory":
-            continue
-        files[rel] = int(info.get("size") or 0)
-    return dict(sorted(files.items()))
-
-
 def write_success(location: str, entry: Mapping[str, Any], result: Any, provenance: dict[str, Any]) -> Record:
     """List the artifact's files, then write its success record: one atomic write, the last."""
     data = {
@@ -216,18 +195,10 @@ def write_success(location: str, entry: Mapping[str, Any], result: Any, provenan
 
 
 def verify_files(location: str, record: Record) -> list[str]:
-    """One line per data file that is missing or whose size differs from the record; []
-    when every recorded file is there with its recorded size."""
-    found = list_data_files(location)
-    problems = []
-    for rel, size in record.files.items():
-        if rel not in found:
-            problems.append(f"missing {rel}")
-        elif found[rel] < size:
-            problems.append(f"truncated {rel}: {found[rel]} of {size} bytes")
-        elif found[rel] != size:
-            problems.append(f"changed {rel}: {found[rel]} bytes, recorded {size}")
-    return problems
+    """One line per data file that is missing or whose size differs from the record
+    ("missing model.json", "truncated tokens/train.bin: 100 of 4000 bytes"); [] when
+    every recorded file is there with its recorded size."""
+    return file_problems(location, record.files)
 
 
 def write_failure(
