@@ -20,7 +20,8 @@ from typing import Any, Iterable
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, MarinError
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, VERSION, ArtifactId, parse_key
-from marin_rules.artifacts.records import HISTORY_DIR, read_record
+from marin_rules.artifacts.files import HISTORY_DIR
+from marin_rules.artifacts.records import read_record
 
 FORCED_MARKER = ".forced-record"  # the exec glue's marker of a forced build (workflow/forcing.py)
 
