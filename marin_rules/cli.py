@@ -144,11 +144,15 @@ def _run(args) -> int:
     if args.command == "dag":
         from marin_rules.inspect.dag import render_svg
 
-        if not args.output.endswith(".svg"):
-            raise MarinError(f"-o {args.output}: marin dag writes SVG; give a file name ending in .svg")
+        if args.output != "-" and not args.output.endswith(".svg"):
+            raise MarinError(f"-o {args.output}: marin dag writes SVG; give a name ending in .svg, or - for stdout")
         rows = st.experiment_status(experiment, prefix)
-        storage.write_text_atomic(args.output, render_svg(experiment, {r.key: r.state for r in rows}))
-        print(f"wrote {args.output} ({len(rows)} artifacts)")
+        svg = render_svg(experiment, {r.key: r.state for r in rows})
+        if args.output == "-":
+            sys.stdout.write(svg)
+        else:
+            storage.write_text_atomic(args.output, svg)
+            print(f"wrote {args.output} ({len(rows)} artifacts)")
         return 0
     key = _experiment_key(args.key, experiment, args.command)
     artifact = experiment[key].id
@@ -199,7 +203,7 @@ def parser() -> argparse.ArgumentParser:
         if name == "status":
             p.add_argument("--all", action="store_true", help="also every other version on the prefix")
         if name == "dag":
-            p.add_argument("-o", "--output", default="dag.svg", help="where to write the SVG (default dag.svg)")
+            p.add_argument("-o", "--output", default="dag.svg", help="the SVG file (default dag.svg; - for stdout)")
     return top
 
 

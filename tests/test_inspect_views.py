@@ -102,6 +102,7 @@ def test_dag_draws_every_artifact_labelled_and_coloured_by_state(experiment_file
     populate(prefix, experiment)
     out = tmp_path / "dag.svg"
     assert main(["dag", "--configfile", experiment_file, "--prefix", prefix, "-o", str(out)]) == 0
+    assert capsys.readouterr().out == f"wrote {out} (5 artifacts)\n"
     svg = ET.parse(out).getroot()
     ns = {"s": "http://www.w3.org/2000/svg"}
     nodes = {g.get("data-key"): g for g in svg.iterfind(".//s:g[@class='node']", ns)}
@@ -114,6 +115,8 @@ def test_dag_draws_every_artifact_labelled_and_coloured_by_state(experiment_file
     assert len(set(fills.values())) == len(fills) - 1  # drifted and upstream rebuilt share yellow
     edges = {(p.get("data-from"), p.get("data-to")) for p in svg.iterfind(".//s:path[@class='edge']", ns)}
     assert edges == {(u, k) for k, a in experiment.artifacts.items() for u in a.upstream_keys()}
+    assert main(["dag", "--configfile", experiment_file, "--prefix", prefix, "-o", "-"]) == 0
+    assert capsys.readouterr().out == out.read_text()
     assert main(["dag", "--configfile", experiment_file, "-o", str(tmp_path / "dag.png")]) == 1
     assert "ending in .svg" in capsys.readouterr().err
 
