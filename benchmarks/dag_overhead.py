@@ -68,7 +68,7 @@ def write_experiment(folder: Path, n: int) -> Path:
 def write_records(experiment_path: Path, prefix: str) -> int:
     """Success records for every artifact, with the fingerprints the recipe has now."""
     from marin_rules.artifacts.identity import artifact_location
-    from marin_rules.artifacts.records import success_record, write_success
+    from marin_rules.artifacts.records import write_success
     from marin_rules.experiment import load_experiment
 
     sys.path.insert(0, str(experiment_path.parent))  # where its user step module is
@@ -85,7 +85,7 @@ def write_records(experiment_path: Path, prefix: str) -> int:
             "fingerprint": artifact.fingerprint, "config": artifact.config, "deps": deps,
             "runtime": artifact.runtime, "path": location,
         }  # fmt: skip
-        write_success(location, success_record(entry, {}, {"ended": "2026-01-01T00:00:00Z", "duration_s": 0.0}))
+        write_success(location, entry, {}, {"ended": "2026-01-01T00:00:00Z", "duration_s": 0.0})
     return len(experiment.artifacts)
 
 

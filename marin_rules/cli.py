@@ -1,121 +1,232 @@
 """The `marin` command: look at an experiment's artifacts without running anything.
 
-  marin status [EXPERIMENT] [--prefix P]   table: name@version, step, state, fingerprint, built, took
-  marin show KEY [EXPERIMENT] [--prefix P] the success record (and the last failure) as JSON
-  marin path KEY [EXPERIMENT] [--prefix P] the record path to give Snakemake as a target or --forcerun
+  marin status [EXPERIMENT] [--all] [--json]   each artifact's state, its reason, headline results
+  marin show KEY [EXPERIMENT]                  the success record (and the last failure) as JSON
+  marin path KEY [EXPERIMENT]                  the record path to give Snakemake as a target or -f
+  marin verify KEY [EXPERIMENT]                are the record's files all there, at their sizes?
+  marin plan [EXPERIMENT] [--mfu 0.4]          params, tokens, FLOPs and hours of the training to run
+  marin diff A@V B@V [--only-changed]          recipe fields and results of two builds side by side
+  marin history KEY                            every attempt and forced rebuild of one artifact
+  marin dag [EXPERIMENT] [-o dag.svg]          a picture of the experiment, coloured by state
 
-States: `built` (record matches the recipe), `drifted` (record from another recipe:
-served with a warning), `missing` (never built), `failed` (the last attempt failed and
-no success record is there), `built, last retry failed` (a newer failure than the record).
+Every command takes `--prefix P` (a local folder or gs:// URL, default `artifacts`) and
+`--configfile X` (the experiment, spelled as for snakemake). Nothing is run or written
+on the prefix. Errors are one line on stderr and a non-zero exit status.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from dataclasses import dataclass
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
-from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
-from marin_rules.artifacts.records import read_failures, read_record
-from marin_rules.experiment import Artifact, Experiment, load_experiment
-from marin_rules.snakemake import DEFAULT_PREFIX, mirror_root
+from marin_rules.artifacts.identity import RECORD_FILE, ArtifactId, artifact_location
+from marin_rules.artifacts.records import read_failures
+from marin_rules.experiment import Experiment, load_experiment
+from marin_rules.inspect import reading
+from marin_rules.mirror import mirror_root
+from marin_rules.snakemake import DEFAULT_PREFIX
 
 DEFAULT_EXPERIMENT = "experiments/default.yaml"
+EXPERIMENT_COMMANDS = ("status", "show", "path", "verify", "plan", "dag")
 
 
-@dataclass(frozen=True)
-class Status:
-    key: str
-    step: str
-    state: str
-    fingerprint: str
-    built: str
-    took: str
+def _load(args, required: bool = True) -> Experiment | None:
+    if args.configfile and args.experiment not in (None, args.configfile):
+        raise MarinError(f"two experiments given ({args.experiment} and --configfile {args.configfile}); give one")
+    chosen = args.configfile or args.experiment
+    if chosen is None and not required and not os.path.exists(DEFAULT_EXPERIMENT):
+        return None
+    return load_experiment(chosen or DEFAULT_EXPERIMENT)
 
 
-def artifact_status(artifact: Artifact, prefix: str) -> Status:
-    location = artifact_location(prefix, artifact.id)
-    record = read_record(location)
-    failures = read_failures(location)
-    last_failure = failures[-1]["provenance"].get("ended", "") if failures else ""
-    if record is None:
-        state = "failed" if failures else "missing"
-        return Status(artifact.key, artifact.step, state, artifact.fingerprint, "-", "-")
-    provenance = record.get("provenance", {})
-    built = str(provenance.get("ended", "?"))
-    state = "built" if record.get("fingerprint") == artifact.fingerprint else "drifted"
-    if last_failure and last_failure > built:
-        state += ", last retry failed"
-    took = provenance.get("duration_s")
-    return Status(
-        artifact.key,
-        artifact.step,
-        state,
-        str(record.get("fingerprint")),
-        built.replace("T", " ")[:19],
-        "-" if took is None else f"{took:.1f}s",
+def record_path(prefix: str, artifact: ArtifactId) -> str:
+    """The record as Snakemake sees it: on the prefix, or in the local mirror of a remote one."""
+    root = mirror_root(prefix) if storage.is_remote(prefix) else prefix
+    return f"{root}/{artifact.path}/{RECORD_FILE}"
+
+
+def _known_keys(experiment: Experiment | None, prefix: str, name: str) -> list[str]:
+    """The experiment's keys and every version of `name` on the prefix (for suggestions)."""
+    keys = list(experiment.artifacts) if experiment else []
+    return keys + [k for v in reading.versions_on_prefix(prefix, name) if (k := f"{name}@{v}") not in keys]
+
+
+def _experiment_key(text: str, experiment: Experiment, command: str) -> str:
+    if text in experiment.artifacts:
+        return text
+    hint = reading.suggestion(text, experiment.artifacts)
+    raise MarinError(
+        f"{text}: not an artifact of {experiment.path}{hint} (name another experiment with "
+        f"marin {command} {text} --configfile experiments/X.yaml)"
     )
 
 
-def format_table(rows: list[Status]) -> str:
-    header = Status("ARTIFACT", "STEP", "STATE", "FINGERPRINT", "BUILT (UTC)", "TOOK")
-    cols = list(zip(*[(r.key, r.step, r.state, r.fingerprint, r.built, r.took) for r in [header, *rows]]))
-    widths = [max(len(v) for v in col) for col in cols]
-    lines = []
-    for r in [header, *rows]:
-        values = (r.key, r.step, r.state, r.fingerprint, r.built, r.took)
-        lines.append("  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip())
-    return "\n".join(lines)
+def _prefix_key(text: str, experiment: Experiment | None, prefix: str) -> tuple[ArtifactId, dict]:
+    """An artifact found on the prefix (in the experiment or not) and its success record."""
+    name = text.rpartition("@")[0] or text
+    known = _known_keys(experiment, prefix, name)
+    artifact = reading.resolve_key(text, known)
+    record = reading.record_dict(artifact_location(prefix, artifact), artifact)
+    if record is None:
+        others = [k for k in _known_keys(experiment, prefix, artifact.name) if k != artifact.key]
+        raise MarinError(
+            f"{artifact.key}: no success record under {prefix}{reading.suggestion(artifact.key, others)}"
+        )
+    return artifact, record
 
 
-def _load(args) -> Experiment:
-    if args.configfile and args.experiment not in (None, args.configfile):
-        raise MarinError(f"two experiments given ({args.experiment} and --configfile {args.configfile}); give one")
-    return load_experiment(args.configfile or args.experiment or DEFAULT_EXPERIMENT)
+def _verify(key: str, location: str, prefix: str, artifact: ArtifactId) -> int:
+    from marin_rules.artifacts.records import read_record, verify_files
+
+    record = read_record(location, artifact)
+    rebuild = f"snakemake -f {record_path(prefix, artifact)}"
+    if record is None:
+        print(f"{key}: not built (no record under {location}); build it with: {rebuild}", file=sys.stderr)
+        return 1
+    problems = verify_files(location, record)
+    if problems:
+        for problem in problems:
+            print(f"{key}: {problem}")
+        print(f"{key}: {len(problems)} problem(s); rebuild it with: {rebuild}", file=sys.stderr)
+        return 1
+    print(f"{key}: all {len(record.files)} file(s) present at their recorded sizes")
+    return 0
+
+
+def _run(args) -> int:
+    from marin_rules.inspect import status as st
+
+    prefix = args.prefix.rstrip("/")
+    if prefix.startswith("file://"):
+        prefix = storage.local_path(prefix)
+    if args.command in ("diff", "history"):
+        experiment = _load(args, required=False)
+        if args.command == "history":
+            from marin_rules.inspect.history import artifact_history, format_history
+
+            name = args.key.rpartition("@")[0] or args.key
+            artifact = reading.resolve_key(args.key, _known_keys(experiment, prefix, name))
+            location = artifact_location(prefix, artifact)
+            events = artifact_history(location, artifact)
+            if not events and (experiment is None or artifact.key not in experiment.artifacts):
+                others = _known_keys(experiment, prefix, artifact.name)
+                hint = reading.suggestion(artifact.key, others)
+                raise MarinError(f"{artifact.key}: nothing recorded under {prefix}{hint}")
+            if args.json:
+                print(json.dumps([e.to_json() for e in events], indent=2))
+            else:
+                print(format_history(artifact.key, events))
+            return 0
+        from marin_rules.inspect.diff import format_diff
+
+        a, record_a = _prefix_key(args.a, experiment, prefix)
+        b, record_b = _prefix_key(args.b, experiment, prefix)
+        print(format_diff(a.key, record_a, b.key, record_b, args.only_changed))
+        return 0
+    experiment = _load(args)
+    if args.command == "status":
+        rows = st.experiment_status(experiment, prefix, every_version=args.all)
+        if args.json:
+            print(json.dumps([r.to_json() for r in rows], indent=2))
+        else:
+            print(st.format_table(rows))
+        return 0
+    if args.command == "plan":
+        from marin_rules.inspect.plan import plan_lines
+
+        keys = [_experiment_key(k, experiment, "plan") for k in args.keys] if args.keys else None
+        print("\n".join(plan_lines(experiment, prefix, keys, mfu=args.mfu)))
+        return 0
+    if args.command == "dag":
+        from marin_rules.inspect.dag import render_svg
+
+        if args.output != "-" and not args.output.endswith(".svg"):
+            raise MarinError(f"-o {args.output}: marin dag writes SVG; give a name ending in .svg, or - for stdout")
+        rows = st.experiment_status(experiment, prefix)
+        svg = render_svg(experiment, {r.key: r.state for r in rows})
+        if args.output == "-":
+            sys.stdout.write(svg)
+        else:
+            storage.write_text_atomic(args.output, svg)
+            print(f"wrote {args.output} ({len(rows)} artifacts)")
+        return 0
+    key = _experiment_key(args.key, experiment, args.command)
+    artifact = experiment[key].id
+    location = artifact_location(prefix, artifact)
+    if args.command == "path":
+        print(record_path(prefix, artifact))
+        return 0
+    if args.command == "verify":
+        return _verify(key, location, prefix, artifact)
+    failures = read_failures(location)
+    shown = {"record": reading.record_dict(location, artifact), "last_failure": failures[-1] if failures else None}
+    print(reading.dumps(shown))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="marin", description=__doc__.splitlines()[0])
+    sub = top.add_subparsers(dest="command", required=True)
+    helps = {
+        "status": "each artifact's state, its reason and headline results",
+        "show": "print an artifact's success record (and last failure)",
+        "path": "print an artifact's record path (a Snakemake target)",
+        "verify": "check that a built artifact's files are all there, at their recorded sizes",
+        "plan": "price the training jobs that would run: params, tokens, FLOPs, hours",
+        "diff": "recipe fields and results of two builds side by side",
+        "history": "every attempt and forced rebuild of one artifact",
+        "dag": "draw the experiment as SVG, nodes coloured by state",
+    }
+    for name, text in helps.items():
+        p = sub.add_parser(name, help=text, description=text)
+        if name in ("show", "path", "verify", "history"):
+            p.add_argument("key", help="name@version")
+        if name == "diff":
+            p.add_argument("a", help="name@version (A)")
+            p.add_argument("b", help="name@version (B)")
+            p.add_argument("--only-changed", action="store_true", help="leave out results that are equal")
+        if name == "plan":
+            p.add_argument("keys", nargs="*", help="[EXPERIMENT.yaml] train artifacts to price (default: not built)")
+            p.add_argument("--mfu", type=float, default=0.4, help="model FLOP utilisation on accelerators")
+        p.add_argument("--configfile", help="the experiment YAML file, spelled as for snakemake")
+        if name not in ("plan", "diff"):
+            p.add_argument("experiment", nargs="?", help=f"experiment YAML (default {DEFAULT_EXPERIMENT})")
+        else:
+            p.set_defaults(experiment=None)
+        p.add_argument("--prefix", default=DEFAULT_PREFIX, help="artifact prefix (local path or gs:// URL)")
+        if name in ("status", "history"):
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "status":
+            p.add_argument("--all", action="store_true", help="also every other version on the prefix")
+        if name == "dag":
+            p.add_argument("-o", "--output", default="dag.svg", help="the SVG file (default dag.svg; - for stdout)")
+    return top
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="marin", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, helptext in (
-        ("status", "table of the experiment's artifacts and their state"),
-        ("show", "print an artifact's success record (and last failure)"),
-        ("path", "print an artifact's record path (a Snakemake target)"),
-    ):
-        p = sub.add_parser(name, help=helptext)
-        if name != "status":
-            p.add_argument("key", help="name@version")
-        p.add_argument("experiment", nargs="?", default=None, help=f"experiment YAML file (default {DEFAULT_EXPERIMENT})")
-        p.add_argument("--configfile", help="the same, spelled as for snakemake")
-        p.add_argument("--prefix", default=DEFAULT_PREFIX, help="artifact prefix (local path or gs:// URL)")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
+    if args.command == "plan":  # `marin plan exp.yaml [KEY ...]`: a YAML file names the experiment
+        files = [k for k in args.keys if k.endswith((".yaml", ".yml"))]
+        args.keys = [k for k in args.keys if k not in files]
+        args.experiment = files[0] if len(files) == 1 else args.experiment
+        if len(files) > 1:
+            print(f"marin: two experiments given ({', '.join(files)}); give one", file=sys.stderr)
+            return 1
     try:
-        experiment = _load(args)
-        prefix = args.prefix.rstrip("/")
-        if args.command == "status":
-            print(format_table([artifact_status(a, prefix) for a in experiment.artifacts.values()]))
-            return 0
-        if args.key not in experiment.artifacts:
-            raise MarinError(
-                f"{args.key}: not an artifact of {experiment.path} (name the experiment file: "
-                f"marin {args.command} {args.key} --configfile experiments/X.yaml)"
-            )
-        artifact = experiment[args.key]
-        location = artifact_location(prefix, artifact.id)
-        if args.command == "path":
-            root = mirror_root(prefix) if storage.is_remote(prefix) else prefix
-            print(f"{root}/{artifact.id.path}/{RECORD_FILE}")
-            return 0
-        failures = read_failures(location)
-        shown = {"record": read_record(location), "last_failure": failures[-1] if failures else None}
-        print(json.dumps(shown, indent=2, sort_keys=True))
-        return 0
+        code = _run(args)
+        sys.stdout.flush()
+        return code
     except MarinError as e:
         print(f"marin: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `marin status | head`: the reader left; say nothing
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ from typing import Any, Callable, Iterator, Mapping
 from marin_rules.artifacts.canonical import canonical_value, fingerprint, fingerprint_payload
 from marin_rules.artifacts.errors import ConfigError, ExperimentError, got
 from marin_rules.artifacts.identity import ArtifactId, parse_key
-from marin_rules.steps import BUILTIN_STEPS, check_dep_kinds, check_step_config, check_user_step, is_valid_step
+from marin_rules.steps import (
+    BUILTIN_STEPS, check_dep_kinds, check_step_config, check_upstream_configs, check_user_step, is_valid_step,
+)
 from marin_rules.sweeps import expand_sweep
 from marin_rules.validation import suggest_key
 from marin_rules.yaml_file import load_yaml_file
@@ -127,12 +129,14 @@ def build_experiment(data: Any, path: str = "<experiment>") -> Experiment:
                     )
     order = _dependency_order(entries)
     step_of = {key: entry[0] for key, entry in entries.items()}
+    config_of = {key: entry[1] for key, entry in entries.items()}
     artifacts: dict[str, Artifact] = {}
     for key in order:
         step, config, deps, runtime, pin = entries[key]
         try:
             check_step_config(step, dict(config), dict(deps))
             check_dep_kinds(step, deps, step_of)
+            check_upstream_configs(step, dict(config), deps, config_of)
             fp = fingerprint(step, config, deps)
         except ConfigError as e:
             raise ConfigError(f"{key}: {e.field}", e.message) from None
@@ -173,7 +177,7 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
     if not is_valid_step(step):
         raise fail(
             "step",
-            f"expected a built-in step (download, train_tokenizer, tokenize, train, evaluate) "
+            f"expected a built-in step ({', '.join(BUILTIN_STEPS)}) "
             f"or 'pkg.module:function', got {step!r}{suggest_key(step, BUILTIN_STEPS) if isinstance(step, str) else ''}",
         )
     if not isinstance(entry.get("description", ""), str):

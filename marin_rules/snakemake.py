@@ -36,15 +36,15 @@ from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.drift import drift_message, recipe_diff
 from marin_rules.artifacts.errors import DriftError, MarinError, StepError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
-from marin_rules.artifacts.records import Provenance, success_record, utc_now, write_failure, write_success
+from marin_rules.artifacts.records import Provenance, utc_now, write_failure, write_success
 from marin_rules.cluster.pod import pod_process_from_env
 from marin_rules.experiment import Artifact, Experiment, load_experiment
+from marin_rules.mirror import MIRROR_DIR, mirror_root, refresh_mirror  # noqa: F401 (MIRROR_DIR re-exported)
 from marin_rules.steps import BUILTIN_STEPS
 
 DEFAULT_EXPERIMENT = "experiments/default.yaml"
 DEFAULT_PREFIX = "artifacts"
 CUSTOM_RULE = "custom"
-MIRROR_DIR = ".snakemake/marin-mirror"
 COMMAND_ENV = "MARIN_USER_COMMAND"  # internal: the user's command line, main -> job process
 
 
@@ -284,7 +284,7 @@ class Session:
         process = None if pod is None else pod.process_id
         # the step is imported inside run_step: an import error is a failed step, with a record
         record = run_step(ctx, entry, provenance, lambda c: self._step_function(artifact)(c), process=process)
-        if self.records_root != self.prefix:  # remote prefix: Snakemake checks the local mirror
+        if record is not None and self.records_root != self.prefix:  # remote prefix: Snakemake checks the local mirror
             storage.write_json_atomic(self.record_path(artifact.key), record)
 
     def _step_function(self, artifact: Artifact) -> Callable[[StepContext], Any]:
@@ -361,7 +361,7 @@ def install_stop_handlers() -> None:
 
 def run_step(
     ctx: StepContext, entry: dict, provenance: Provenance, function: Callable, process: int | None = None
-) -> dict:
+) -> dict | None:
     """Call a step; success record last, or failure record then re-raise.
 
     Every process of a pod (`process` is its index) runs the step; only process 0
@@ -398,10 +398,9 @@ def run_step(
         _STEP_THREADS.pop(threading.get_ident(), None)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    record = success_record(entry, result, provenance.as_dict(started, utc_now()))
-    if not process:
-        write_success(ctx.output, record)
-    return record
+    if process:
+        return None
+    return write_success(ctx.output, entry, result, provenance.as_dict(started, utc_now())).to_json()
 
 
 def trie_regex(words: list[str]) -> str:
@@ -457,38 +456,6 @@ def _recorded_dep(recorded_deps: dict, key: str) -> dict:
 
 def _built_at(record: dict | None) -> str | None:
     return (record or {}).get("provenance", {}).get("ended")
-
-
-def refresh_mirror(prefix: str, mirror: str) -> None:
-    """Make the local mirror hold exactly the records found on a remote prefix (one listing)."""
-    fs, root = storage.filesystem(prefix)
-    root = root.rstrip("/")
-    try:
-        found = [p for p in fs.find(root) if p.endswith("/" + RECORD_FILE)]
-    except FileNotFoundError:
-        found = []
-    remote = {p[len(root) + 1 :]: p for p in found if "/.history/" not in p}
-    if os.path.isdir(mirror):
-        for dirpath, _, files in os.walk(mirror):
-            for f in files:
-                rel = os.path.relpath(os.path.join(dirpath, f), mirror)
-                if f == RECORD_FILE and rel not in remote:
-                    os.remove(os.path.join(dirpath, f))
-    for rel, path in remote.items():
-        data = fs.cat_file(path)
-        local = os.path.join(mirror, rel)
-        try:
-            with open(local, "rb") as f:
-                if f.read() == data:
-                    continue
-        except FileNotFoundError:
-            pass
-        storage.write_bytes_atomic(local, data)
-
-
-def mirror_root(prefix: str) -> str:
-    scheme, _, rest = prefix.partition("://")
-    return f"{MIRROR_DIR}/{scheme}/{rest.strip('/')}"
 
 
 _session: Session | None = None

@@ -40,6 +40,8 @@ class BuiltinStep:
     # role -> the built-in step kind its upstream must be (each member of a mixture too);
     # the roles are the ones the checker accepts. A user-step upstream fits any role.
     deps: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # "module:function" called as f(config, {role: the upstream entry's config}) at load
+    check_upstream: str = ""
 
 
 BUILTIN_STEPS: dict[str, BuiltinStep] = {
@@ -66,6 +68,13 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
         "marin_rules.eval.config:check_evaluate",
         "marin_rules.eval.config:EvaluateSettings",
         {"model": "train", "data": "download"},
+    ),
+    "export_hf": BuiltinStep(
+        "marin_rules.export.hf:export_hf",
+        "marin_rules.export.layout:check_export_hf",
+        "export",
+        {"model": "train"},
+        "marin_rules.export.layout:check_export_hf_upstream",
     ),
 }
 
@@ -209,6 +218,14 @@ def step_function(step: str) -> Callable[..., Any]:
     """The function that runs a step kind."""
     builtin = BUILTIN_STEPS.get(step)
     return import_function(builtin.run if builtin else step)
+
+
+def check_upstream_configs(step: str, config: dict, deps: Mapping[str, Any], config_of: Mapping[str, Any]) -> None:
+    """Run a built-in's check of its upstreams' recipes (`config_of`: key -> config)."""
+    builtin = BUILTIN_STEPS.get(step)
+    if builtin is not None and builtin.check_upstream:
+        upstream = {role: config_of.get(dep, {}) for role, dep in deps.items() if isinstance(dep, str)}
+        import_function(builtin.check_upstream)(config, upstream)
 
 
 def check_step_config(step: str, config: dict, deps: dict) -> None:

@@ -26,6 +26,7 @@ CHAIN = {
         "config": {"model": {"d_model": 64, "n_heads": 4}, "num_train_steps": 10, "batch_size": 4, "seq_len": 32},
     },
     "evaluations/x@v1": {"step": "evaluate", "deps": {"model": "checkpoints/x@v1", "data": "raw/tiny@v1"}},
+    "hf/x@v1": {"step": "export_hf", "deps": {"model": "checkpoints/x@v1"}},
 }
 
 

@@ -53,20 +53,12 @@ def drift_message(key: str, recorded_fp: str, current_fp: str, lines: list[str])
         f"{key}: recipe drift: recorded fingerprint {recorded_fp}, now {current_fp};\n"
         "serving the cached output. Bump the version to build the new recipe."
     )
-    shown = [f"  {line}" for line in lines[:MAX_DIFF_LINES]]
-    if len(lines) > MAX_DIFF_LINES:
-        shown.append(f"  ...and {len(lines) - MAX_DIFF_LINES} more")
-    return "\n".join([head, *shown])
+    return "\n".join([head, *truncated(lines, "  ")])
 
 
-def pinned_message(key: str, pinned_fp: str, current_fp: str, lines: list[str]) -> str:
-    shown = [f"  {line}" for line in lines[:MAX_DIFF_LINES]]
+def truncated(lines: list[str], indent: str = "") -> list[str]:
+    """At most MAX_DIFF_LINES diff lines, then `...and N more`; each behind `indent`."""
+    shown = [f"{indent}{line}" for line in lines[:MAX_DIFF_LINES]]
     if len(lines) > MAX_DIFF_LINES:
-        shown.append(f"  ...and {len(lines) - MAX_DIFF_LINES} more")
-    return "\n".join(
-        [
-            f"{key}: expect_fingerprint is {pinned_fp} but the recipe now fingerprints to {current_fp}; "
-            "restore the recipe, or bump the version and update expect_fingerprint.",
-            *shown,
-        ]
-    )
+        shown.append(f"{indent}...and {len(lines) - MAX_DIFF_LINES} more")
+    return shown

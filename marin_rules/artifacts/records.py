@@ -1,107 +1,103 @@
 """Success and failure records, written next to the data.
 
-Model: `{location}/.artifact.json` is the success record. It is written last, in
-one atomic write, after the step returned; its existence means "built". It holds
-identity (name, version, step, fingerprint), the recipe (`config`, `deps` with the
-upstream fingerprints seen at build time), `runtime`, the step's `result`, and
-`provenance` (code version, who, where, when, how long). A failed attempt writes
-`{location}/.failures/<UTC time>.json` with the same identity and recipe plus the
-error and its traceback; failures are history and are never deleted. Nothing here
-copies environment variables, so no credential can reach a record.
+Model: `{location}/.artifact.json` is the success record, one `Record`. It is written
+last, in one atomic write, after the step returned; its existence means "built". It
+holds identity (name, version, step, fingerprint), the recipe (`config`, `deps` with the
+upstream fingerprints seen at build time), `runtime`, the step's `result`, `provenance`
+(code version, who, where, when, how long) and `files`: every data file of the
+artifact with its size, so a missing or truncated file is found (`verify_files`).
+Every path in a record is relative to the prefix (`name/version`), so a prefix can be
+moved or copied to a bucket. Reading validates: bad JSON, a missing or mistyped field,
+or a name/version that disagrees with the record's place raise `CorruptRecord`, one
+line naming the file and how to fix it; a corrupt record is never served as built.
+
+A failed attempt writes `{location}/.failures/<UTC time>.json` with the same identity
+and recipe plus the error and its traceback; failures are history, never deleted and
+read leniently (plain dicts). Nothing here copies environment variables, so no
+credential can reach a record.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import getpass
-import socket
-import subprocess
+import dataclasses
+import json
 import traceback as tb
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import metadata
-from pathlib import Path
 from typing import Any, Mapping
 
 from marin_rules.artifacts import storage
-from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE
+from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, ArtifactId
+from marin_rules.artifacts.files import file_problems, list_data_files
+from marin_rules.artifacts.provenance import Provenance, iso, utc_now
 
-RECORD_SCHEMA = 1
-TRACKED_PACKAGES = (
-    "marin-rules", "snakemake", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint",
-    "tokenizers", "lm-eval", "numpy", "xxhash", "fsspec", "gcsfs",
-)  # fmt: skip
+__all__ = [
+    "CorruptRecord", "Record", "Provenance", "read_record", "read_record_file", "write_success",
+    "write_failure", "read_failures", "verify_files", "list_data_files", "utc_now", "iso",
+]  # fmt: skip
 
-
-def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
-
-
-def iso(t: dt.datetime) -> str:
-    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+RECORD_SCHEMA = 2  # 2: `files` added, `path` prefix-relative
 
 
-@lru_cache(maxsize=None)
-def package_versions() -> dict[str, str]:
-    versions = {}
-    for name in TRACKED_PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return versions
+class CorruptRecord(MarinError):
+    """A success record that cannot be trusted; the message is one line:
+    `<record file>: <what is wrong>; <how to fix>`."""
 
-
-@lru_cache(maxsize=None)
-def git_state(directory: str) -> dict[str, Any]:
-    """Commit, dirty flag and branch of the workflow's source tree (if it is a checkout)."""
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(
-                ["git", "-C", directory, *args], capture_output=True, text=True, timeout=10, check=True
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout.strip()
-
-    commit = git("rev-parse", "HEAD")
-    if commit is None:
-        return {"commit": None}
-    # untracked (not ignored) files count: a user step or experiment file not yet in git
-    status = git("status", "--porcelain")
-    return {"commit": commit, "dirty": bool(status), "branch": git("rev-parse", "--abbrev-ref", "HEAD")}
-
-
-def _user() -> str | None:
-    try:
-        return getpass.getuser()
-    except Exception:  # no passwd entry in some containers
-        return None
+    def __init__(self, record_file: str, problem: str):
+        self.record_file = record_file
+        self.problem = problem
+        super().__init__(
+            f"{record_file}: {problem}; delete it and rebuild the artifact with: snakemake -f {record_file}"
+        )
 
 
 @dataclass(frozen=True)
-class Provenance:
-    """Where and how a job ran; times are filled in by the wrapper."""
+class Record:
+    """The one type that reads, validates and writes `.artifact.json`."""
 
-    workflow_dir: str
-    command: list[str]
-    rule: str | None
-    jobid: int | None
+    schema: int
+    name: str
+    version: str
+    step: str
+    fingerprint: str
+    config: dict
+    deps: dict
+    runtime: dict
+    path: str  # prefix-relative: "name/version"
+    status: str  # "success"
+    result: Any
+    provenance: dict
+    files: dict  # relative data file path -> size in bytes
 
-    def as_dict(self, started: dt.datetime, ended: dt.datetime) -> dict[str, Any]:
-        return {
-            "git": git_state(self.workflow_dir),
-            "user": _user(),
-            "host": socket.gethostname(),
-            "command": list(self.command),
-            "packages": package_versions(),
-            "rule": self.rule,
-            "jobid": self.jobid,
-            "started": iso(started),
-            "ended": iso(ended),
-            "duration_s": round((ended - started).total_seconds(), 3),
-        }
+    @property
+    def key(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    @property
+    def built(self) -> str | None:
+        ended = self.provenance.get("ended")
+        return ended if isinstance(ended, str) else None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# field -> (accepted types, how to name them in a message)
+_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "schema": ((int,), "an integer"),
+    "name": ((str,), "a string"),
+    "version": ((str,), "a string"),
+    "step": ((str,), "a string"),
+    "fingerprint": ((str,), "a string"),
+    "config": ((dict,), "a mapping"),
+    "deps": ((dict,), "a mapping"),
+    "runtime": ((dict,), "a mapping"),
+    "path": ((str,), "a string"),
+    "status": ((str,), "a string"),
+    "result": ((object,), "any value"),
+    "provenance": ((dict,), "a mapping"),
+    "files": ((dict,), "a mapping"),
+}
 
 
 def record_location(artifact_location: str) -> str:
@@ -112,8 +108,60 @@ def failures_location(artifact_location: str) -> str:
     return storage.join(artifact_location, FAILURES_DIR)
 
 
+def record_from_json(data: Any, record_file: str, expected: ArtifactId | None = None) -> Record:
+    """Validate parsed JSON into a Record, or raise CorruptRecord naming the problem."""
+    if not isinstance(data, dict):
+        raise CorruptRecord(record_file, f"expected a JSON object, got {type(data).__name__}")
+    if "schema" in data and data["schema"] != RECORD_SCHEMA:
+        raise CorruptRecord(
+            record_file, f"record schema {data['schema']!r} is not the schema {RECORD_SCHEMA} this marin-rules reads"
+        )
+    missing = [f for f in _FIELDS if f not in data]
+    if missing:
+        raise CorruptRecord(record_file, f"missing field{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+    for name, (types, described) in _FIELDS.items():
+        value = data[name]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types and int in types):
+            raise CorruptRecord(record_file, f"field {name} should be {described}, got {json.dumps(value)[:60]}")
+    if data["status"] != "success":
+        raise CorruptRecord(record_file, f"status is {data['status']!r}, not 'success'")
+    for rel, size in data["files"].items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise CorruptRecord(record_file, f"files.{rel} should be a size in bytes, got {json.dumps(size)[:40]}")
+    if data["path"] != f"{data['name']}/{data['version']}":
+        raise CorruptRecord(
+            record_file, f"path {data['path']!r} disagrees with its name@version {data['name']}@{data['version']}"
+        )
+    if expected is not None and (data["name"], data["version"]) != (expected.name, expected.version):
+        raise CorruptRecord(
+            record_file, f"it records {data['name']}@{data['version']} but sits where {expected.key} belongs"
+        )
+    return Record(**{f: data[f] for f in _FIELDS})
+
+
+def read_record_file(record_file: str, expected: ArtifactId | None = None) -> Record | None:
+    """The Record in a record file (local path or URL); None when the file does not exist."""
+    try:
+        raw = storage.read_bytes(record_file)
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(raw)
+    except UnicodeDecodeError:
+        raise CorruptRecord(record_file, "not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise CorruptRecord(record_file, f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    return record_from_json(data, record_file, expected)
+
+
+def read_record(location: str, expected: ArtifactId | None = None) -> Record | None:
+    """The success record of an artifact folder, or None when it was never built."""
+    return read_record_file(record_location(location), expected)
+
+
 def identity_fields(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a record shared by success and failure: identity and recipe."""
+    """The part of a record shared by success and failure: identity and recipe. Paths
+    (the artifact's and each upstream's) are written prefix-relative, `name/version`."""
     return {
         "schema": RECORD_SCHEMA,
         "name": entry["name"],
@@ -121,19 +169,36 @@ def identity_fields(entry: Mapping[str, Any]) -> dict[str, Any]:
         "step": entry["step"],
         "fingerprint": entry["fingerprint"],
         "config": entry["config"],
-        "deps": entry["deps"],
+        "deps": {role: _relative_dep(dep) for role, dep in entry["deps"].items()},
         "runtime": entry["runtime"],
-        "path": entry["path"],
+        "path": f"{entry['name']}/{entry['version']}",
     }
 
 
-def success_record(entry: Mapping[str, Any], result: Any, provenance: dict[str, Any]) -> dict:
-    return {**identity_fields(entry), "status": "success", "result": result, "provenance": provenance}
+def _relative_dep(dep: Any) -> Any:
+    if isinstance(dep, list):
+        return [_relative_dep(d) for d in dep]
+    if isinstance(dep, Mapping) and "name" in dep and "version" in dep:
+        return {**dep, "path": f"{dep['name']}/{dep['version']}"}
+    return dep
 
 
-def write_success(location: str, record: Mapping[str, Any]) -> None:
-    """Write a success record (from `success_record`): one atomic write, the last one."""
-    storage.write_json_atomic(record_location(location), record)
+def write_success(location: str, entry: Mapping[str, Any], result: Any, provenance: dict[str, Any]) -> Record:
+    """List the artifact's files, then write its success record: one atomic write, the last."""
+    data = {
+        **identity_fields(entry), "status": "success", "result": result, "provenance": provenance,
+        "files": list_data_files(location),
+    }  # fmt: skip
+    record = record_from_json(data, record_location(location))
+    storage.write_json_atomic(record_location(location), record.to_json())
+    return record
+
+
+def verify_files(location: str, record: Record) -> list[str]:
+    """One line per data file that is missing or whose size differs from the record
+    ("missing model.json", "truncated tokens/train.bin: 100 of 4000 bytes"); [] when
+    every recorded file is there with its recorded size."""
+    return file_problems(location, record.files)
 
 
 def write_failure(
@@ -167,16 +232,9 @@ def write_failure(
     return target
 
 
-def read_record(location: str) -> dict[str, Any] | None:
-    """The success record of an artifact location, or None when it was never built."""
-    try:
-        return storage.read_json(record_location(location))
-    except FileNotFoundError:
-        return None
-
-
 def read_failures(location: str) -> list[dict[str, Any]]:
-    """All failure records, oldest first."""
+    """All failure records, oldest first, as plain dicts: history of any schema is kept
+    readable; an unreadable one is skipped."""
     folder = failures_location(location)
     try:
         files = storage.list_files(folder, "*.json")
@@ -185,11 +243,9 @@ def read_failures(location: str) -> list[dict[str, Any]]:
     out = []
     for f in files:
         try:
-            out.append(storage.read_json(f))
+            data = storage.read_json(f)
         except (FileNotFoundError, ValueError):
             continue
+        if isinstance(data, dict):
+            out.append(data)
     return out
-
-
-def workflow_dir_of(path: str) -> str:
-    return str(Path(path).resolve().parent)

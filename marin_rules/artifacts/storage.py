@@ -67,6 +67,23 @@ def parent(location: str) -> str:
     return os.path.dirname(os.path.abspath(location))
 
 
+def relative_to(location: str, base: str) -> str | None:
+    """`location` as a `/`-separated path relative to `base` (for files that must stay
+    valid when a prefix is moved or copied to a bucket: store this, `join(base, it)` on
+    reading), or None when it does not lie under `base` (keep it as it is then)."""
+    if is_remote(location) != is_remote(base):
+        return None
+    if is_remote(location):
+        loc, root = location.rstrip("/"), base.rstrip("/")
+    else:
+        loc, root = os.path.abspath(local_path(location)), os.path.abspath(local_path(base))
+    if loc == root:
+        return "."
+    if not loc.startswith(root.rstrip("/") + "/"):
+        return None
+    return loc[len(root.rstrip("/")) + 1 :].replace(os.sep, "/")
+
+
 def read_bytes(location: str) -> bytes:
     if not is_remote(location):  # the common case on a laptop: skip fsspec's resolution
         with open(local_path(location), "rb") as f:
@@ -83,8 +100,9 @@ def read_json(location: str) -> Any:
     return json.loads(read_bytes(location))
 
 
-def write_bytes_atomic(location: str, data: bytes) -> None:
-    """Write `data` so that readers see either nothing or all of it."""
+def write_bytes_atomic(location: str, data: bytes, durable: bool = True) -> None:
+    """Write `data` so that readers see either nothing or all of it. `durable=False`
+    skips the fsync, for caches rebuilt from elsewhere (the gs:// record mirror)."""
     if is_remote(location):
         fs, path = filesystem(location)
         fs.pipe_file(path, data)  # one PUT: atomic on object stores
@@ -94,8 +112,9 @@ def write_bytes_atomic(location: str, data: bytes) -> None:
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     with open(tmp, "wb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 

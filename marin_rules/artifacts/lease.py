@@ -1,0 +1,238 @@
+"""Leases: at most one build of an artifact at a time, across folders and machines.
+
+Model: `{location}/.lease.json` names its holder (user, host, pid, since, renewed, and a
+random token). The holder renews it every `heartbeat_s` (30 s); a lease not renewed for
+`stale_s` (90 s) is taken over, as Marin does. Every change is conditional on what the
+writer last saw, so of two contenders exactly one wins:
+
+- local folders: creation is atomic create-if-absent (the full JSON is written to a
+  temporary file, then `os.link`ed to `.lease.json`, which fails with EEXIST if the lease
+  exists: O_EXCL semantics, and nobody ever reads a half-written lease). Renewal,
+  takeover and release hold an exclusive `fcntl.flock` on the sidecar `.lease.json.lock`
+  and, under it, re-read the lease and replace (`os.replace`) or delete it only if its
+  bytes are still the ones the writer last saw. Creation never touches an existing file,
+  and every write to an existing file is such a check-and-set under the lock: race-free
+  on one host and on network filesystems with working flock.
+- `gs://` (google-cloud-storage client, its public preconditions): create with
+  `if_generation_match=0`; renew, take over and delete with `if_generation_match=` the
+  generation last seen. A 412 means someone else moved first. NOTE: the local GCS
+  emulator (gcp-storage-emulator 2026.7.19) ignores all preconditions (it never reads
+  `ifGenerationMatch`); acquisition therefore also reads the lease back and proceeds
+  only when its own token is there, which narrows but cannot close that window.
+
+Beyond Marin (#8107): the heartbeat notices when the lease was taken over or deleted
+and calls `on_lost(reason)` once; `still_held()` re-reads the lease right before the
+success record is written (fencing), so a holder that lost its lease never records a
+success. Other URL schemes have no conditional writes here and are refused.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.lease_stores import LeaseStore, store_for
+from marin_rules.artifacts.provenance import iso, user, utc_now
+
+LEASE_FILE = ".lease.json"
+HEARTBEAT_S = 30.0
+STALE_S = 90.0
+POLL_S = 5.0
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    user: str | None
+    host: str
+    pid: int
+    since: str
+    renewed: str
+    token: str
+
+    def describe(self) -> str:
+        return f"{self.user or 'unknown'}@{self.host} pid {self.pid} since {self.since}"
+
+    def age_s(self, now: dt.datetime | None = None) -> float:
+        """Seconds since the last renewal (by this machine's clock)."""
+        renewed = dt.datetime.fromisoformat(self.renewed.replace("Z", "+00:00"))
+        return ((now or utc_now()) - renewed).total_seconds()
+
+
+class LeaseHeld(MarinError):
+    """wait=False (or the deadline passed) and a live holder exists."""
+
+    def __init__(self, location: str, holder: LeaseHolder, detail: str = ""):
+        self.holder = holder
+        super().__init__(
+            f"{location}: being built by {holder.describe()} (lease renewed {holder.age_s():.0f} s ago){detail}; "
+            "wait for it to finish, or run again later"
+        )
+
+
+class LeaseLost(MarinError):
+    """The lease was taken over or deleted while its holder was building."""
+
+
+def _encode(holder: LeaseHolder) -> bytes:
+    return (json.dumps(asdict(holder), sort_keys=True) + "\n").encode("utf-8")
+
+
+def _decode(data: bytes | None) -> LeaseHolder | None:
+    """The holder in a lease file's bytes; None when there is none or it is unreadable."""
+    if data is None:
+        return None
+    try:
+        fields = json.loads(data)
+        holder = LeaseHolder(**{k: fields[k] for k in LeaseHolder.__dataclass_fields__})
+        holder.age_s()
+        return holder
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+class Lease:
+    """A held lease; renew it with `start_heartbeat`, check it with `still_held`."""
+
+    def __init__(self, location: str, holder: LeaseHolder, store: LeaseStore, version: Any,
+                 heartbeat_s: float, stale_s: float):  # fmt: skip
+        self.location = location
+        self.holder = holder
+        self._store = store
+        self._version = version  # what we last wrote: bytes locally, a generation on gs://
+        self._heartbeat_s = heartbeat_s
+        self._stale_s = stale_s
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.lost: str | None = None
+
+    def renew(self) -> bool:
+        """Write a fresh `renewed` if the lease is still ours; False when it is not."""
+        with self._lock:
+            if self.lost:
+                return False
+            holder = replace(self.holder, renewed=iso(utc_now()))
+            version = self._store.replace(_encode(holder), self._version)
+            if version is None:
+                return False
+            self.holder, self._version = holder, version
+            return True
+
+    def start_heartbeat(self, on_lost: Callable[[str], None]) -> None:
+        """Renew every heartbeat_s in a daemon thread; when the lease is gone or another
+        holder's, call on_lost(reason) once and stop renewing. Errors (network) are
+        retried on the next beat until the lease would be stale, then it counts as lost."""
+
+        def beat() -> None:
+            last_ok = time.monotonic()
+            while not self._stop.wait(self._heartbeat_s):
+                try:
+                    if self.renew():
+                        last_ok = time.monotonic()
+                        continue
+                    now = _decode(self._store.read()[0])
+                    reason = "deleted" if now is None else f"taken over by {now.describe()}"
+                except Exception as e:  # noqa: BLE001 - a failed renewal is retried, then lost
+                    if time.monotonic() - last_ok < self._stale_s:
+                        continue
+                    reason = f"not renewed for {self._stale_s:.0f} s ({type(e).__name__}: {e})"
+                if self._stop.is_set():
+                    return
+                self.lost = f"{self.location}: lease lost: {reason}"
+                on_lost(self.lost)
+                return
+
+        self._thread = threading.Thread(target=beat, name=f"lease-heartbeat {self.location}", daemon=True)
+        self._thread.start()
+
+    def still_held(self) -> bool:
+        """Re-read the lease now: True iff it is ours and not stale (fencing check)."""
+        if self.lost:
+            return False
+        current = _decode(self._store.read()[0])
+        return current is not None and current.token == self.holder.token and current.age_s() < self._stale_s
+
+    def release(self) -> None:
+        """Stop renewing and delete the lease if it is still ours; idempotent."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(10.0, self._heartbeat_s))
+        with self._lock:
+            if not self.lost:
+                self._store.delete(self._version)
+            self.lost = self.lost or "released"
+
+
+def new_holder() -> LeaseHolder:
+    now = iso(utc_now())
+    return LeaseHolder(user(), socket.gethostname(), os.getpid(), now, now, uuid.uuid4().hex)
+
+
+def read_lease(location: str) -> LeaseHolder | None:
+    """The current holder of an artifact's lease, or None."""
+    return _decode(store_for(location, LEASE_FILE).read()[0])
+
+
+def _take(location: str, store: LeaseStore, data: bytes | None, version: Any, tried: LeaseHolder | None,
+          heartbeat_s: float, stale_s: float) -> tuple[Lease | None, LeaseHolder | None]:  # fmt: skip
+    """One try to make the lease ours: create it if absent, else replace the stale or
+    unreadable one we saw. Returns (the Lease or None, the holder tried)."""
+    if tried is not None and _decode(data) == tried:  # an earlier write reported lost (retried) did land
+        return Lease(location, tried, store, version, heartbeat_s, stale_s), tried
+    holder = new_holder()
+    written = store.create(_encode(holder)) if data is None else store.replace(_encode(holder), version)
+    if written is None or _decode(store.read()[0]) != holder:  # read back: see the NOTE on the emulator
+        return None, holder
+    return Lease(location, holder, store, written, heartbeat_s, stale_s), holder
+
+
+def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
+            on_wait: Callable[[LeaseHolder], None] | None = None, heartbeat_s: float = HEARTBEAT_S,
+            stale_s: float = STALE_S, poll_s: float = POLL_S, deadline_s: float | None = None) -> Lease | None:  # fmt: skip
+    """The lease of `location`, or None when is_done() turned true (serve the finished
+    artifact). A live holder is waited for (on_wait once per distinct holder), or with
+    wait=False reported by LeaseHeld; a stale one (renewed over stale_s ago) is taken over."""
+    store = store_for(location, LEASE_FILE)
+    storage.makedirs(location)
+    give_up = None if deadline_s is None else time.monotonic() + deadline_s
+    seen_tokens: set[str] = set()
+    raced, tried = 0, None
+    while True:
+        data, version = store.read()
+        current = _decode(data)
+        if current is None or current == tried or current.age_s() >= stale_s:
+            lease, tried = _take(location, store, data, version, tried, heartbeat_s, stale_s)
+            if lease is not None:
+                if is_done():  # built by a holder that released just before we took it
+                    lease.release()
+                    return None
+                if lease.renew():  # is_done() may have been slow: start the clock afresh
+                    return lease
+            raced += 1  # someone else moved first: look again (bounded, in case writes keep failing)
+            if raced > 100:
+                raise LeaseLost(f"{location}: could not write the lease after {raced} tries; check the prefix")
+            continue
+        if is_done():
+            return None
+        if not wait:
+            raise LeaseHeld(location, current)
+        if current.token not in seen_tokens:
+            seen_tokens.add(current.token)
+            if on_wait is not None:
+                on_wait(current)
+        pause = poll_s
+        if give_up is not None:
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise LeaseHeld(location, current, f", still after waiting {deadline_s:g} s")
+            pause = min(pause, left)
+        time.sleep(pause)

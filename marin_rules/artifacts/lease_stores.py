@@ -1,0 +1,154 @@
+"""Conditional writes of one small file, for leases: local folders and gs://.
+
+Model: a `LeaseStore` holds one file and offers compare-and-set on it. `read()` gives
+(bytes or None, version); `create` succeeds only if the file is absent; `replace` and
+`delete` only if the file is still at the version the caller saw. They return the new
+version, or None (False for delete) when someone else moved first. The version is the
+file's bytes locally and the object generation on gs://. See lease.py for why each
+operation is race-free.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import uuid
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Any, Iterator, Protocol
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import MarinError
+
+
+class LeaseStore(Protocol):
+    def read(self) -> tuple[bytes | None, Any]: ...
+    def create(self, data: bytes) -> Any | None: ...
+    def replace(self, data: bytes, expected: Any) -> Any | None: ...
+    def delete(self, expected: Any) -> bool: ...
+
+
+class LocalStore:
+    """A file in a local folder: create by os.link (atomic, fails if present); replace and
+    delete under an exclusive flock of `<file>.lock`, checking the bytes first."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def read(self) -> tuple[bytes | None, Any]:
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None, None
+        return data, data
+
+    def _staged(self, data: bytes) -> str:
+        tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
+
+    def create(self, data: bytes) -> Any | None:
+        tmp = self._staged(data)
+        try:
+            os.link(tmp, self.path)
+        except FileExistsError:
+            return None
+        finally:
+            os.unlink(tmp)
+        return data
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = os.open(self.path + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
+
+    def replace(self, data: bytes, expected: Any) -> Any | None:
+        with self._locked():
+            if self.read()[0] != expected or expected is None:
+                return None
+            os.replace(self._staged(data), self.path)
+            return data
+
+    def delete(self, expected: Any) -> bool:
+        with self._locked():
+            if self.read()[0] != expected or expected is None:
+                return False
+            os.unlink(self.path)
+            return True
+
+
+class GcsStore:
+    """An object in a GCS bucket, every write conditional on the generation last seen."""
+
+    def __init__(self, url: str):
+        bucket, _, self.name = url[len("gs://") :].partition("/")
+        self.bucket = _client().bucket(bucket)
+
+    def read(self) -> tuple[bytes | None, Any]:
+        from google.api_core import exceptions
+
+        for _ in range(5):  # the object may change between metadata and content
+            blob = self.bucket.get_blob(self.name, timeout=30)
+            if blob is None:
+                return None, None
+            generation = blob.generation  # (a download may reset the blob's properties)
+            try:
+                return blob.download_as_bytes(if_generation_match=generation, timeout=30), generation
+            except (exceptions.NotFound, exceptions.PreconditionFailed):
+                continue
+        raise MarinError(f"gs://{self.bucket.name}/{self.name}: kept changing while being read; try again")
+
+    def _upload(self, data: bytes, generation: int) -> Any | None:
+        from google.api_core import exceptions
+
+        blob = self.bucket.blob(self.name)
+        try:
+            blob.upload_from_string(data, content_type="application/json", if_generation_match=generation, timeout=30)
+        except exceptions.PreconditionFailed:
+            return None
+        return blob.generation
+
+    def create(self, data: bytes) -> Any | None:
+        return self._upload(data, 0)
+
+    def replace(self, data: bytes, expected: Any) -> Any | None:
+        return None if expected is None else self._upload(data, expected)
+
+    def delete(self, expected: Any) -> bool:
+        from google.api_core import exceptions
+
+        if expected is None:
+            return False
+        try:
+            self.bucket.blob(self.name).delete(if_generation_match=expected, timeout=30)
+        except (exceptions.NotFound, exceptions.PreconditionFailed):
+            return False
+        return True
+
+
+@lru_cache(maxsize=None)
+def _client():
+    """One google-cloud-storage client per process (application default credentials,
+    or anonymous against STORAGE_EMULATOR_HOST)."""
+    from google.cloud import storage as gcs
+
+    return gcs.Client()
+
+
+def store_for(location: str, file_name: str) -> LeaseStore:
+    """The store for `{location}/{file_name}`: local folders and gs:// only."""
+    target = storage.join(location, file_name)
+    if target.startswith("gs://"):
+        return GcsStore(target)
+    if storage.is_remote(target):
+        scheme = target.split("://", 1)[0]
+        raise MarinError(f"{location}: leases need a local folder or a gs:// prefix; {scheme}:// has no conditional writes here")
+    return LocalStore(storage.local_path(target))

@@ -1,0 +1,80 @@
+"""Two builds side by side: what recipe fields differ, and how their results moved.
+
+Model: `A` and `B` are success records (any two artifacts, usually two versions of
+one name). The recipe part is the drift warning's field diff (`recipe_diff` of the
+two fingerprint payloads, lines `field: a -> b`, `field (added)`, `field (removed)`).
+The result part flattens both `result` mappings to dotted keys (`final_val_loss`,
+`marin_shakespeare_cloze.acc`) and shows A, B and, for two numbers, B - A; with
+`only_changed` the rows where A equals B are left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from marin_rules.artifacts.drift import recipe_diff
+from marin_rules.inspect.status import recorded_payload
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    key: str
+    a: Any
+    b: Any
+
+    @property
+    def delta(self) -> float | None:
+        if _number(self.a) and _number(self.b):
+            return self.b - self.a
+        return None
+
+    @property
+    def changed(self) -> bool:
+        return self.a != self.b or type(self.a) is not type(self.b)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings -> {dotted key: leaf}; lists and scalars are leaves."""
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k in sorted(value):
+            out.update(flatten(value[k], f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix or "(result)": value}
+
+
+def result_rows(a: Mapping[str, Any], b: Mapping[str, Any], only_changed: bool = False) -> list[ResultRow]:
+    fa, fb = flatten(a.get("result") or {}), flatten(b.get("result") or {})
+    rows = [ResultRow(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb))]
+    return [r for r in rows if r.changed or not only_changed]
+
+
+def _show(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def format_diff(key_a: str, a: Mapping[str, Any], key_b: str, b: Mapping[str, Any], only_changed: bool) -> str:
+    recipe = recipe_diff(recorded_payload(a), recorded_payload(b))
+    lines = [f"recipe: {key_a} -> {key_b}: " + (f"{len(recipe)} field(s) differ" if recipe else "same recipe")]
+    lines += [f"  {line}" for line in recipe]
+    rows = result_rows(a, b, only_changed)
+    table = [("RESULT", key_a, key_b, "DELTA (B - A)")]
+    for r in rows:
+        delta = r.delta
+        table.append((r.key, _show(r.a), _show(r.b), "" if delta is None else f"{delta:+.6g}"))
+    if len(table) == 1:
+        lines.append("results: " + ("no result differs" if only_changed else "no results recorded"))
+        return "\n".join(lines)
+    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    for row in table:
+        lines.append("  ".join([*(v.ljust(w) for v, w in zip(row[:3], widths)), row[3]]).rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,235 @@
+"""A priced plan: what each training job that would run costs, before it runs.
+
+Model: a `train` artifact's recipe fixes its model (`ModelConfig`) and its tokens,
+num_train_steps * batch_size * seq_len. FLOPs = tokens * `flops_per_token` (nanoGPT's
+count, `marin_rules/model/flops.py`: 6 per active matmul parameter plus attention).
+Time on an accelerator = FLOPs / (chips * peak bf16 FLOP/s per chip * MFU), for the
+accelerator the artifact's `runtime` names (`tpu: v5p-8`, or `accelerator: h100-8`),
+at a stated MFU (default 40%). TPU v2-v5p names count TensorCores (two per chip);
+v5e (`v5litepod-N`) and v6e names count chips. Time on this CPU = FLOPs / the
+FLOP/s past train records on the prefix achieved (tokens_per_s * flops_per_token,
+the median, preferring records built on this host) + their median overhead beyond
+the timed steps (compile, evaluation, checkpoints); unknown without such records.
+The vocabulary comes from the model config, else the tokenizer upstream's
+`vocab_size`. Reads records; runs nothing.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.identity import ArtifactId, artifact_location
+from marin_rules.experiment import Artifact, Experiment
+from marin_rules.inspect import reading
+from marin_rules.model.flops import active_params, flops_per_token, total_params
+
+DEFAULT_MFU = 0.4
+# Peak dense bf16 FLOP/s per chip, and how many units of the name's count make a chip.
+PEAK_FLOPS: dict[str, tuple[float, int]] = {
+    "v2": (45e12, 2), "v3": (123e12, 2), "v4": (275e12, 2), "v5p": (459e12, 2),
+    "v5e": (197e12, 1), "v5litepod": (197e12, 1), "v6e": (918e12, 1),
+    "a100": (312e12, 1), "h100": (989e12, 1), "h200": (989e12, 1), "b200": (2250e12, 1),
+    "l4": (121e12, 1), "a10g": (70e12, 1), "v100": (125e12, 1),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str  # as the runtime gave it, e.g. "v5p-8"
+    chips: int
+    peak_per_chip: float
+
+    @property
+    def peak(self) -> float:
+        return self.chips * self.peak_per_chip
+
+
+def parse_accelerator(text: Any) -> Accelerator | None:
+    """`v5p-8` -> 4 chips of v5p; `h100-8` -> 8 H100s; `h100` -> one. None when unknown."""
+    if not isinstance(text, str) or not text:
+        return None
+    kind, _, count = text.strip().lower().rpartition("-")
+    if not kind or not count.isdigit():
+        kind, count = text.strip().lower(), "1"
+    if kind not in PEAK_FLOPS or int(count) < 1:
+        return None
+    peak, per_chip = PEAK_FLOPS[kind]
+    return Accelerator(text, max(1, int(count) // per_chip), peak)
+
+
+@dataclass(frozen=True)
+class CpuSpeed:
+    flops_per_s: float  # achieved training FLOP/s (median of past runs)
+    overhead_s: float  # median time beyond the timed steps
+    runs: int
+    this_host: bool
+
+
+@dataclass(frozen=True)
+class JobPrice:
+    key: str
+    total_params: int
+    active_params: int
+    tokens: int
+    flops: float
+    accelerator: Accelerator | None
+    accelerator_s: float | None
+    cpu_s: float | None
+    note: str = ""
+
+
+def _vocab_size(experiment: Experiment, artifact: Artifact) -> int | None:
+    """The tokenizer's vocabulary behind a train artifact's data (first member of a mixture)."""
+    data = artifact.deps.get("data")
+    first = data if isinstance(data, str) else next(iter(data or {}), None)
+    tokenized = experiment.artifacts.get(first) if first else None
+    tokenizer_key = tokenized.deps.get("tokenizer") if tokenized else None
+    tokenizer = experiment.artifacts.get(tokenizer_key) if isinstance(tokenizer_key, str) else None
+    size = (tokenizer.config if tokenizer else {}).get("vocab_size")
+    return size if isinstance(size, int) else None
+
+
+def price_job(
+    experiment: Experiment, key: str, mfu: float = DEFAULT_MFU, cpu: CpuSpeed | None = None
+) -> JobPrice:
+    from marin_rules.train.config import parse_train_config  # pure Python, no JAX
+
+    artifact = experiment[key]
+    vocab = _vocab_size(experiment, artifact)
+    note = "" if vocab or "vocab_size" in artifact.config.get("model", {}) else "vocabulary assumed 4096"
+    train = parse_train_config(artifact.config, vocab_size=vocab)
+    model = train.model
+    tokens = train.num_train_steps * train.batch_size * train.seq_len
+    flops = float(tokens * flops_per_token(model, train.seq_len))
+    named = artifact.runtime.get("accelerator") or artifact.runtime.get("tpu")
+    accelerator = parse_accelerator(named)
+    accelerator_s = flops / (accelerator.peak * mfu) if accelerator else None
+    if named and accelerator is None:
+        note = ", ".join(filter(None, [note, f"no peak FLOP/s known for {named!r} (known: {', '.join(PEAK_FLOPS)})"]))
+    cpu_s = flops / cpu.flops_per_s + cpu.overhead_s if cpu else None
+    params = total_params(model), active_params(model)
+    return JobPrice(key, *params, tokens, flops, accelerator, accelerator_s, cpu_s, note)
+
+
+def cpu_speed(records: Iterable[Mapping[str, Any]], host: str | None = None) -> CpuSpeed | None:
+    """Achieved FLOP/s and overhead of past train records (those built on `host` when
+    there are any), or None when no record measured its speed."""
+    host = host or socket.gethostname()
+    measured = []
+    for record in records:
+        result = record.get("result") or {}
+        tps, fpt = result.get("tokens_per_s"), result.get("flops_per_token")
+        if not (isinstance(tps, (int, float)) and isinstance(fpt, (int, float)) and tps > 0 and fpt > 0):
+            continue
+        if "distributed" in (record.get("runtime") or {}) or (result.get("processes") or 1) > 1:
+            continue  # a pod's speed is not this CPU's
+        duration = (record.get("provenance") or {}).get("duration_s")
+        tokens = result.get("tokens_seen") or 0
+        overhead = max(0.0, duration - tokens / tps) if isinstance(duration, (int, float)) else 0.0
+        measured.append(((record.get("provenance") or {}).get("host") == host, tps * fpt, overhead))
+    local = [m for m in measured if m[0]]
+    chosen = local or measured
+    if not chosen:
+        return None
+    return CpuSpeed(
+        statistics.median(m[1] for m in chosen), statistics.median(m[2] for m in chosen), len(chosen), bool(local)
+    )
+
+
+def past_train_records(experiment: Experiment, prefix: str) -> list[dict]:
+    """Success records of every version on the prefix of the experiment's train names."""
+    out = []
+    names = sorted({a.id.name for a in experiment.artifacts.values() if a.step == "train"})
+    for name in names:
+        for version in reading.versions_on_prefix(prefix, name):
+            try:
+                found = ArtifactId(name, version)
+                record = reading.record_dict(artifact_location(prefix, found), found)
+            except MarinError:
+                continue
+            if record is not None and record.get("step") == "train":
+                out.append(record)
+    return out
+
+
+def jobs_to_run(experiment: Experiment, prefix: str) -> list[str]:
+    """Train artifacts without a usable success record (missing, failed, corrupt)."""
+    keys = []
+    for key in experiment.keys_of_step("train"):
+        try:
+            record = reading.record_dict(artifact_location(prefix, experiment[key].id), experiment[key].id)
+        except MarinError:
+            record = None
+        if record is None:
+            keys.append(key)
+    return keys
+
+
+def human(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    hours = f"{seconds / 3600:.3g} h"
+    if seconds < 90:
+        return f"{hours} ({seconds:.3g} s)"
+    if seconds < 5400:
+        return f"{hours} ({seconds / 60:.1f} min)"
+    if seconds < 48 * 3600:
+        return hours
+    return f"{hours} ({seconds / 86400:.1f} days)"
+
+
+def count(n: float) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def plan_lines(
+    experiment: Experiment, prefix: str, keys: Iterable[str] | None = None, mfu: float = DEFAULT_MFU
+) -> list[str]:
+    """The priced plan as lines (for `marin plan`, and for stderr during `snakemake -n`).
+    `keys`: the train artifacts that would run (default: those with no success record)."""
+    keys = [k for k in (jobs_to_run(experiment, prefix) if keys is None else keys) if experiment[k].step == "train"]
+    if not keys:
+        return ["plan: no training job to run"]
+    cpu = cpu_speed(past_train_records(experiment, prefix))
+    prices = [price_job(experiment, k, mfu, cpu) for k in keys]
+    if cpu:
+        where = "records built on this host" if cpu.this_host else "records built on other hosts"
+        cpu_text = (
+            f"this CPU at the {cpu.flops_per_s / 1e9:.1f} GFLOP/s measured by {cpu.runs} past run(s) "
+            f"({where}) plus {cpu.overhead_s:.0f} s overhead each"
+        )
+    else:
+        cpu_text = "this CPU: unknown until a training run on this prefix has measured its speed"
+    lines = [
+        f"plan: {len(prices)} training job(s); FLOPs as model/flops.py counts them (6 x active matmul "
+        f"params x tokens + attention); accelerators at {mfu:.0%} MFU of peak bf16; {cpu_text}"
+    ]
+    for p in prices:
+        acc = "no accelerator named in runtime"
+        if p.accelerator:
+            acc = f"{p.accelerator.name} ({p.accelerator.chips} chip(s)): {human(p.accelerator_s)}"
+        lines.append(
+            f"  {p.key}: params {count(p.total_params)} total, {count(p.active_params)} active; "
+            f"tokens {count(p.tokens)}; FLOPs {p.flops:.3g}; {acc}; this CPU: {human(p.cpu_s)}"
+            + (f" ({p.note})" if p.note else "")
+        )
+    flops = sum(p.flops for p in prices)
+    tokens = sum(p.tokens for p in prices)
+    acc_total = _sum_or_none([p.accelerator_s for p in prices])
+    cpu_total = _sum_or_none([p.cpu_s for p in prices])
+    lines.append(
+        f"  total: {len(prices)} job(s), tokens {count(tokens)}, FLOPs {flops:.3g}, accelerators "
+        f"{human(acc_total)} one after another, this CPU {human(cpu_total)}"
+    )
+    return lines
+
+
+def _sum_or_none(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)

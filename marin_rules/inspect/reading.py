@@ -1,0 +1,126 @@
+"""Reading what a prefix holds, for the `marin` inspection commands.
+
+Model: an artifact `name@version` lives at `{prefix}/{name}/{version}`; its success
+record, failure records and forced-rebuild history are read through the records
+module and handed on as plain JSON dicts (`record_dict`, `Record.to_json()`), as
+failure records (`read_failures`) and history records are. A corrupt record raises the records module's
+one-line `MarinError` (`CorruptRecord`). `versions_on_prefix` lists every version of
+a name found on the prefix (a folder holding a record, failures or history), and
+`resolve_key` turns what a user typed into a key, or one line with the nearest
+known key ("did you mean checkpoints/nano-moe@v1?").
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import posixpath
+from typing import Any, Iterable
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import ConfigError, MarinError
+from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, VERSION, ArtifactId, parse_key
+from marin_rules.artifacts.files import HISTORY_DIR
+from marin_rules.artifacts.records import read_record
+
+FORCED_MARKER = ".forced-record"  # the exec glue's marker of a forced build (workflow/forcing.py)
+
+
+def record_dict(location: str, expected: ArtifactId | None = None) -> dict[str, Any] | None:
+    """The success record at an artifact location as a dict; None when never built.
+    Raises CorruptRecord (one line naming the file and the fix) when it is corrupt."""
+    record = read_record(location, expected)
+    return None if record is None else record.to_json()
+
+
+def history_files(location: str) -> list[str]:
+    """Locations of earlier success records kept by forced rebuilds: `.history/<x>.json`,
+    `.history/<time>/.artifact.json`, or the record a forced build saved before its job
+    moved the old build away (`.history/.forced-record`, holding `null` when none)."""
+    root = storage.join(location, HISTORY_DIR)
+    try:
+        found = list(storage.walk_files(root))
+    except FileNotFoundError:
+        return []
+    base = _relative_base(root)
+    out = []
+    for path in found:
+        rel = path[len(base) :].lstrip("/") if path.startswith(base) else posixpath.basename(path)
+        parts = rel.split("/")
+        kept_record = len(parts) == 1 and parts[0].endswith((".json", FORCED_MARKER))
+        if kept_record or (len(parts) == 2 and parts[1] == RECORD_FILE):
+            out.append(path)
+    return sorted(out)
+
+
+def history_failure_files(location: str) -> list[str]:
+    """Failure records moved under `.history/<time>/.failures/` by a forced rebuild."""
+    root = storage.join(location, HISTORY_DIR)
+    try:
+        found = list(storage.walk_files(root))
+    except FileNotFoundError:
+        return []
+    base = _relative_base(root)
+    return sorted(
+        p for p in found if p.startswith(base) and p[len(base) :].lstrip("/").split("/")[1:2] == [FAILURES_DIR]
+    )
+
+
+def _relative_base(root: str) -> str:
+    """`root` in the spelling `walk_files` returns (local paths are not normalised there)."""
+    if storage.is_remote(root):
+        return root.rstrip("/")
+    return storage.filesystem(root)[1].rstrip("/")
+
+
+def read_json_file(location: str) -> dict[str, Any] | None:
+    """A JSON object from a file, or None when unreadable (history is best effort)."""
+    try:
+        data = storage.read_json(location)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def versions_on_prefix(prefix: str, name: str) -> list[str]:
+    """Every version of `name` found on the prefix: a folder holding a record, failure
+    records or history. Sorted."""
+    root = f"{prefix.rstrip('/')}/{name}"
+    fs, path = storage.filesystem(root)
+    try:
+        entries = fs.ls(path, detail=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = []
+    for entry in entries:
+        if entry.get("type") != "directory":
+            continue
+        version = posixpath.basename(entry["name"].rstrip("/"))
+        if not VERSION.match(version):
+            continue
+        folder = entry["name"].rstrip("/")
+        if any(fs.exists(f"{folder}/{marker}") for marker in (RECORD_FILE, FAILURES_DIR, HISTORY_DIR)):
+            found.append(version)
+    return sorted(found)
+
+
+def suggestion(text: str, keys: Iterable[str]) -> str:
+    """" (did you mean KEY?)" for the nearest key (every version of a name typed without
+    `@`, up to three), or ""."""
+    keys = list(keys)
+    same_name = [k for k in keys if k.rpartition("@")[0] == text] if "@" not in text else []
+    close = same_name[:3] or difflib.get_close_matches(text, keys, n=1, cutoff=0.5)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+def resolve_key(text: str, known: Iterable[str]) -> ArtifactId:
+    """Parse `name@version` as typed; one line with the nearest known key otherwise."""
+    try:
+        return parse_key(text)
+    except ConfigError as e:
+        hint = suggestion(text, known)
+        raise MarinError(f"{text}: expected name@version{hint}" if hint else f"{text}: {e.message}") from None
+
+
+def dumps(data: Any) -> str:
+    return json.dumps(data, indent=2, sort_keys=True)

@@ -1,0 +1,232 @@
+"""Each artifact's state and the reason for it, with its headline result.
+
+Model: the state of `name@version` on a prefix follows from its success record, its
+failure records, its lease and, for an artifact of the experiment, the current
+recipe and its upstreams' records:
+
+  missing          no record, no failure ("never built")
+  building         a lease names who builds it now (or a stale one, to be taken over)
+  failed           no record and the last attempt failed (its error's first line)
+  (missing, building and failed add "the previous build is kept in .history/" while
+  a forced rebuild has not succeeded)
+  built            the record matches the recipe ("; last retry failed: ..." when a
+                   newer failure exists)
+  drifted          the record was built from another recipe (how many fields differ)
+  upstream rebuilt an upstream's record differs from the one this was built on
+  corrupt          the record cannot be read (the records module's one line)
+
+A version found on the prefix that the experiment does not name (`--all`) gets
+`built`/`failed`/`corrupt` from its files alone. Headline columns: the final
+validation loss of a train result and the main score of an evaluate result (the
+first of SCORE_METRICS, in that order, that any task reports: accuracy before bits
+per byte).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from marin_rules.artifacts.drift import recipe_diff
+from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.identity import ArtifactId, artifact_location
+from marin_rules.artifacts.lease import STALE_S, read_lease
+from marin_rules.experiment import Artifact, Experiment
+from marin_rules.artifacts.records import read_failures
+from marin_rules.inspect import reading
+
+VAL_LOSS_KEYS = ("final_val_loss", "val_loss")
+SCORE_METRICS = ("acc", "acc_norm", "exact_match", "f1", "bits_per_byte", "byte_perplexity", "word_perplexity")
+
+
+@dataclass(frozen=True)
+class Status:
+    key: str
+    step: str
+    state: str
+    reason: str
+    fingerprint: str  # the recorded one ("-" when none)
+    built: str  # "YYYY-MM-DD HH:MM:SS" UTC, or "-"
+    took: str
+    val_loss: float | None = None
+    score: str = ""  # "task metric value", e.g. "marin_shakespeare_cloze acc 0.310"
+    in_experiment: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def first_line(text: Any) -> str:
+    lines = str(text or "").strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def recorded_payload(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A record's fingerprint payload (step, config, deps by name@version), for diffs."""
+    deps: dict[str, Any] = {}
+    for role, dep in (record.get("deps") or {}).items():
+        if isinstance(dep, list):
+            deps[role] = {f"{d['name']}@{d['version']}": d.get("weight") for d in dep}
+        elif isinstance(dep, dict):
+            deps[role] = f"{dep['name']}@{dep['version']}"
+    return {"step": record.get("step"), "config": record.get("config") or {}, "deps": deps}
+
+
+def recorded_upstreams(record: Mapping[str, Any]) -> dict[str, dict]:
+    """upstream key -> the entry the record keeps for it (fingerprint, built)."""
+    out = {}
+    for dep in (record.get("deps") or {}).values():
+        for d in dep if isinstance(dep, list) else [dep]:
+            if isinstance(d, dict) and "name" in d:
+                out[f"{d['name']}@{d.get('version')}"] = d
+    return out
+
+
+def headline(record: Mapping[str, Any] | None) -> tuple[float | None, str]:
+    """(final validation loss, main score) of a record's result."""
+    result = (record or {}).get("result")
+    if not isinstance(result, Mapping):
+        return None, ""
+    val = next((result[k] for k in VAL_LOSS_KEYS if isinstance(result.get(k), (int, float))), None)
+    tasks = [t for t in sorted(result) if isinstance(result[t], Mapping)]
+    for metric in SCORE_METRICS:  # the first metric in this order that any task reports
+        for task in tasks:
+            value = result[task].get(metric)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return val, f"{task} {metric} {value:.3f}"
+    return val, ""
+
+
+def _lease_holder(location: str) -> str | None:
+    try:
+        holder = read_lease(location)
+    except (MarinError, OSError, ValueError):
+        return None
+    if holder is None:
+        return None
+    if holder.age_s() > STALE_S:
+        return f"{holder.describe()} (stale: not renewed for {holder.age_s():.0f} s, the next run takes it over)"
+    return holder.describe()
+
+
+def _times(record: Mapping[str, Any]) -> tuple[str, str]:
+    provenance = record.get("provenance") or {}
+    built = str(provenance.get("ended") or "-").replace("T", " ")[:19]
+    took = provenance.get("duration_s")
+    return built, "-" if not isinstance(took, (int, float)) else f"{took:.1f}s"
+
+
+def _failure_line(failure: Mapping[str, Any]) -> str:
+    error = failure.get("error") or {}
+    when = str((failure.get("provenance") or {}).get("ended", "?")).replace("T", " ")[:19]
+    return f"{when}: {error.get('type', 'Error')}: {first_line(error.get('message'))}"
+
+
+def location_status(
+    key: str, location: str, step: str = "?", artifact: Artifact | None = None,
+    upstream_records: Mapping[str, dict | None] | None = None, expected: ArtifactId | None = None,
+) -> tuple[Status, dict | None]:  # fmt: skip
+    """The state of one artifact location, and its record (None when missing or corrupt).
+    With `artifact` (the experiment's entry) drift is judged; with `upstream_records`
+    (upstream key -> its current record) rebuilt upstreams are reported."""
+    fingerprint = "-"
+    try:
+        record = reading.record_dict(location, expected)
+    except MarinError as e:
+        return Status(key, step, "corrupt", str(e), "-", "-", "-", in_experiment=artifact is not None), None
+    fails = read_failures(location)
+    last_failure = fails[-1] if fails else None
+    holder = _lease_holder(location)
+    if record is None:
+        if holder:
+            state, reason = "building", f"lease held by {holder}"
+        elif last_failure is not None:
+            state, reason = "failed", f"last attempt failed at {_failure_line(last_failure)}"
+        else:
+            state, reason = "missing", "never built"
+        if reading.history_files(location):  # a forced rebuild that has not (or not yet) succeeded
+            reason = "forced rebuild not finished" if state == "missing" else reason
+            reason += "; the previous build is kept in .history/"
+        return Status(key, step, state, reason, fingerprint, "-", "-", in_experiment=artifact is not None), None
+    step = str(record.get("step") or step)
+    fingerprint = str(record.get("fingerprint"))
+    built, took = _times(record)
+    state, reason = "built", "matches the recipe" if artifact is not None else "not in this experiment"
+    if artifact is not None and record.get("fingerprint") != artifact.fingerprint:
+        lines = recipe_diff(recorded_payload(record), artifact.payload())
+        n = len(lines)
+        state = "drifted"
+        reason = (
+            f"{n} field{'s differ' if n != 1 else ' differs'} from the recipe ({lines[0] if lines else 'fingerprint'}"
+            f"{', ...' if n > 1 else ''}); served as built, bump the version to build the new recipe"
+        )
+    elif artifact is not None and upstream_records:
+        rebuilt = _rebuilt_upstreams(record, upstream_records)
+        if rebuilt:
+            state, reason = "upstream rebuilt", f"{rebuilt[0]}{' (and more)' if len(rebuilt) > 1 else ''}"
+    if last_failure is not None:
+        failed_at = str((last_failure.get("provenance") or {}).get("ended", ""))
+        if failed_at > str((record.get("provenance") or {}).get("ended", "")):
+            reason += f"; last retry failed at {_failure_line(last_failure)}"
+    if holder:
+        reason += f"; being rebuilt, lease held by {holder}"
+    val, score = headline(record)
+    status = Status(key, step, state, reason, fingerprint, built, took, val, score, artifact is not None)
+    return status, record
+
+
+def _rebuilt_upstreams(record: Mapping[str, Any], upstream_records: Mapping[str, dict | None]) -> list[str]:
+    seen = recorded_upstreams(record)
+    out = []
+    for upstream, now in upstream_records.items():
+        then = seen.get(upstream, {})
+        now = now or {}
+        now_built = (now.get("provenance") or {}).get("ended")
+        if then.get("fingerprint") and now.get("fingerprint") and then["fingerprint"] != now["fingerprint"]:
+            out.append(f"{upstream} rebuilt from another recipe since this was built")
+        elif then.get("built") and now_built and then["built"] != now_built:
+            out.append(f"{upstream} rebuilt since this was built ({then['built']} then, {now_built} now)")
+    return out
+
+
+def experiment_status(experiment: Experiment, prefix: str, every_version: bool = False) -> list[Status]:
+    """Status of every artifact of the experiment, in dependency order; with
+    `every_version`, also every other version of the same names found on the prefix."""
+    rows: list[Status] = []
+    records: dict[str, dict | None] = {}
+    for key, artifact in experiment.artifacts.items():
+        location = artifact_location(prefix, artifact.id)
+        upstreams = {u: records.get(u) for u in artifact.upstream_keys()}
+        status, record = location_status(key, location, artifact.step, artifact, upstreams, artifact.id)
+        records[key] = record
+        rows.append(status)
+    if every_version:
+        named = {a.id.name for a in experiment.artifacts.values()}
+        for name in sorted(named):
+            for version in reading.versions_on_prefix(prefix, name):
+                key = f"{name}@{version}"
+                if key not in experiment.artifacts:
+                    found = ArtifactId(name, version)
+                    rows.append(location_status(key, artifact_location(prefix, found), expected=found)[0])
+    return rows
+
+
+COLUMNS = (
+    ("ARTIFACT", lambda s: s.key),
+    ("STEP", lambda s: s.step),
+    ("STATE", lambda s: s.state),
+    ("VAL LOSS", lambda s: "-" if s.val_loss is None else f"{s.val_loss:.4f}"),
+    ("SCORE", lambda s: s.score or "-"),
+    ("BUILT (UTC)", lambda s: s.built),
+    ("TOOK", lambda s: s.took),
+    ("FINGERPRINT", lambda s: s.fingerprint),
+    ("REASON", lambda s: s.reason),
+)
+
+
+def format_table(rows: list[Status]) -> str:
+    table = [[name for name, _ in COLUMNS]] + [[get(r) for _, get in COLUMNS] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS) - 1)]
+    return "\n".join(
+        "  ".join([*(v.ljust(w) for v, w in zip(row[:-1], widths)), row[-1]]).rstrip() for row in table
+    )

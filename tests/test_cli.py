@@ -1,0 +1,91 @@
+"""The `marin` command as a user types it: verify, show and path, corrupt records as one
+line (never a traceback), and a closed pipe (`marin status | head`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from marin_rules.artifacts.identity import artifact_location
+from marin_rules.cli import main
+from marin_rules.experiment import load_experiment
+from test_inspect_status import build, experiment_file, populate  # noqa: F401 (fixture)
+
+MARIN = os.path.join(os.path.dirname(sys.executable), "marin")
+
+
+def test_verify_names_missing_and_truncated_files_and_how_to_rebuild(experiment_file, tmp_path, capsys):  # noqa: F811
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    key = "tokenized/s@v1"
+    location = artifact_location(prefix, experiment[key].id)
+    os.makedirs(f"{location}/tokens")
+    with open(f"{location}/tokens/train.bin", "wb") as f:
+        f.write(b"x" * 4000)
+    build(prefix, experiment, key)
+    args = ["--configfile", experiment_file, "--prefix", prefix]
+    assert main(["verify", key, *args]) == 0
+    assert capsys.readouterr().out == f"{key}: all 2 file(s) present at their recorded sizes\n"
+
+    os.remove(f"{location}/data.bin")
+    with open(f"{location}/tokens/train.bin", "r+b") as f:
+        f.truncate(100)
+    assert main(["verify", key, *args]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [f"{key}: missing data.bin", f"{key}: truncated tokens/train.bin: 100 of 4000 bytes"]
+    assert captured.err == f"{key}: 2 problem(s); rebuild it with: snakemake -f {location}/.artifact.json\n"
+
+    assert main(["verify", "evals/nano@v1", *args]) == 1
+    assert "evals/nano@v1: not built" in capsys.readouterr().err
+
+
+def test_show_and_verify_give_the_corrupt_record_line_and_fail(experiment_file, tmp_path, capsys):  # noqa: F811
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    populate(prefix, experiment)
+    record = artifact_location(prefix, experiment["raw/s@v1"].id) + "/.artifact.json"
+    data = json.load(open(record))
+    json.dump({**data, "version": "v2"}, open(record, "w"))  # disagrees with its place
+    args = ["--configfile", experiment_file, "--prefix", prefix]
+    for command in ("show", "verify"):
+        assert main([command, "raw/s@v1", *args]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert err.startswith(f"marin: {record}: ")
+        assert f"snakemake -f {record}" in err
+    assert main(["status", *args]) == 0
+    assert "corrupt" in next(line for line in capsys.readouterr().out.splitlines() if line.startswith("raw/s@v1"))
+
+
+def test_show_prints_the_record_and_the_last_failure(experiment_file, tmp_path, capsys):  # noqa: F811
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    populate(prefix, experiment)
+    assert main(["show", "checkpoints/nano@v1", "--configfile", experiment_file, "--prefix", prefix]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["record"]["result"]["final_val_loss"] == 3.21094
+    assert shown["last_failure"]["error"]["message"].startswith("loss became nan")
+    assert main(["show", "checkpoints/nanoo@v1", "--configfile", experiment_file, "--prefix", prefix]) == 1
+    assert "(did you mean checkpoints/nano@v1?)" in capsys.readouterr().err
+
+
+def test_path_of_a_gcs_prefix_is_the_local_mirror(experiment_file, capsys):  # noqa: F811
+    assert main(["path", "raw/s@v1", "--configfile", experiment_file, "--prefix", "gs://b/p"]) == 0
+    assert capsys.readouterr().out == ".snakemake/marin-mirror/gs/b/p/raw/s/v1/.artifact.json\n"
+
+
+def test_a_closed_pipe_ends_quietly(experiment_file, tmp_path):  # noqa: F811
+    """`marin status | head -1`: the reader is gone before marin writes."""
+    prefix = str(tmp_path / "artifacts")
+    populate(prefix, load_experiment(experiment_file))
+    for command in (["status", "--all"], ["history", "checkpoints/nano@v1"]):
+        proc = subprocess.Popen(
+            [MARIN, *command, "--configfile", experiment_file, "--prefix", prefix],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 0, err
+        assert err == ""

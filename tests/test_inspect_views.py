@@ -1,0 +1,137 @@
+"""`marin diff`, `marin history` and `marin dag` on records written by the records
+module (local prefix; the gs:// read path is the one `marin status` tests use)."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.identity import artifact_location
+from marin_rules.cli import main
+from marin_rules.experiment import load_experiment
+from test_inspect_status import build, experiment_file, fail, populate  # noqa: F401 (fixture)
+
+V2 = """
+  checkpoints/nano@v2:
+    step: train
+    deps: {data: tokenized/s@v1}
+    config:
+      model: {d_model: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, d_ff: 128, n_experts: 8, top_k: 2, d_expert: 32, max_seq_len: 64}
+      optimizer: {name: adamw, learning_rate: 0.001}
+      num_train_steps: 100
+      batch_size: 8
+      seq_len: 64
+"""
+
+
+@pytest.fixture
+def two_versions(experiment_file, tmp_path):  # noqa: F811
+    with open(experiment_file, "a") as f:
+        f.write(V2)
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    build(prefix, experiment, "checkpoints/nano@v1", result={"final_val_loss": 3.5, "steps": 100, "mesh": {"data": 1}})
+    build(prefix, experiment, "checkpoints/nano@v2", result={"final_val_loss": 3.25, "steps": 100, "mesh": {"data": 2}})
+    return experiment_file, prefix
+
+
+def test_diff_shows_recipe_fields_and_result_deltas_side_by_side(two_versions, capsys):
+    experiment_file, prefix = two_versions
+    assert main(["diff", "checkpoints/nano@v1", "checkpoints/nano@v2", "--prefix", prefix]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "recipe: checkpoints/nano@v1 -> checkpoints/nano@v2: 2 field(s) differ"
+    assert out[1:3] == ["  model.n_experts: 4 -> 8", "  optimizer.learning_rate: 0.003 -> 0.001"]
+    rows = {line.split()[0]: line.split()[1:] for line in out[3:]}
+    assert rows["RESULT"] == ["checkpoints/nano@v1", "checkpoints/nano@v2", "DELTA", "(B", "-", "A)"]
+    assert rows["final_val_loss"] == ["3.5", "3.25", "-0.25"]
+    assert rows["mesh.data"] == ["1", "2", "+1"]
+    assert rows["steps"] == ["100", "100", "+0"]
+
+    assert main(["diff", "checkpoints/nano@v1", "checkpoints/nano@v2", "--prefix", prefix, "--only-changed"]) == 0
+    out = capsys.readouterr().out
+    assert "final_val_loss" in out and "steps" not in out
+
+
+def test_diff_and_history_give_one_line_for_a_bad_name(two_versions, capsys):
+    experiment_file, prefix = two_versions
+    assert main(["diff", "checkpoints/nano@v7", "checkpoints/nano@v2", "--prefix", prefix]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"marin: checkpoints/nano@v7: no success record under {prefix} (did you mean checkpoints/nano@v")
+    assert err.count("\n") == 1
+    args = ["--prefix", prefix, "--configfile", experiment_file]
+    assert main(["diff", "checkpoints/nano@v1", "checkpoints/nnao@v1", *args]) == 1
+    assert capsys.readouterr().err.endswith("(did you mean checkpoints/nano@v1?)\n")
+    assert main(["history", "checkpoints/nano", "--prefix", prefix, "--configfile", experiment_file]) == 1
+    assert capsys.readouterr().err == (
+        "marin: checkpoints/nano: expected name@version (did you mean checkpoints/nano@v1 or checkpoints/nano@v2?)\n"
+    )
+    assert main(["history", "checkpoints/nan@v2", "--prefix", prefix]) == 1
+    assert capsys.readouterr().err.startswith("marin: checkpoints/nan@v2: nothing recorded under")
+
+
+def test_history_lists_attempts_and_forced_rebuilds_with_time_host_duration_and_error(experiment_file, tmp_path, capsys):  # noqa: F811
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    key = "checkpoints/nano@v1"
+    location = artifact_location(prefix, experiment[key].id)
+    first = build(prefix, experiment, key, ended="2026-12-01T10:00:00.000Z", duration=61.5, host="tpu-vm-1")
+    storage.write_json_atomic(f"{location}/.history/20261201T100000Z/.artifact.json", first)  # kept by a forced rebuild
+    fail(prefix, experiment, key, "terminated by signal SIGTERM\nmore", "2026-12-02T09:00:00.000Z")
+    build(prefix, experiment, key, ended="2026-12-03T10:00:00.000Z", duration=70.0, host="tpu-vm-2")
+    assert main(["history", key, "--prefix", prefix, "--configfile", experiment_file]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{key}: 3 attempts"
+    assert lines[1].startswith("  2026-12-01 09:00:00  built (replaced by a forced rebuild)")
+    assert "host tpu-vm-1  took 61.5s" in lines[1]
+    assert lines[2].startswith("  2026-12-02 09:00:00  failed") and "host host-b" in lines[2]
+    assert lines[3] == "      error: RuntimeError: terminated by signal SIGTERM"
+    assert lines[4].startswith("  2026-12-03 09:00:00  built (current)") and "host tpu-vm-2  took 70.0s" in lines[4]
+
+    assert main(["history", key, "--prefix", prefix, "--configfile", experiment_file, "--json"]) == 0
+    import json
+
+    events = json.loads(capsys.readouterr().out)
+    assert [e["outcome"] for e in events] == ["built (replaced by a forced rebuild)", "failed", "built (current)"]
+
+
+def test_dag_draws_every_artifact_labelled_and_coloured_by_state(experiment_file, tmp_path, capsys):  # noqa: F811
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    populate(prefix, experiment)
+    out = tmp_path / "dag.svg"
+    assert main(["dag", "--configfile", experiment_file, "--prefix", prefix, "-o", str(out)]) == 0
+    assert capsys.readouterr().out == f"wrote {out} (5 artifacts)\n"
+    svg = ET.parse(out).getroot()
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    nodes = {g.get("data-key"): g for g in svg.iterfind(".//s:g[@class='node']", ns)}
+    assert set(nodes) == set(experiment.artifacts)
+    assert nodes["tokenized/s@v1"].get("data-state") == "drifted"
+    assert nodes["raw/s@v1"].get("data-state") == "built"
+    labels = {g.get("data-key"): g.find("s:text", ns).text for g in nodes.values()}
+    assert labels == {k: k for k in experiment.artifacts}
+    fills = {g.get("data-state"): g.find("s:rect", ns).get("fill") for g in nodes.values()}
+    assert len(set(fills.values())) == len(fills) - 1  # drifted and upstream rebuilt share yellow
+    edges = {(p.get("data-from"), p.get("data-to")) for p in svg.iterfind(".//s:path[@class='edge']", ns)}
+    assert edges == {(u, k) for k, a in experiment.artifacts.items() for u in a.upstream_keys()}
+    assert main(["dag", "--configfile", experiment_file, "--prefix", prefix, "-o", "-"]) == 0
+    assert capsys.readouterr().out == out.read_text()
+    assert main(["dag", "--configfile", experiment_file, "-o", str(tmp_path / "dag.png")]) == 1
+    assert "ending in .svg" in capsys.readouterr().err
+
+
+def test_diff_and_history_read_a_gcs_prefix(experiment_file, gcs_prefix, capsys):  # noqa: F811
+    experiment = load_experiment(experiment_file)
+    key = "checkpoints/nano@v1"
+    first = build(gcs_prefix, experiment, key, result={"final_val_loss": 3.5}, ended="2026-12-01T10:00:00.000Z")
+    storage.write_json_atomic(f"{gcs_prefix}/checkpoints/nano/v1/.history/20261201T100000Z/.artifact.json", first)
+    storage.write_json_atomic(
+        f"{gcs_prefix}/checkpoints/nano/v0/.artifact.json", {**first, "version": "v0", "path": "checkpoints/nano/v0",
+                                                           "result": {"final_val_loss": 4.0}})  # fmt: skip
+    build(gcs_prefix, experiment, key, result={"final_val_loss": 3.0}, ended="2026-12-03T10:00:00.000Z")
+    assert main(["history", key, "--prefix", gcs_prefix, "--configfile", experiment_file]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"{key}: 2 attempts"
+    assert main(["diff", "checkpoints/nano@v0", key, "--prefix", gcs_prefix, "--only-changed"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("same recipe") and out[-1].split() == ["final_val_loss", "4", "3", "-1"]

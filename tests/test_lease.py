@@ -1,0 +1,284 @@
+"""Leases with real processes, on a local prefix and on gs:// (the GCS emulator).
+
+Each worker process runs the protocol a build runs: acquire the lease (None: the
+artifact was finished meanwhile, serve it), start the heartbeat, note its build in a
+shared log, "build" until told to finish (or until on_lost fires), and write the
+done marker only if `still_held()`. Heartbeat 0.2 s and staleness 1 s keep it fast.
+
+The emulator (gcp-storage-emulator) ignores every GCS precondition (it never reads
+`ifGenerationMatch`: `test_the_emulator_alone_ignores_generation_preconditions`).
+For gs:// the workers therefore talk to it through `precondition_proxy`, a small HTTP
+proxy that adds GCS's documented precondition check (412 when the object's current
+generation is not the one given; 0 = must not exist), atomically with the write. It
+stands in for what real GCS does and the emulator cannot.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, quote, unquote, urlparse
+
+import pytest
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.lease import LeaseHeld, acquire, read_lease
+
+WORKER = r'''
+import os, sys, threading, time
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.lease import acquire
+location, log, go = sys.argv[1:4]
+done = location + "/done"
+
+
+def exists(p):
+    fs, path = storage.filesystem(p)
+    fs.invalidate_cache()  # gcsfs caches listings; another process writes these
+    return fs.exists(path)
+
+
+exists(done)  # warm up gcsfs (seconds on a loaded machine) before the race, not inside it
+deadline = time.monotonic() + 30
+while not os.path.exists(go) and time.monotonic() < deadline:
+    time.sleep(0.01)  # start together: wait for the go file (bounded)
+lease = acquire(location, is_done=lambda: exists(done), heartbeat_s=0.2, stale_s=1.0, poll_s=0.05,
+                deadline_s=30, on_wait=lambda h: open(log + ".waits", "a").write(f"{h.describe()}\n"))
+if lease is None:
+    print("served", flush=True)
+    sys.exit(0)
+lost = threading.Event()
+lease.start_heartbeat(lambda reason: (print(f"on_lost: {reason}", flush=True), lost.set()))
+with open(log, "a") as f:
+    f.write(f"{os.getpid()} {time.time()}\n")
+print(f"building as {lease.holder.describe()}", flush=True)
+finish = location + "/finish"
+while not lost.is_set() and not exists(finish) and time.monotonic() < deadline:
+    lost.wait(0.05)  # the step: runs until told to finish, or until the lease is lost
+held = lease.still_held()
+print(f"still_held: {held}", flush=True)
+if not held:
+    sys.exit(3)
+storage.write_bytes_atomic(done, b"built")
+lease.release()
+print("built", flush=True)
+'''
+
+
+class _Precondition(BaseHTTPRequestHandler):
+    """Forward to the emulator one request at a time; enforce ifGenerationMatch
+    atomically with the request it conditions."""
+
+    protocol_version = "HTTP/1.1"
+    upstream: tuple[str, int]
+    lock = threading.Lock()
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def _forward(self, method, body):
+        conn = http.client.HTTPConnection(*self.upstream, timeout=30)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+        conn.request(method, self.path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.getheaders(), resp.read()
+
+    def _generation(self, bucket, name):
+        conn = http.client.HTTPConnection(*self.upstream, timeout=30)
+        conn.request("GET", f"/storage/v1/b/{bucket}/o/{quote(name, safe='')}")
+        resp = conn.getresponse()
+        data = resp.read()
+        return "0" if resp.status == 404 else str(json.loads(data)["generation"])
+
+    def _handle(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+        url = urlparse(self.path)
+        wanted = parse_qs(url.query).get("ifGenerationMatch", [None])[0]
+        with self.lock:  # one request at a time, as the emulator serves them anyway
+            status = None
+            if wanted is not None:
+                m = re.search(r"/b/([^/]+)/o/([^/?]+)", url.path)
+                if m:
+                    bucket, name = m.group(1), unquote(m.group(2))
+                else:  # an upload: the name is in the query or the JSON metadata part
+                    bucket = re.search(r"/b/([^/]+)/o", url.path).group(1)
+                    name = parse_qs(url.query).get("name", [None])[0]
+                    name = name or json.loads(re.search(rb"\{.*?\}", body, re.S).group(0))["name"]
+                if self._generation(bucket, name) != str(wanted):
+                    status, headers = 412, [("Content-Type", "application/json")]
+                    data = json.dumps({"error": {"code": 412, "message": "conditionNotMet"}}).encode()
+            if status is None:
+                status, headers, data = self._forward(self.command, body)
+        self.send_response(status)
+        for k, v in headers:
+            if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):  # a worker that exits mid-reply: fine
+        pass
+
+
+@pytest.fixture(scope="module")
+def precondition_proxy(gcs_env):
+    """Environment for subprocesses: gs:// through the precondition-enforcing proxy."""
+    emulator = urlparse(gcs_env["STORAGE_EMULATOR_HOST"])
+    handler = type("Handler", (_Precondition,), {"upstream": (emulator.hostname, emulator.port)})
+    server = _QuietServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield {**gcs_env, "STORAGE_EMULATOR_HOST": url, "FSSPEC_GCS": json.dumps({"batch_size": 4})}
+    server.shutdown()
+
+
+@pytest.fixture(params=["local", "gs"])
+def place(request, tmp_path):
+    """(artifact location, environment for workers) on a local prefix or on gs://."""
+    if request.param == "local":
+        return str(tmp_path / "prefix" / "tok" / "x" / "v1"), dict(os.environ)
+    env = request.getfixturevalue("precondition_proxy")
+    prefix = request.getfixturevalue("gcs_prefix")
+    return f"{prefix}/tok/x/v1", {**os.environ, **env}
+
+
+def start(location: str, env: dict, tmp_path: Path, go: Path | None = None) -> subprocess.Popen:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    if go is None:
+        go = tmp_path / "go"
+        go.touch()
+    return subprocess.Popen([sys.executable, str(script), location, str(tmp_path / "builds.log"), str(go)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def builds(tmp_path: Path) -> list[str]:
+    log = tmp_path / "builds.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=60)
+    return proc.returncode, out
+
+
+def test_two_processes_contending_build_once_and_the_other_serves_it(place, tmp_path):
+    location, env = place
+    go = tmp_path / "go-later"
+    procs = [start(location, env, tmp_path, go=go) for _ in range(2)]
+    go.touch()  # both race for the lease now
+    wait_for(lambda: len(builds(tmp_path)) == 1, what="one build to start")
+    waits = tmp_path / "builds.log.waits"
+    wait_for(lambda: waits.exists() and waits.read_text().endswith("\n"), what="the other one to wait")
+    storage.write_bytes_atomic(location + "/finish", b"")
+    results = [finish(p) for p in procs]
+    assert [rc for rc, _ in results] == [0, 0], results
+    outs = sorted(out for _, out in results)
+    assert sum("built" in o.splitlines() for o in outs) == 1 and sum("served" in o.splitlines() for o in outs) == 1, outs
+    assert f"pid {builds(tmp_path)[0].split()[0]} " in waits.read_text()  # on_wait named the holder, once
+    assert len(waits.read_text().splitlines()) == 1
+    assert len(builds(tmp_path)) == 1 and read_lease(location) is None
+
+
+def test_a_holder_killed_by_sigkill_is_taken_over_after_staleness(place, tmp_path):
+    location, env = place
+    first = start(location, env, tmp_path)
+    wait_for(lambda: len(builds(tmp_path)) == 1, what="the first build")
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    dead = read_lease(location)
+    assert dead is not None and dead.pid == first.pid
+    second = start(location, env, tmp_path)
+    wait_for(lambda: len(builds(tmp_path)) == 2, what="the takeover")
+    took_over_at = float(builds(tmp_path)[1].split()[1])
+    storage.write_bytes_atomic(location + "/finish", b"")
+    rc, out = finish(second)
+    assert rc == 0 and "built" in out.splitlines(), out
+    # not before the dead lease went stale: 1 s after its last renewal (by the same clock)
+    renewed = dt.datetime.fromisoformat(dead.renewed.replace("Z", "+00:00")).timestamp()
+    assert took_over_at >= renewed + 1.0, (took_over_at, renewed)
+
+
+
+@pytest.mark.parametrize("steal", ["taken over", "deleted"])
+def test_a_holder_whose_lease_is_stolen_learns_it_and_writes_no_result(place, tmp_path, steal):
+    location, env = place
+    proc = start(location, env, tmp_path)
+    wait_for(lambda: len(builds(tmp_path)) == 1, what="the build")
+    lease_file = location + "/.lease.json"
+    if steal == "deleted":
+        storage.filesystem(lease_file)[0].rm_file(lease_file)
+    else:
+        holder = json.loads(storage.read_bytes(lease_file))
+        storage.write_bytes_atomic(lease_file, json.dumps({**holder, "host": "thief", "token": "stolen"}).encode())
+    rc, out = finish(proc)
+    assert rc == 3, out
+    assert f"lease lost: {steal}" in out and "still_held: False" in out, out
+    if steal == "taken over":
+        assert "taken over by" in out and "@thief pid" in out
+    fs, path = storage.filesystem(location + "/done")
+    fs.invalidate_cache()
+    assert not fs.exists(path)
+
+
+def test_without_waiting_a_live_holder_is_reported_by_name(tmp_path):
+    location = str(tmp_path / "a" / "v1")
+    lease = acquire(location, is_done=lambda: False)
+    try:
+        with pytest.raises(LeaseHeld) as e:
+            acquire(location, is_done=lambda: False, wait=False)
+        assert lease.holder.describe() in str(e.value) and "\n" not in str(e.value)
+        with pytest.raises(LeaseHeld, match="still after waiting 0.2 s"):
+            acquire(location, is_done=lambda: False, poll_s=0.05, deadline_s=0.2)
+    finally:
+        lease.release()
+    assert read_lease(location) is None
+    lease.release()  # idempotent
+
+
+def test_a_finished_artifact_is_served_without_taking_the_lease(tmp_path):
+    location = str(tmp_path / "a" / "v1")
+    assert acquire(location, is_done=lambda: True) is None
+    assert read_lease(location) is None
+
+
+def test_leases_refuse_a_scheme_without_conditional_writes():
+    with pytest.raises(MarinError, match="memory:// has no conditional writes"):
+        acquire("memory://bucket/a/v1", is_done=lambda: False)
+
+
+def test_the_emulator_alone_ignores_generation_preconditions(gcs_env):
+    """Why the proxy exists; when this fails, the emulator enforces them itself."""
+    from google.cloud import storage as gcs
+
+    blob = gcs.Client().bucket("marin-test").blob(f"precondition-check-{os.getpid()}")
+    blob.upload_from_string(b"first", if_generation_match=0)
+    blob.upload_from_string(b"second", if_generation_match=0)  # real GCS: 412 PreconditionFailed
+    assert blob.download_as_bytes() == b"second"

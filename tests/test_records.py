@@ -1,0 +1,149 @@
+"""Success records: the one validated `Record` type, its file list, failures as history."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.identity import ArtifactId
+from marin_rules.artifacts.records import (
+    CorruptRecord, Record, read_failures, read_record, read_record_file, verify_files, write_failure,
+    write_success,
+)  # fmt: skip
+
+KEY = ArtifactId("tokenized/x", "v1")
+
+
+def entry(location: str) -> dict:
+    return {
+        "name": KEY.name, "version": KEY.version, "step": "tokenize", "fingerprint": "0123456789abcdef",
+        "config": {"vocab": 8}, "runtime": {}, "path": location,
+        "deps": {"corpus": {"name": "raw/c", "version": "v2", "path": "/abs/where/raw/c/v2", "fingerprint": "f"},
+                 "mix": [{"name": "raw/d", "version": "v1", "path": "gs://b/p/raw/d/v1", "weight": 0.5}]},
+    }  # fmt: skip
+
+
+def built(prefix: str) -> tuple[str, Record]:
+    location = storage.join(prefix, KEY.path)
+    storage.write_bytes_atomic(storage.join(location, "tokens/train.bin"), b"t" * 4000)
+    storage.write_bytes_atomic(storage.join(location, "index.json"), b"{}")
+    record = write_success(location, entry(location), {"tokens": 1000}, {"ended": "2026-12-03T12:00:00.000Z"})
+    return location, record
+
+
+def test_written_record_reads_back_equal_and_lists_every_data_file_with_its_size(tmp_path):
+    location, record = built(str(tmp_path))
+    write_failure(location, entry(location), RuntimeError("earlier try"), {"ended": "2026-12-03T11:00:00Z"})
+    assert record.files == {"index.json": 2, "tokens/train.bin": 4000}  # not the record, failures, lease
+    assert read_record(location, KEY) == record
+    assert (record.key, record.built, record.status) == ("tokenized/x@v1", "2026-12-03T12:00:00.000Z", "success")
+
+
+def test_record_paths_are_prefix_relative_with_no_path_of_the_building_machine(tmp_path):
+    location, record = built(str(tmp_path))
+    text = storage.read_text(location + "/.artifact.json")
+    assert str(tmp_path) not in text and "/abs/where" not in text and "gs://b" not in text
+    assert record.path == "tokenized/x/v1"
+    assert record.deps["corpus"]["path"] == "raw/c/v2" and record.deps["mix"][0]["path"] == "raw/d/v1"
+
+
+def test_a_record_survives_moving_its_prefix(tmp_path):
+    location, record = built(str(tmp_path / "a"))
+    os.rename(tmp_path / "a", tmp_path / "b")
+    moved = str(tmp_path / "b" / KEY.path)
+    assert read_record(moved, KEY) == record and verify_files(moved, record) == []
+
+
+def test_records_round_trip_on_gs(gcs_prefix):
+    location, record = built(gcs_prefix)
+    assert read_record(location, KEY) == record
+    storage.write_bytes_atomic(location + "/tokens/train.bin", b"t" * 100)
+    assert verify_files(location, record) == ["truncated tokens/train.bin: 100 of 4000 bytes"]
+
+
+def test_verify_files_names_missing_truncated_and_changed_files(tmp_path):
+    location, record = built(str(tmp_path))
+    assert verify_files(location, record) == []
+    os.remove(os.path.join(location, "index.json"))
+    with open(os.path.join(location, "tokens/train.bin"), "r+b") as f:
+        f.truncate(100)
+    assert verify_files(location, record) == ["missing index.json", "truncated tokens/train.bin: 100 of 4000 bytes"]
+    storage.write_bytes_atomic(os.path.join(location, "tokens/train.bin"), b"t" * 4001)
+    assert "changed tokens/train.bin: 4001 bytes, recorded 4000" in verify_files(location, record)
+
+
+def test_no_record_reads_as_none(tmp_path):
+    assert read_record(str(tmp_path / "never/built/v1"), KEY) is None
+
+
+def _good(tmp_path) -> tuple[str, dict]:
+    location, record = built(str(tmp_path))
+    return location, record.to_json()
+
+
+@pytest.mark.parametrize(
+    "corrupt,problem",
+    [
+        (lambda r: '{"schema": 2, "name": ', "not valid JSON (Expecting value at line 1, column 23)"),
+        (lambda r: "[1, 2]", "expected a JSON object, got list"),
+        (lambda r: json.dumps({k: v for k, v in r.items() if k not in ("fingerprint", "files")}),
+         "missing fields fingerprint, files"),
+        (lambda r: json.dumps({**r, "fingerprint": None}), "field fingerprint should be a string, got null"),
+        (lambda r: json.dumps({**r, "config": [1]}), "field config should be a mapping, got [1]"),
+        (lambda r: json.dumps({**r, "schema": True}), "record schema True is not the schema 2 this marin-rules reads"),
+        (lambda r: json.dumps({**r, "status": "failed"}), "status is 'failed', not 'success'"),
+        (lambda r: json.dumps({**r, "files": {"a.bin": -1}}), "files.a.bin should be a size in bytes, got -1"),
+        (lambda r: json.dumps({**r, "path": "/home/me/artifacts/tokenized/x/v1"}),
+         "path '/home/me/artifacts/tokenized/x/v1' disagrees with its name@version tokenized/x@v1"),
+        (lambda r: json.dumps({**r, "name": "tokenized/y", "path": "tokenized/y/v1"}),
+         "it records tokenized/y@v1 but sits where tokenized/x@v1 belongs"),
+        (lambda r: json.dumps({**r, "version": "v2", "path": "tokenized/x/v2"}),
+         "it records tokenized/x@v2 but sits where tokenized/x@v1 belongs"),
+    ],
+)  # fmt: skip
+def test_corrupt_records_raise_one_line_naming_the_file_the_problem_and_the_fix(tmp_path, corrupt, problem):
+    location, good = _good(tmp_path)
+    record_file = os.path.join(location, ".artifact.json")
+    with open(record_file, "w") as f:
+        f.write(corrupt(good))
+    with pytest.raises(CorruptRecord) as e:
+        read_record(location, KEY)
+    assert str(e.value) == f"{record_file}: {problem}; delete it and rebuild the artifact with: snakemake -f {record_file}"
+    assert "\n" not in str(e.value)
+
+
+def test_read_record_file_reads_a_mirrored_record_against_the_expected_key(tmp_path):
+    location, good = _good(tmp_path)
+    mirror = tmp_path / "mirror.json"
+    mirror.write_text(json.dumps(good))
+    assert read_record_file(str(mirror), KEY).fingerprint == "0123456789abcdef"
+    with pytest.raises(CorruptRecord, match="sits where raw/z@v1 belongs"):
+        read_record_file(str(mirror), ArtifactId("raw/z", "v1"))
+
+
+def test_failure_records_stay_readable_history_of_any_schema(tmp_path):
+    location = str(tmp_path / KEY.path)
+    first = write_failure(location, entry(location), ValueError("bad"), {"ended": "2026-12-03T10:00:00.000Z"}, 1)
+    os.makedirs(os.path.join(location, ".failures"), exist_ok=True)
+    with open(os.path.join(location, ".failures", "20261203T090000.000Z.json"), "w") as f:
+        json.dump({"schema": 1, "status": "failed", "path": "/old/absolute/path"}, f)  # an older writer
+    with open(os.path.join(location, ".failures", "20261203T095000.000Z.json"), "w") as f:
+        f.write("{broken")
+    failures = read_failures(location)
+    assert [f["schema"] for f in failures] == [1, 2]
+    assert failures[1]["error"]["message"] == "bad" and failures[1]["path"] == "tokenized/x/v1"
+    assert first.endswith(".json") and read_record(location) is None
+
+
+def test_relative_to_gives_prefix_relative_paths_and_none_outside(tmp_path):
+    prefix = str(tmp_path / "art")
+    assert storage.relative_to(f"{prefix}/tok/x/v1", prefix) == "tok/x/v1"
+    assert storage.relative_to(f"file://{prefix}/tok/x/v1/", prefix + "/") == "tok/x/v1"
+    assert storage.relative_to("gs://b/p/tok/x/v1", "gs://b/p") == "tok/x/v1"
+    assert storage.relative_to("gs://b/px/tok", "gs://b/p") is None
+    assert storage.relative_to(str(tmp_path / "elsewhere"), prefix) is None
+    assert storage.relative_to("gs://b/p/x", prefix) is None
+    assert storage.join("gs://b/q", storage.relative_to("gs://b/p/tok/x/v1", "gs://b/p")) == "gs://b/q/tok/x/v1"
