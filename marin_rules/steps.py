@@ -72,7 +72,7 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
     "export_hf": BuiltinStep(
         "marin_rules.export.hf:export_hf",
         "marin_rules.export.layout:check_export_hf",
-        "export",
+        "marin_rules.export.layout:ExportHfConfig",
         {"model": "train"},
         "marin_rules.export.layout:check_export_hf_upstream",
     ),

@@ -16,6 +16,8 @@ bias that changes which experts are chosen); neither architecture has them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from typing import Any, Mapping
 
 from marin_rules.artifacts.errors import ConfigError
@@ -27,19 +29,19 @@ QWEN2_MOE = "Qwen2MoeForCausalLM"
 
 def architecture(c: ModelConfig) -> str:
     """The architecture for `c`, or ConfigError(field, reason) when none reproduces it."""
-    if c.has_moe and c.router_gate != "softmax":
+    if c.n_moe_layers > 0 and c.router_gate != "softmax":
         raise ConfigError(
             "model.router_gate",
             f"{c.router_gate!r} gate has no Hugging Face equivalent (Mixtral and Qwen2-MoE combine "
             "experts with softmax weights); only router_gate 'softmax' models can be exported",
         )
-    if c.has_moe and c.balance == "quantile":
+    if c.n_moe_layers > 0 and c.balance == "quantile":
         raise ConfigError(
             "model.balance",
             "'quantile' balancing adds a router bias to expert selection, which neither Mixtral nor "
             "Qwen2-MoE has; only balance 'aux_loss' models can be exported",
         )
-    if c.has_moe and c.moe_every == 1 and not c.shared_expert and c.top_k >= 2:
+    if c.n_moe_layers > 0 and c.moe_every == 1 and not c.shared_expert and c.top_k >= 2:
         return MIXTRAL
     return QWEN2_MOE
 
@@ -80,7 +82,7 @@ def hf_config(c: ModelConfig, special: Mapping[str, int | None]) -> dict[str, An
             "output_router_logits": False,
             "sliding_window": None,
         }
-    dense = not c.has_moe
+    dense = c.n_moe_layers == 0
     return {
         **common,
         "model_type": "qwen2_moe",
@@ -107,6 +109,11 @@ def check_exportable(model: Mapping[str, Any], field: str = "deps.model") -> Non
         architecture(ModelConfig.from_dict(model))
     except ConfigError as e:
         raise ConfigError(field, f"cannot be exported to Hugging Face: {e}") from None
+
+
+@dataclass(frozen=True)
+class ExportHfConfig:
+    """`export_hf` takes no settings: the layout follows from the model's config."""
 
 
 def check_export_hf(config: Any, deps: Any) -> None:

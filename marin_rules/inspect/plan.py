@@ -159,7 +159,7 @@ def past_train_records(experiment: Experiment, prefix: str) -> list[dict]:
 def jobs_to_run(experiment: Experiment, prefix: str) -> list[str]:
     """Train artifacts without a usable success record (missing, failed, corrupt)."""
     keys = []
-    for key in experiment.keys_of_step("train"):
+    for key in [k for k, a in experiment.artifacts.items() if a.step == "train"]:
         try:
             record = reading.record_dict(artifact_location(prefix, experiment[key].id), experiment[key].id)
         except MarinError:
