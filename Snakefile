@@ -21,4 +21,5 @@ rule all:
 include: "rules/data.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
+include: "rules/scaling.smk"
 include: "rules/custom.smk"

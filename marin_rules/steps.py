@@ -63,6 +63,14 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
         "evaluate",
         {"model": "train", "data": "download"},
     ),
+    "scaling_fit": BuiltinStep(
+        "marin_rules.scaling.step:scaling_fit", "marin_rules.scaling.checks:check_scaling_fit", "scaling",
+        {"runs": "train"},
+    ),
+    "scaling_check": BuiltinStep(
+        "marin_rules.scaling.step:scaling_check", "marin_rules.scaling.checks:check_scaling_check", "scaling",
+        {"fit": "scaling_fit", "run": "train"},
+    ),
 }
 
 USER_STEP = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
