@@ -109,8 +109,9 @@ def table(fit: dict) -> str:
         + (f" (95%: {band[0]:.4f}-{band[1]:.4f})" if band else "")
         + f", N = {pred['params']:.3g}; approach 3: L = {pred['chinchilla']['loss']:.4f}, "
         f"N = {pred['chinchilla']['params']:.3g}",
-        f"Leave one budget out: largest change {100 * (fit['loo_spread'] or 0):.2f}% (frontier law), "
-        f"{100 * (fit['loo_spread_chinchilla'] or 0):.2f}% (approach 3)",
+        f"Leave one budget out: largest change {100 * fit['loo_spread']:.2f}% (frontier law), "
+        f"{100 * fit['loo_spread_chinchilla']:.2f}% (approach 3)"
+        if fit["leave_one_budget_out"] else "Leave one budget out: needs at least 4 budgets",
     ]
     return "\n".join(lines) + "\n"
 
