@@ -106,7 +106,8 @@ def test_user_step_upstream_is_accepted_for_any_role():
 
 def test_dep_kind_table_names_builtin_kinds_and_roles_each_checker_accepts():
     roles = {"download": set(), "train_tokenizer": {"corpus"}, "tokenize": {"tokenizer", "corpus"},
-             "train": {"data"}, "evaluate": {"model", "data"}}  # fmt: skip
+             "train": {"data"}, "evaluate": {"model", "data"},
+             "scaling_fit": {"runs"}, "scaling_check": {"fit", "run"}}  # fmt: skip
     assert {name: set(b.deps) for name, b in BUILTIN_STEPS.items()} == roles
     assert all(kind in BUILTIN_STEPS for b in BUILTIN_STEPS.values() for kind in b.deps.values())
 
