@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from marin_rules.model.config import ModelConfig
-from marin_rules.model.flops import active_params, flops_per_token, total_params
+from marin_rules.model.flops import flops_per_token
 
 WIDTHS = (8, 16, 24, 32, 48, 64, 80, 96, 128, 192, 256, 384, 512)
 SEQ_LEN = 128
@@ -123,20 +123,3 @@ def plan(budget: float, vocab_size: int, offset: int = 0, seed: int = 0) -> Plan
     tokens = steps * batch * SEQ_LEN
     return Plan(budget, rung, config, float(fpt * tokens), fpt / 6, tokens)
 
-
-def describe(p: Plan) -> dict[str, Any]:
-    """A plan's figures for records and tables (active and total parameters too)."""
-    model = ModelConfig.from_dict(p.config["model"])
-    return {
-        "budget": p.budget,
-        "flops": p.flops,
-        "d_model": model.d_model,
-        "n_layers": model.n_layers,
-        "params": p.params,
-        "active_params": active_params(model),
-        "total_params": total_params(model),
-        "tokens": p.tokens,
-        "steps": p.config["num_train_steps"],
-        "batch_size": p.config["batch_size"],
-        "learning_rate": p.config["optimizer"]["learning_rate"],
-    }
