@@ -31,12 +31,17 @@ def check_scaling_fit(config: Any, deps: Any) -> None:
     _unknown(config, {"budgets", "predict_budget", "bootstrap", "seed"})
     budgets = config.get("budgets")
     if not isinstance(budgets, list) or len(budgets) < MIN_BUDGETS or not all(_number(b) and b > 0 for b in budgets):
-        raise ConfigError("config.budgets", f"expected a list of at least {MIN_BUDGETS} FLOP counts > 0, got {got(budgets)}")
+        raise ConfigError(
+            "config.budgets", f"expected a list of at least {MIN_BUDGETS} FLOP counts > 0, got {got(budgets)}"
+        )
     if len(set(budgets)) != len(budgets):
         raise ConfigError("config.budgets", f"expected distinct budgets, got {budgets}")
     target = config.get("predict_budget")
     if not _number(target) or target <= max(budgets):
-        raise ConfigError("config.predict_budget", f"expected a FLOP count above the largest budget {max(budgets):g}, got {got(target)}")
+        raise ConfigError(
+            "config.predict_budget",
+            f"expected a FLOP count above the largest budget {max(budgets):g}, got {got(target)}",
+        )
     samples = config.get("bootstrap", 200)
     if not isinstance(samples, int) or isinstance(samples, bool) or not 0 <= samples <= 10000:
         raise ConfigError("config.bootstrap", f"expected an integer in [0, 10000] (resamples), got {got(samples)}")

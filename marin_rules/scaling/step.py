@@ -37,7 +37,9 @@ def run_point(location: str, budgets: list[float] | None = None) -> F.Run:
     try:
         fpt, tokens, loss = float(result["flops_per_token"]), float(result["tokens_seen"]), float(result["final_val_loss"])
     except (KeyError, TypeError, ValueError):
-        raise StepError(f"{key}: its record has no flops_per_token, tokens_seen and final_val_loss; is it a train run?") from None
+        raise StepError(
+            f"{key}: its record has no flops_per_token, tokens_seen and final_val_loss; is it a train run?"
+        ) from None
     if not math.isfinite(loss):
         raise StepError(f"{key}: final_val_loss is {loss}; rerun it with a lower learning rate and a new version")
     flops = fpt * tokens
