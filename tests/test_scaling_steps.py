@@ -113,3 +113,25 @@ def test_a_second_run_has_nothing_to_do(built):
     root, _, run_snakemake = built
     proc = run_snakemake("--configfile", "exp.yaml", "-n", cwd=root)
     assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def fake_run(root, name: str, fpt: float, tokens: float, loss: float) -> str:
+    """A run folder with a train-shaped success record (no training)."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    result = {"flops_per_token": fpt, "tokens_seen": tokens, "final_val_loss": loss}
+    (folder / ".artifact.json").write_text(json.dumps({"name": name, "version": "v1", "result": result}))
+    return str(folder)
+
+
+def test_fit_refuses_a_run_far_from_every_budget_naming_it(tmp_path):
+    from marin_rules.artifacts.context import StepContext
+    from marin_rules.artifacts.errors import StepError
+    from marin_rules.scaling.step import scaling_fit
+
+    runs = {fake_run(tmp_path, f"runs/r{i}", 600.0, 1e6 * (i + 1), 4.0 - 0.1 * i): 1 for i in range(6)}
+    ctx = StepContext("scaling/fit", "v1", {"budgets": [6e8, 1.2e9, 1.8e9], "predict_budget": 2e10}, {"runs": runs},
+                      output=str(tmp_path / "out"))  # fmt: skip
+    with pytest.raises(StepError, match=r"runs/r3@v1: costs 2.4e\+09 FLOPs, more than 10% from every budget"):
+        scaling_fit(ctx)
+    assert not (tmp_path / "out").exists()
