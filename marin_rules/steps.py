@@ -76,6 +76,16 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
         {"model": "train"},
         "marin_rules.export.layout:check_export_hf_upstream",
     ),
+    "scaling_fit": BuiltinStep(
+        "marin_rules.scaling.step:scaling_fit", "marin_rules.scaling.checks:check_scaling_fit",
+        "marin_rules.scaling.checks:ScalingFitConfig",
+        {"runs": "train"},
+    ),
+    "scaling_check": BuiltinStep(
+        "marin_rules.scaling.step:scaling_check", "marin_rules.scaling.checks:check_scaling_check",
+        "marin_rules.scaling.checks:ScalingCheckConfig",
+        {"fit": "scaling_fit", "run": "train"},
+    ),
 }
 
 USER_STEP = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")

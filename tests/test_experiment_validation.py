@@ -27,6 +27,18 @@ CHAIN = {
     },
     "evaluations/x@v1": {"step": "evaluate", "deps": {"model": "checkpoints/x@v1", "data": "raw/tiny@v1"}},
     "hf/x@v1": {"step": "export_hf", "deps": {"model": "checkpoints/x@v1"}},
+    "scaling/fit@v1": {
+        "step": "scaling_fit",
+        "deps": {"runs": {"checkpoints/x@v1": 1, **{f"checkpoints/s{i}@v1": 1 for i in range(5)}}},
+        "config": {"budgets": [1e10, 3e10, 1e11], "predict_budget": 1e12},
+    },
+    "scaling/check@v1": {"step": "scaling_check", "deps": {"fit": "scaling/fit@v1", "run": "checkpoints/x@v1"}},
+}
+# the scaling fit needs six runs: five more like checkpoints/x, placed before the fit
+CHAIN = {
+    **{k: v for k, v in CHAIN.items() if not k.startswith("scaling/")},
+    **{f"checkpoints/s{i}@v1": CHAIN["checkpoints/x@v1"] for i in range(5)},
+    **{k: v for k, v in CHAIN.items() if k.startswith("scaling/")},
 }
 
 

