@@ -5,8 +5,8 @@ things, all relative to the working directory Snakemake runs in (the job command
 paths are relative to it):
 
   - the workflow's sources: the git-tracked and untracked-but-not-ignored files, so
-    uncommitted edits travel and data, venvs and `.snakemake/` do not (skipped with
-    `--tpu-expect-workflow`);
+    uncommitted edits travel; ignored files (data, venvs) and Snakemake's own
+    `.snakemake/` do not (skipped with `--tpu-expect-workflow`);
   - the job's declared local input files (or directories), before the job;
   - the job's declared output and log files, from worker 0 back here, after it.
 
@@ -36,7 +36,7 @@ def local_paths(files: Iterable, what: str, workdir: str) -> list[str]:
         if getattr(f, "is_storage", False):
             continue
         path = os.path.normpath(str(f))
-        rel = os.path.relpath(os.path.abspath(path), workdir)
+        rel = os.path.relpath(os.path.join(workdir, path), workdir)
         if rel == "." or rel.startswith(".." + os.sep) or rel == "..":
             raise WorkflowError(
                 f"tpu executor: the {what} {str(f)!r} lies outside the working directory {workdir}, which is all a "
@@ -58,7 +58,10 @@ def workflow_archive(workdir: str, dest: Path) -> Path:
             f"tpu executor: cannot list the workflow's files with git in {workdir} ({e}); copying the workflow "
             "to TPU workers needs a git checkout. Or put it there yourself and pass --tpu-expect-workflow"
         ) from None
-    names = sorted(n for n in listed.decode().split("\0") if n and os.path.isfile(os.path.join(workdir, n)))
+    names = sorted(
+        n for n in listed.decode().split("\0")
+        if n and not n.startswith(".snakemake/") and os.path.isfile(os.path.join(workdir, n))
+    )  # fmt: skip
     return files_archive(workdir, names, dest)
 
 
