@@ -16,7 +16,8 @@ import pytest
 from snakemake_interface_common.exceptions import WorkflowError
 
 from executor_helpers.fake_cloud import gcloud_calls, install_fake_cloud
-from marin_rules.cluster.pod import pod_process_from_env
+from marin_rules.artifacts.errors import MarinError
+from marin_rules.cluster.pod import pod_process_from_env, refuse_unreachable_prefix
 from snakemake_executor_plugin_tpu import gcloud, placement, transfer
 from snakemake_executor_plugin_tpu.gcloud import TpuNode
 from snakemake_executor_plugin_tpu.local_pod import LocalPodSpec, ProcessGroup, process_env
@@ -140,6 +141,15 @@ def test_marin_jobs_read_the_place_the_local_pod_gives_them():
     pod = pod_process_from_env(env)
     assert (pod.coordinator, pod.num_processes, pod.process_id) == ("127.0.0.1:5555", 3, 2)
     assert pod.runtime_distributed() == {"coordinator": "127.0.0.1:5555", "num_processes": 3, "process_id": 2}
+
+
+def test_only_cloud_tpu_workers_with_a_local_prefix_are_refused():
+    gcloud_settings, local_settings = SimpleNamespace(backend="gcloud"), SimpleNamespace(backend="local-pod")
+    with pytest.raises(MarinError, match="TPU workers cannot see the local prefix 'artifacts'"):
+        refuse_unreachable_prefix("tpu", gcloud_settings, "artifacts")
+    refuse_unreachable_prefix("tpu", gcloud_settings, "gs://b/p")  # a bucket: fine
+    refuse_unreachable_prefix("tpu", local_settings, "artifacts")  # a local pod shares this disk
+    refuse_unreachable_prefix("local", None, "artifacts")  # another executor
 
 
 def test_local_pod_environment_places_each_process_and_fakes_its_devices():

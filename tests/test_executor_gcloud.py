@@ -83,3 +83,17 @@ def test_gcloud_backend_runs_the_pod_job_on_the_slice_and_brings_its_record_back
     assert len(mirrored) == 1 and json.loads(mirrored[0].read_text()) == record
     driver_log = next((wf / ".snakemake" / "tpu" / "custom" / "pods" / "where" / "v1").glob("*/driver.log")).read_text()
     assert "setup ran" in driver_log and f"tpu executor: deleting queued resource {node}" in driver_log
+
+
+def test_gcloud_backend_refuses_a_local_prefix_before_running_anything(tmp_path):
+    wf = _workflow_checkout(tmp_path / "wf")
+    cloud = tmp_path / "cloud"
+    env = {**os.environ, **install_fake_cloud(tmp_path / "bin", cloud), "PYTHONPATH": HELPERS}
+    proc = subprocess.run(
+        [SNAKEMAKE, "--profile", "tpu", "--configfile", "exp.yaml"], cwd=wf, env=env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "TPU workers cannot see the local prefix 'artifacts'" in proc.stderr
+    assert "--config prefix=gs://BUCKET/PATH" in proc.stderr
+    assert not (wf / "artifacts").exists() and gcloud_calls(cloud) == []

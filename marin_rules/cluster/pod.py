@@ -10,12 +10,19 @@ here so that marin_rules never imports an executor (a test checks they agree). T
 job wrapper turns them into the step's `runtime.distributed`; only process 0 writes
 the success record, every process that fails its own failure record. Without them a
 job is a single process.
+
+`refuse_unreachable_prefix` is the workflow's own check (the plugin knows no
+prefixes): Cloud TPU workers share no disk with the submitting host and the plugin
+moves only declared files (the records), so the prefix must be a bucket there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import MarinError
 
 ENV_COORDINATOR = "SNAKEMAKE_TPU_COORDINATOR"
 ENV_NUM_PROCESSES = "SNAKEMAKE_TPU_NUM_PROCESSES"
@@ -50,3 +57,15 @@ def pod_process_from_env(environ: Mapping[str, str]) -> PodProcess | None:
     if not 0 <= pid < num:
         raise ValueError(f"{ENV_PROCESS_ID}={pid} is outside [0, {num})")
     return PodProcess(coordinator, num, pid)
+
+
+def refuse_unreachable_prefix(executor: str | None, executor_settings: Any, prefix: str) -> None:
+    """Raise when jobs go to Cloud TPU workers (executor `tpu`, backend `gcloud`), which
+    cannot see a local prefix. Called by the Snakefile's `onstart` (main process, real
+    runs only: the executor is known only after the Snakefile is parsed)."""
+    if executor != "tpu" or getattr(executor_settings, "backend", None) != "gcloud" or storage.is_remote(prefix):
+        return
+    raise MarinError(
+        f"TPU workers cannot see the local prefix {prefix!r}; give a bucket: --config prefix=gs://BUCKET/PATH "
+        "(or run on this machine with --tpu-backend local-pod)"
+    )
