@@ -91,6 +91,7 @@ class Executor(RemoteExecutor):
 
     def _start_gcloud(self, job, wildcards: dict, tpu_type: str, job_dir: Path, description: str) -> ProcessGroup:
         workdir = os.getcwd()
+        transfer.local_paths([self.get_snakefile()], "Snakefile", workdir)  # the workers run it from the workdir
         zone = placement.resource(job.resources, placement.ZONE_RESOURCE)
         node = placement.tpu_node(self.settings, placement.node_name(job.name, wildcards, self.settings.node), tpu_type, zone)
         uploads = []
