@@ -79,9 +79,12 @@ class Executor(RemoteExecutor):
         )
 
     def _tpu_type(self, job: JobExecutorInterface) -> str | None:
+        def asked(j) -> str | None:
+            return placement.pod_tpu_type(placement.resource(j.resources, placement.RESOURCE), self.settings.type)
+
         if not job.is_group():
-            return placement.pod_tpu_type(placement.resource(job.resources, placement.RESOURCE), self.settings.type)
-        asking = [j.name for j in job.jobs if placement.resource(j.resources, placement.RESOURCE) not in (None, "", 0)]
+            return asked(job)
+        asking = [j.name for j in job.jobs if asked(j) is not None]
         if asking:
             raise WorkflowError(
                 f"tpu executor: rule(s) {', '.join(sorted(set(asking)))} ask for a tpu inside group {job.groupid}; "
