@@ -11,6 +11,8 @@ executor plugin runs in its CI, run against the `tpu` executor three ways:
     folders sharing no disk with the run, so c and d only succeed if the executor
     copies their inputs to the workers and their outputs and logs back.
 
+Plus: a job group whose member asks for a TPU is refused (a pod runs one job).
+
 Not run: `TestWorkflowsMinioPlayStorageBase` needs an S3 server (MinIO on port 9000) and
 the S3 storage plugin; nothing like it is installed here. With a storage the executor
 moves no files (see transfer.py), which the gcloud case below shows for local files.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -87,3 +90,18 @@ class TestWorkflowsFakeGcloud(TestWorkflowsDefaultSettings):
             assert not (cloud / "nodes" / node).exists()
         worker_home = cloud / next(n for n in ssh_nodes if n.split("-")[1] == "c") / "worker-1"
         assert (worker_home / "snakemake-workflow" / "Snakefile").exists()  # the sources reached every worker
+
+
+def test_a_group_member_that_asks_for_a_tpu_is_refused_with_the_fix(tmp_path):
+    (tmp_path / "Snakefile").write_text(
+        'rule all:\n    input: "b.txt"\n'
+        'rule a:\n    output: "a.txt"\n    group: "g"\n    resources: tpu="default"\n    shell: "touch {output}"\n'
+        'rule b:\n    input: "a.txt"\n    output: "b.txt"\n    group: "g"\n    shell: "cp {input} {output}"\n'
+    )
+    snakemake = str(Path(sys.executable).parent / "snakemake")
+    command = [snakemake, "--executor", "tpu", "--jobs", "2", "--tpu-backend", "local-pod"]
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "tpu executor: rule(s) a ask for a tpu inside group" in proc.stderr
+    assert "remove `group:` (or --groups) for them" in proc.stderr
+    assert not (tmp_path / "a.txt").exists()
