@@ -7,8 +7,13 @@
 #   snakemake --config target=checkpoints/nano-moe@v1   one artifact and what it needs
 #   snakemake --forcerun train                      rebuild every training job and its consumers
 from marin_rules import snakemake as marin
+from marin_rules.cluster.pod import refuse_unreachable_prefix
 
 M = marin.begin(workflow, config)
+
+
+onstart:
+    refuse_unreachable_prefix(workflow.executor_plugin.name, workflow.executor_settings, M.prefix)
 
 
 rule all:

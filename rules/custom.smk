@@ -7,6 +7,11 @@ rule custom:
         unpack(M.inputs),
     output:
         M.record_pattern(),
+    resources:
+        # under the `tpu` executor: a TPU pod of the artifact's runtime.tpu (in runtime.zone), else
+        # none (runs on the submitting host)
+        tpu=lambda wildcards: M.experiment.by_path[wildcards.artifact].runtime.get("tpu") or "",
+        tpu_zone=lambda wildcards: M.experiment.by_path[wildcards.artifact].runtime.get("zone") or "",
     wildcard_constraints:
         artifact=M.constraint("custom"),
     run:

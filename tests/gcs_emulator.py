@@ -13,13 +13,9 @@ import subprocess
 import sys
 import time
 
+from snakemake_executor_plugin_tpu.local_pod import free_port
+
 BUCKET = "marin-test"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def emulator_env(port: int) -> dict[str, str]:

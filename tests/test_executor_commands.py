@@ -1,6 +1,6 @@
-"""The tpu executor's command lines as strings, the gcloud driver against a fake
-`gcloud` on PATH (written by the test: no cloud is ever called), and the process
-group that runs pod processes."""
+"""The tpu executor's placement and command lines as strings, the gcloud driver
+against a fake `gcloud` on PATH (written by the test: no cloud is ever called), the
+process group that runs pod processes, and the pod variables marin jobs read."""
 
 from __future__ import annotations
 
@@ -13,11 +13,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from snakemake_interface_common.exceptions import WorkflowError
+
 from executor_helpers.fake_cloud import gcloud_calls, install_fake_cloud
-from marin_rules.cluster import gcloud
-from marin_rules.cluster.gcloud import TpuNode
-from marin_rules.cluster.local_pod import LocalPodSpec, ProcessGroup, pod_processes, process_env
-from snakemake_executor_plugin_tpu import commands
+from marin_rules.artifacts.errors import MarinError
+from marin_rules.cluster.pod import pod_process_from_env, refuse_unreachable_prefix
+from snakemake_executor_plugin_tpu import gcloud, placement, transfer
+from snakemake_executor_plugin_tpu.gcloud import TpuNode
+from snakemake_executor_plugin_tpu.local_pod import LocalPodSpec, ProcessGroup, process_env
 
 VM = TpuNode("marin-x", "v5p-8", zone="us-east5-a", project="proj")
 QUEUED = TpuNode("marin-x", "v5p-32", zone="us-east5-a", queued=True, spot=True)
@@ -65,62 +68,94 @@ def test_ssh_runs_the_command_on_all_workers_as_one_quoted_argument():
     assert argv[argv.index("--command") + 1] == inner
 
 
-def test_worker_command_unpacks_sets_up_learns_its_place_then_runs_the_job():
+def test_worker_command_unpacks_sets_up_learns_its_place_runs_the_job_then_worker_0_packs_outputs():
     cmd = gcloud.worker_command(
-        "python3 -m snakemake --mode remote", "marin-rules", "pip install -e .", archive="wf.tar.gz", before="echo pre"
-    )
+        "python3 -m snakemake --mode remote", "wf", "pip install -e .", archives=["src.tar.gz", "in.tar.gz"],
+        outputs=["out/a b.txt", "logs/x.log"], outputs_archive="back.tar.gz",
+    )  # fmt: skip
     parts = cmd.split(" && ")
-    assert parts[0] == "mkdir -p marin-rules" and parts[1] == "tar -xzf wf.tar.gz -C marin-rules"
-    assert parts[2:4] == ["cd marin-rules", "( pip install -e . )"]
-    assert parts[4] == "export MARIN_POD_COORDINATOR=auto"
-    assert parts[5].startswith("export MARIN_POD_PROCESS_ID=$(curl -sf -H 'Metadata-Flavor: Google' ")
-    assert parts[5].endswith("/instance/attributes/agent-worker-number)")
-    assert "worker-network-endpoints" in parts[6] and parts[6].startswith("export MARIN_POD_NUM_PROCESSES=")
-    assert parts[-2:] == ["echo pre", "python3 -m snakemake --mode remote"]
+    assert parts[:3] == ["mkdir -p wf", "tar -xzf src.tar.gz -C wf", "tar -xzf in.tar.gz -C wf"]
+    assert parts[3:5] == ["cd wf", "( pip install -e . )"]
+    assert parts[5] == "export SNAKEMAKE_TPU_COORDINATOR=auto"
+    assert parts[6].startswith("export SNAKEMAKE_TPU_PROCESS_ID=$(curl -sf -H 'Metadata-Flavor: Google' ")
+    assert parts[6].endswith("/instance/attributes/agent-worker-number)")
+    assert "worker-network-endpoints" in parts[7] and parts[7].startswith("export SNAKEMAKE_TPU_NUM_PROCESSES=")
+    assert parts[8] == "python3 -m snakemake --mode remote"
+    assert parts[9] == (
+        '{ [ "$SNAKEMAKE_TPU_PROCESS_ID" != 0 ] || tar -czf "$HOME"/back.tar.gz --ignore-failed-read -- '
+        "'out/a b.txt' logs/x.log; }"
+    )
 
 
-def test_worker_command_without_copy_or_setup_only_changes_directory():
+def test_worker_command_without_copies_setup_or_outputs_only_changes_directory():
     cmd = gcloud.worker_command("run", "w")
-    assert cmd.startswith("cd w && export MARIN_POD_COORDINATOR=auto") and cmd.endswith(" && run")
+    assert cmd.startswith("cd w && export SNAKEMAKE_TPU_COORDINATOR=auto") and cmd.endswith(" && run")
 
 
-def test_pod_placement_resource_wins_then_runtime_then_train_default():
-    assert commands.pod_tpu_type("train", "v5p-64", {"tpu": "v5p-8"}, "v4-8") == "v5p-64"
-    assert commands.pod_tpu_type("train", None, {"tpu": "v5p-8"}, "v4-8") == "v5p-8"
-    assert commands.pod_tpu_type("train", None, {}, "v4-8") == "v4-8"
-    assert commands.pod_tpu_type("custom", None, {"tpu": "v6e-4"}, "v4-8") == "v6e-4"
-    assert commands.pod_tpu_type("custom", None, {}, "v4-8") is None
+def test_a_job_goes_to_a_pod_only_when_its_tpu_resource_asks_for_one():
+    assert placement.pod_tpu_type("v5p-64", "v4-8") == "v5p-64"
+    assert placement.pod_tpu_type("default", "v4-8") == "v4-8"
+    for nothing in (None, "", 0, "none", " "):
+        assert placement.pod_tpu_type(nothing, "v4-8") is None
 
 
-def test_node_names_are_valid_gcloud_names_and_distinct_per_artifact():
+def test_node_names_are_valid_gcloud_names_and_distinct_per_job():
     import re
 
-    a = commands.node_name("checkpoints/Nano_MoE/v1")
-    b = commands.node_name("checkpoints/nano-moe/v1")
-    long = commands.node_name("sweeps/" + "x" * 80 + "/v1")
-    for name in (a, b, long):
+    a = placement.node_name("train", {"artifact": "checkpoints/Nano_MoE/v1"})
+    b = placement.node_name("train", {"artifact": "checkpoints/nano-moe/v1"})
+    c = placement.node_name("eval", {"artifact": "checkpoints/nano-moe/v1"})
+    long = placement.node_name("train", {"a": "sweeps/" + "x" * 80, "b": "v1"})
+    for name in (a, b, c, long):
         assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 50, name
-    assert a != b
-    assert commands.node_name("anything/v1", fixed="my-tpu") == "my-tpu"
+    assert len({a, b, c}) == 3
+    assert a.startswith("snakemake-train-checkpoints-nano-moe-v1-")
+    assert placement.node_name("train", {}, fixed="my-tpu") == "my-tpu"
 
 
-def test_tpu_node_takes_zone_from_the_artifact_runtime_over_the_profile():
+def test_job_log_folders_are_safe_path_parts_of_rule_and_wildcards():
+    assert placement.job_parts("train", {"artifact": "checkpoints/x/v1", "n": 3}) == ["train", "checkpoints", "x", "v1", "3"]
+    assert placement.job_parts("r", {"w": "../a b/./c"}) == ["r", "_", "a_b", "_", "c"]
+    assert placement.job_description("r", {"w": "a/b"}) == "rule r (w=a/b)" and placement.job_description("r", {}) == "rule r"
+
+
+def test_tpu_node_takes_the_zone_resource_over_the_setting():
     settings = SimpleNamespace(node="", zone="us-central2-b", project="p", runtime_version="", queued=True, spot=False)
-    node = commands.tpu_node(settings, "checkpoints/m/v1", {"tpu": "v4-32", "zone": "europe-west4-a"}, "v4-32")
+    node = placement.tpu_node(settings, "n", "v4-32", zone="europe-west4-a")
     assert (node.zone, node.project, node.accelerator_type, node.queued) == ("europe-west4-a", "p", "v4-32", True)
+    assert placement.tpu_node(settings, "n", "v4-32", zone="").zone == "us-central2-b"
 
 
-def test_mirror_refresh_command_passes_the_prefix_as_an_argument():
-    argv = shlex.split(commands.mirror_refresh_command("gs://b/p q"))
-    assert argv[0] == "python3" and argv[1] == "-c" and argv[3] == "gs://b/p q"
-    assert "refresh_mirror(sys.argv[1], mirror_root(sys.argv[1]))" in argv[2]
+def test_transferred_files_are_relative_to_the_workdir_and_storage_files_stay_with_the_job(tmp_path):
+    class StorageFile(str):  # as Snakemake's IO files in a storage say of themselves
+        is_storage = True
+
+    files = ["b.txt", str(tmp_path / "a" / "x.txt"), "b.txt", StorageFile(".snakemake/storage/gcs/b/x")]
+    assert transfer.local_paths(files, "input", str(tmp_path)) == [os.path.join("a", "x.txt"), "b.txt"]
+    with pytest.raises(WorkflowError, match=r"the input '/etc/hosts' lies outside the working directory"):
+        transfer.local_paths(["/etc/hosts"], "input", str(tmp_path))
+
+
+def test_marin_jobs_read_the_place_the_local_pod_gives_them():
+    env = process_env({}, LocalPodSpec(3, 2), 5555, 2)
+    pod = pod_process_from_env(env)
+    assert (pod.coordinator, pod.num_processes, pod.process_id) == ("127.0.0.1:5555", 3, 2)
+    assert pod.runtime_distributed() == {"coordinator": "127.0.0.1:5555", "num_processes": 3, "process_id": 2}
+
+
+def test_only_cloud_tpu_workers_with_a_local_prefix_are_refused():
+    gcloud_settings, local_settings = SimpleNamespace(backend="gcloud"), SimpleNamespace(backend="local-pod")
+    with pytest.raises(MarinError, match="TPU workers cannot see the local prefix 'artifacts'"):
+        refuse_unreachable_prefix("tpu", gcloud_settings, "artifacts")
+    refuse_unreachable_prefix("tpu", gcloud_settings, "gs://b/p")  # a bucket: fine
+    refuse_unreachable_prefix("tpu", local_settings, "artifacts")  # a local pod shares this disk
+    refuse_unreachable_prefix("local", None, "artifacts")  # another executor
 
 
 def test_local_pod_environment_places_each_process_and_fakes_its_devices():
-    procs = pod_processes(LocalPodSpec(2, 4), 5555)
-    env = process_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=1 --other", "KEEP": "1"}, procs[1], 4)
-    assert env["MARIN_POD_COORDINATOR"] == "127.0.0.1:5555"
-    assert (env["MARIN_POD_NUM_PROCESSES"], env["MARIN_POD_PROCESS_ID"]) == ("2", "1")
+    env = process_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=1 --other", "KEEP": "1"}, LocalPodSpec(2, 4), 5555, 1)
+    assert env["SNAKEMAKE_TPU_COORDINATOR"] == "127.0.0.1:5555"
+    assert (env["SNAKEMAKE_TPU_NUM_PROCESSES"], env["SNAKEMAKE_TPU_PROCESS_ID"]) == ("2", "1")
     assert env["XLA_FLAGS"] == "--other --xla_force_host_platform_device_count=4"
     assert env["JAX_PLATFORMS"] == "cpu" and env["KEEP"] == "1"
     with pytest.raises(ValueError, match="num_processes"):
@@ -151,23 +186,34 @@ def _run_driver(tmp_path: Path, node: TpuNode, worker_cmd: str, extra_env: dict 
     return code, gcloud_calls(root)
 
 
-def test_driver_creates_the_node_copies_the_workflow_runs_every_worker_and_deletes_it(tmp_path):
+def test_driver_creates_the_node_copies_files_runs_every_worker_fetches_outputs_and_deletes_it(tmp_path):
     archive = tmp_path / "wf.tar.gz"
     subprocess.run(["tar", "-czf", str(archive), "-C", str(Path(__file__).parent), "executor_helpers"], check=True)
     worker = gcloud.worker_command(
-        'echo "$MARIN_POD_PROCESS_ID/$MARIN_POD_NUM_PROCESSES/$MARIN_POD_COORDINATOR" > place.txt',
-        "wf", archive="remote.tar.gz",
+        'echo "$SNAKEMAKE_TPU_PROCESS_ID/$SNAKEMAKE_TPU_NUM_PROCESSES/$SNAKEMAKE_TPU_COORDINATOR" > out/place.txt',
+        "wf", archives=["remote.tar.gz"], outputs=["out/place.txt"], outputs_archive="back.tar.gz",
     )  # fmt: skip
-    code, calls = _run_driver(tmp_path, QUEUED, worker, archive=str(archive), remote_archive="remote.tar.gz")
+    worker = worker.replace("cd wf && ", "cd wf && mkdir -p out && ", 1)
+    here = tmp_path / "here"
+    here.mkdir()
+    code, calls = _run_driver(
+        tmp_path, QUEUED, worker, uploads=[(str(archive), "remote.tar.gz")],
+        download=("back.tar.gz", str(tmp_path / "back.tar.gz"), str(here)),
+    )  # fmt: skip
     assert code == 0, (tmp_path / "job" / "driver.log").read_text()
     verbs = [c[2:4] for c in calls]
     assert verbs == [
         ["queued-resources", "describe"], ["queued-resources", "create"], ["queued-resources", "describe"],
-        ["tpu-vm", "scp"], ["tpu-vm", "ssh"], ["queued-resources", "delete"],
+        ["tpu-vm", "scp"], ["tpu-vm", "ssh"], ["tpu-vm", "scp"], ["queued-resources", "delete"],
     ]  # fmt: skip
+    assert calls[5][4:6] == ["marin-x:back.tar.gz", str(tmp_path / "back.tar.gz")] and "--worker=0" in calls[5]
     homes = tmp_path / "cloud" / "marin-x"
-    assert [(homes / f"worker-{i}" / "wf" / "place.txt").read_text().strip() for i in range(2)] == ["0/2/auto", "1/2/auto"]
+    assert [(homes / f"worker-{i}" / "wf" / "out" / "place.txt").read_text().strip() for i in range(2)] == [
+        "0/2/auto", "1/2/auto",
+    ]  # fmt: skip
     assert (homes / "worker-1" / "wf" / "executor_helpers" / "fake_gcloud.py").exists()
+    assert (here / "out" / "place.txt").read_text().strip() == "0/2/auto"  # worker 0's output came back
+    assert not (homes / "worker-1" / "back.tar.gz").exists()  # only worker 0 packs
     assert not (tmp_path / "cloud" / "nodes" / "marin-x").exists()
 
 

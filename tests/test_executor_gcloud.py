@@ -1,7 +1,11 @@
 """`snakemake --profile tpu` with the gcloud backend, end to end, against a FAKE
 `gcloud` that this test writes onto PATH (tests/executor_helpers/fake_gcloud.py): its
 "TPU workers" are folders here and its ssh runs the worker command locally. No
-cloud is called. The prefix is gs:// on the local GCS emulator (conftest)."""
+cloud is called. The prefix is gs:// on the local GCS emulator (conftest). The workers
+share no disk and no environment with this run: they get the workflow's sources and
+the job's declared inputs (the upstream's mirrored record) from the executor, the
+emulator's variables stand in for a TPU VM's service account, and PYTHONPATH for the
+user's package installed by --tpu-setup."""
 
 from __future__ import annotations
 
@@ -44,10 +48,13 @@ artifacts:
 
 
 @pytest.mark.slow
-def test_gcloud_backend_runs_the_pod_job_on_the_slice_and_mirrors_its_record(tmp_path, gcs_env, gcs_prefix):
+def test_gcloud_backend_runs_the_pod_job_on_the_slice_and_brings_its_record_back(tmp_path, gcs_env, gcs_prefix):
     wf = _workflow_checkout(tmp_path / "wf")
     cloud = tmp_path / "cloud"
-    env = {**os.environ, **gcs_env, **install_fake_cloud(tmp_path / "bin", cloud, workers=1), "PYTHONPATH": HELPERS}
+    env = {
+        **os.environ, **gcs_env, **install_fake_cloud(tmp_path / "bin", cloud, workers=1), "PYTHONPATH": HELPERS,
+        "FAKE_GCLOUD_WORKER_ENV": " ".join([*gcs_env, "PYTHONPATH"]),
+    }  # fmt: skip
     command = [
         SNAKEMAKE, "--profile", "tpu", "--tpu-zone", "us-east5-a", "--tpu-setup", "echo setup ran",
         "--configfile", "exp.yaml", "--config", f"prefix={gcs_prefix}",
@@ -58,25 +65,24 @@ def test_gcloud_backend_runs_the_pod_job_on_the_slice_and_mirrors_its_record(tmp
     calls = gcloud_calls(cloud)
     assert [c[2:4] for c in calls] == [
         ["queued-resources", "describe"], ["queued-resources", "create"], ["queued-resources", "describe"],
-        ["tpu-vm", "scp"], ["tpu-vm", "ssh"], ["queued-resources", "delete"],
-    ]  # fmt: skip  (the profile asks for queued resources and deletes nodes after the job)
+        ["tpu-vm", "scp"], ["tpu-vm", "scp"], ["tpu-vm", "ssh"], ["tpu-vm", "scp"], ["queued-resources", "delete"],
+    ]  # fmt: skip  (queued resources, sources + inputs out, outputs back, node deleted)
     create = calls[1]
     node = create[4]
-    assert node.startswith("marin-pods-where-v1-")
+    assert node.startswith("snakemake-custom-pods-where-v1-")
     assert create[create.index("--accelerator-type") + 1] == "v5p-8"
-    assert create[create.index("--zone") + 1] == "us-east5-b"  # runtime.zone beats --tpu-zone
+    assert create[create.index("--zone") + 1] == "us-east5-b"  # runtime.zone (the tpu_zone resource) beats --tpu-zone
     assert all(node in " ".join(c) for c in calls)  # one node: raw/numbers ran here, not on a TPU
-    assert "tpu executor: raw/numbers@v1: on this host" in proc.stderr
+    assert "tpu executor: rule custom (artifact=raw/numbers/v1): on this host" in proc.stderr
 
     record = storage.read_json(f"{gcs_prefix}/pods/where/v1/.artifact.json")
     assert record["result"]["distributed"] == "auto"  # MARIN_POD_COORDINATOR=auto on TPU VMs
     assert record["result"]["total"] == 36  # read the upstream's data from the prefix
     assert record["result"]["cwd"] == str(cloud / node / "worker-0" / "marin-rules")
-    assert "--profile" in record["provenance"]["command"]  # the user's command, not the worker's
     mirrored = list((wf / ".snakemake" / "marin-mirror").rglob("pods/where/v1/.artifact.json"))
     assert len(mirrored) == 1 and json.loads(mirrored[0].read_text()) == record
-    driver_log = next((wf / ".snakemake" / "tpu" / "pods" / "where" / "v1").glob("*/driver.log")).read_text()
-    assert "setup ran" in driver_log and f"deleting queued resource {node}" in driver_log
+    driver_log = next((wf / ".snakemake" / "tpu" / "custom" / "pods" / "where" / "v1").glob("*/driver.log")).read_text()
+    assert "setup ran" in driver_log and f"tpu executor: deleting queued resource {node}" in driver_log
 
 
 def test_gcloud_backend_refuses_a_local_prefix_before_running_anything(tmp_path):

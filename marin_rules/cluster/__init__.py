@@ -1,1 +1,1 @@
-"""Pod backends: running one job's command on every host of a TPU slice (or N local processes)."""
+"""How a marin job learns its place in a pod (the `tpu` executor plugin starts the pods)."""

@@ -1,13 +1,19 @@
 """How a job learns it is one process of a pod.
 
-Model: a pod backend (the TPU executor's `gcloud` or `local-pod`) starts the same
-Snakemake job command once per host and tells each process its place through three
-variables, which JAX itself also needs: `MARIN_POD_COORDINATOR` (`host:port` of
-process 0, or `auto` on a TPU VM, where JAX reads the slice metadata),
-`MARIN_POD_NUM_PROCESSES` and `MARIN_POD_PROCESS_ID`. The job wrapper turns them into
-the step's `runtime.distributed`; only process 0 writes the success record, every
-process that fails its own failure record. Without
-them a job is a single process.
+Model: the `tpu` executor plugin (plugins/snakemake-executor-plugin-tpu, either
+backend) starts the same Snakemake job command once per host and tells each process
+its place through three variables, which JAX itself also needs:
+`SNAKEMAKE_TPU_COORDINATOR` (`host:port` of process 0, or `auto` on a TPU VM, where
+JAX reads the slice metadata), `SNAKEMAKE_TPU_NUM_PROCESSES` and
+`SNAKEMAKE_TPU_PROCESS_ID`. The names are the plugin's public contract, repeated
+here so that marin_rules never imports an executor (a test checks they agree). The
+job wrapper turns them into the step's `runtime.distributed`; only process 0 writes
+the success record, every process that fails its own failure record. Without them a
+job is a single process.
+
+`refuse_unreachable_prefix` is the workflow's own check (the plugin knows no
+prefixes): Cloud TPU workers share no disk with the submitting host and the plugin
+moves only declared files (the records), so the prefix must be a bucket there.
 """
 
 from __future__ import annotations
@@ -15,9 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-ENV_COORDINATOR = "MARIN_POD_COORDINATOR"
-ENV_NUM_PROCESSES = "MARIN_POD_NUM_PROCESSES"
-ENV_PROCESS_ID = "MARIN_POD_PROCESS_ID"
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import MarinError
+
+ENV_COORDINATOR = "SNAKEMAKE_TPU_COORDINATOR"
+ENV_NUM_PROCESSES = "SNAKEMAKE_TPU_NUM_PROCESSES"
+ENV_PROCESS_ID = "SNAKEMAKE_TPU_PROCESS_ID"
 
 
 @dataclass(frozen=True)
@@ -32,13 +41,6 @@ class PodProcess:
             return "auto"
         return {"coordinator": self.coordinator, "num_processes": self.num_processes, "process_id": self.process_id}
 
-    def env(self) -> dict[str, str]:
-        return {
-            ENV_COORDINATOR: self.coordinator,
-            ENV_NUM_PROCESSES: str(self.num_processes),
-            ENV_PROCESS_ID: str(self.process_id),
-        }
-
 
 def pod_process_from_env(environ: Mapping[str, str]) -> PodProcess | None:
     """This process's place in a pod, or None for an ordinary single-process job."""
@@ -50,8 +52,20 @@ def pod_process_from_env(environ: Mapping[str, str]) -> PodProcess | None:
         pid = int(environ.get(ENV_PROCESS_ID, "0"))
     except ValueError:
         raise ValueError(
-            f"{ENV_NUM_PROCESSES} and {ENV_PROCESS_ID} must be integers (set by the pod backend)"
+            f"{ENV_NUM_PROCESSES} and {ENV_PROCESS_ID} must be integers (set by the tpu executor)"
         ) from None
     if not 0 <= pid < num:
         raise ValueError(f"{ENV_PROCESS_ID}={pid} is outside [0, {num})")
     return PodProcess(coordinator, num, pid)
+
+
+def refuse_unreachable_prefix(executor: str | None, executor_settings: Any, prefix: str) -> None:
+    """Raise when jobs go to Cloud TPU workers (executor `tpu`, backend `gcloud`), which
+    cannot see a local prefix. Called by the Snakefile's `onstart` (main process, real
+    runs only: the executor is known only after the Snakefile is parsed)."""
+    if executor != "tpu" or getattr(executor_settings, "backend", None) != "gcloud" or storage.is_remote(prefix):
+        return
+    raise MarinError(
+        f"TPU workers cannot see the local prefix {prefix!r}; give a bucket: --config prefix=gs://BUCKET/PATH "
+        "(or run on this machine with --tpu-backend local-pod)"
+    )

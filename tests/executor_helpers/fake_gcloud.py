@@ -1,13 +1,18 @@
 """A fake `gcloud` CLI for tests: no cloud, the TPU slice is folders on this machine.
 
 Tests put a `gcloud` script on PATH that runs this file. It understands only the
-`gcloud compute tpus {tpu-vm,queued-resources} ...` calls marin-rules makes, logs
-every call (one JSON list per line) to `$FAKE_GCLOUD_ROOT/calls.jsonl`, keeps node
+`gcloud compute tpus {tpu-vm,queued-resources} ...` calls the tpu executor makes,
+logs every call (one JSON list per line) to `$FAKE_GCLOUD_ROOT/calls.jsonl`, keeps node
 states as files, and plays each of `$FAKE_GCLOUD_WORKERS` workers as a folder
-`$FAKE_GCLOUD_ROOT/<node>/worker-<i>` (its home): `scp --worker=all` copies there,
+`$FAKE_GCLOUD_ROOT/<node>/worker-<i>` (its home): `scp LOCAL NODE:PATH --worker=all`
+copies there, `scp NODE:PATH LOCAL --worker=0` copies back from worker 0, and
 `ssh --worker=all --command C` runs `bash -c C` in each, with a fake `curl` answering
 the TPU metadata server's `agent-worker-number` and `worker-network-endpoints`.
-`$FAKE_GCLOUD_SSH_EXIT` makes ssh fail with that status instead of running anything.
+A worker shares nothing with the submitting process but what a TPU VM would have:
+its environment is PATH (the fake tools and the software installed on the image),
+HOME, and the variables named in `$FAKE_GCLOUD_WORKER_ENV` (e.g. the GCS emulator's,
+standing in for the VM's service account). `$FAKE_GCLOUD_SSH_EXIT` makes ssh fail
+with that status instead of running anything.
 """
 
 from __future__ import annotations
@@ -70,12 +75,17 @@ def main(argv: list[str]) -> int:
         (nodes / pos[0]).unlink(missing_ok=True)
         return 0
     if verb == "scp":
-        local, remote = pos[0], pos[1]
-        node, _, path = remote.partition(":")
+        source, dest = pos[0], pos[1]
+        if ":" in source:  # back from one worker
+            node, _, path = source.partition(":")
+            worker = _flag(rest, "--worker")
+            shutil.copy(ROOT / node / f"worker-{worker}" / path, dest)
+            return 0
+        node, _, path = dest.partition(":")
         for i in range(WORKERS):
             home = ROOT / node / f"worker-{i}"
             home.mkdir(parents=True, exist_ok=True)
-            shutil.copy(local, home / path)
+            shutil.copy(source, home / path)
         return 0
     if verb == "ssh":
         if os.environ.get("FAKE_GCLOUD_SSH_EXIT"):
@@ -85,7 +95,9 @@ def main(argv: list[str]) -> int:
         for i in range(WORKERS):
             home = ROOT / pos[0] / f"worker-{i}"
             home.mkdir(parents=True, exist_ok=True)
-            env = {**os.environ, "HOME": str(home), "FAKE_WORKER_ID": str(i)}
+            kept = os.environ.get("FAKE_GCLOUD_WORKER_ENV", "").split()
+            env = {k: os.environ[k] for k in ("PATH", "FAKE_GCLOUD_WORKERS", *kept) if k in os.environ}
+            env.update(HOME=str(home), FAKE_WORKER_ID=str(i))
             procs.append(subprocess.Popen(["bash", "-c", command], cwd=home, env=env))
         codes = [p.wait(timeout=300) for p in procs]
         return max(codes)

@@ -1,17 +1,18 @@
-"""Snakemake executor plugin `tpu`: training jobs on TPU pods, everything else here.
+"""Snakemake executor plugin `tpu`: jobs that ask for a TPU run on a pod, all others here.
 
-Model: `snakemake --profile tpu` selects this executor (`executor: tpu`). A job goes
-to a pod when its rule is `train` or its artifact's `runtime.tpu` names a TPU type
-(a `tpu` resource, e.g. `--set-resources train:tpu=v5p-32`, overrides both); every
-other job runs on the submitting host. Rules that never need a TPU (data,
-evaluation) are `localrule: True`, so Snakemake runs them itself. The pod is a
-Cloud TPU slice (`--tpu-backend gcloud`) or N processes on this machine joined by
-`jax.distributed` (`--tpu-backend local-pod`): the same multi-host code path.
+Model: `--executor tpu` (or `executor: tpu` in a profile) works for any workflow. A
+job goes to a TPU pod slice when its resources ask for one, `resources:
+tpu="v5p-8"` (an accelerator type) or `tpu="default"` (the `--tpu-type` setting),
+with an optional `tpu_zone`; every other job runs on the submitting host. The plugin
+reads only the job and these settings. The pod is a Cloud TPU slice (`--tpu-backend
+gcloud`) or N processes on this machine joined like one (`--tpu-backend local-pod`).
+On a pod every host runs the job, told its place by `SNAKEMAKE_TPU_COORDINATOR`,
+`SNAKEMAKE_TPU_NUM_PROCESSES` and `SNAKEMAKE_TPU_PROCESS_ID`.
 
 This module is declarative: settings (each field becomes `--tpu-<field>` and the
 profile key `tpu-<field>`), common settings, and the executor from `executor.py`.
-Command lines are built in `commands.py` and `marin_rules.cluster.gcloud`.
-Snakemake finds the plugin by its top-level module name. See docs/TPU.md.
+Command lines are built in `gcloud.py`, placement in `placement.py`, file transfer
+in `transfer.py`. Snakemake finds the plugin by its top-level module name.
 """
 
 # No `from __future__ import annotations`: Snakemake reads the field types at runtime.
@@ -36,7 +37,7 @@ class ExecutorSettings(ExecutorSettingsBase):
     )
     type: str = field(
         default="v5p-8",
-        metadata={"help": "TPU type (accelerator type) when the artifact's runtime.tpu names none."},
+        metadata={"help": 'TPU type (accelerator type) for jobs whose resource is tpu="default".'},
     )
     zone: str = field(
         default="",
@@ -62,7 +63,7 @@ class ExecutorSettings(ExecutorSettingsBase):
         default="",
         metadata={
             "help": "Run every pod job on this TPU VM / queued resource name, reused if it exists "
-            "(empty: one node per artifact, named marin-<artifact>-<hash>). Run one pod job at a time with it."
+            "(empty: one node per job, named snakemake-<rule>-<wildcards>-<hash>). Run one pod job at a time with it."
         },
     )
     keep_node: bool = field(
@@ -72,18 +73,19 @@ class ExecutorSettings(ExecutorSettingsBase):
     expect_workflow: bool = field(
         default=False,
         metadata={
-            "help": "Do not copy the workflow to the workers; expect it (and an installed marin-rules) in --tpu-workdir."
+            "help": "Do not copy the workflow's sources to the workers; expect them (and what the jobs import) "
+            "in --tpu-workdir. The jobs' input files are copied either way."
         },
     )
     workdir: str = field(
-        default="marin-rules",
+        default="snakemake-workflow",
         metadata={"help": "Workflow directory on the workers, relative to the login user's home."},
     )
     setup: str = field(
         default="",
         metadata={
             "help": "Shell command run on every worker in the workdir before each job, "
-            "e.g. installing the package: python3 -m pip install -q -e . 'jax[tpu]'."
+            "e.g. installing what the jobs import: python3 -m pip install -q -e . 'jax[tpu]'."
         },
     )
     local_processes: int = field(
@@ -100,8 +102,9 @@ common_settings = CommonSettings(
     non_local_exec=True,
     # TPU workers do not share this disk: jobs get relative paths and no --wait-for-files.
     implies_no_shared_fs=True,
-    # The executor moves what jobs need itself (workflow tarball, record mirror refresh),
-    # so Snakemake needs no default storage provider and deploys no sources.
+    # The executor moves what pod jobs need itself (sources, declared inputs to every
+    # worker, declared outputs and logs back from worker 0; transfer.py), so Snakemake
+    # needs no default storage provider and deploys no sources.
     can_transfer_local_files=True,
     job_deploy_sources=False,
     auto_deploy_default_storage_provider=False,

@@ -7,13 +7,15 @@ that uses the `gcloud` CLI only:
      (`gcloud compute tpus tpu-vm create`, or `queued-resources create` which waits in
      Google's queue);
   2. poll its state until READY / ACTIVE (failing on FAILED, SUSPENDED, PREEMPTED...);
-  3. optionally copy the workflow (a tarball of the git-tracked sources) to every
-     worker with `tpu-vm scp --worker=all`;
+  3. copy the archives the job needs (the workflow's sources, the job's input files;
+     see `transfer.py`) to every worker with `tpu-vm scp --worker=all`;
   4. run the worker command on all workers at once with `tpu-vm ssh --worker=all
      --command ...`; each worker learns its place from the TPU metadata server
      (`agent-worker-number`, `worker-network-endpoints`) and gets
-     `MARIN_POD_COORDINATOR=auto`, so `jax.distributed.initialize()` finds the slice;
-  5. delete the node when the driver exits, success or not (unless kept).
+     `SNAKEMAKE_TPU_COORDINATOR=auto`, so `jax.distributed.initialize()` finds the slice;
+  5. on success, copy worker 0's archive of the job's output files back and unpack
+     it here (the workers share no disk with this host);
+  6. delete the node when the driver exits, success or not (unless kept).
 
 Everything here builds strings; `start_driver` runs the script as a `ProcessGroup`
 of one. References: https://cloud.google.com/tpu/docs/managing-tpus-tpu-vm,
@@ -23,17 +25,13 @@ https://cloud.google.com/tpu/docs/runtimes.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shlex
-import subprocess
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
-from marin_rules.cluster.local_pod import ProcessGroup
-from marin_rules.cluster.pod import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+from snakemake_executor_plugin_tpu.local_pod import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, ProcessGroup
 
 # Default TPU software version per generation (the part of the type before the last "-").
 RUNTIME_VERSIONS = {
@@ -113,7 +111,13 @@ def delete_command(node: TpuNode) -> str:
 
 
 def scp_command(node: TpuNode, local: str, remote: str) -> str:
+    """Copy a local file to `remote` (relative to the login home) on every worker."""
     return _gcloud("tpu-vm", "scp", local, f"{node.name}:{remote}", *_where(node), "--worker=all")
+
+
+def scp_back_command(node: TpuNode, remote: str, local: str) -> str:
+    """Copy `remote` (relative to the login home) from worker 0 to a local file."""
+    return _gcloud("tpu-vm", "scp", f"{node.name}:{remote}", local, *_where(node), "--worker=0")
 
 
 def ssh_command(node: TpuNode, command: str) -> str:
@@ -124,7 +128,7 @@ def ssh_command(node: TpuNode, command: str) -> str:
 
 
 def pod_env_exports() -> str:
-    """Shell lines that set MARIN_POD_* on a TPU worker from the TPU metadata server."""
+    """Shell lines that tell a TPU worker its place in the slice (from the metadata server)."""
     get = f"curl -sf -H 'Metadata-Flavor: Google' {METADATA_URL}"
     return " && ".join(
         [
@@ -135,65 +139,76 @@ def pod_env_exports() -> str:
     )
 
 
-def worker_command(job_command: str, workdir: str, setup: str = "", archive: str = "", before: str = "") -> str:
-    """What every worker runs: unpack the workflow (if copied), cd, set up, learn its
-    place in the slice, then the job command. `before` runs after setup (e.g. fetching
-    records the job reads)."""
+def worker_command(
+    job_command: str, workdir: str, setup: str = "", archives: Sequence[str] = (), outputs: Sequence[str] = (),
+    outputs_archive: str = "",
+) -> str:  # fmt: skip
+    """What every worker runs: unpack the copied archives into the workdir, cd, set up,
+    learn its place in the slice, run the job command; then worker 0 packs the job's
+    `outputs` (paths relative to the workdir) into `~/outputs_archive` for the driver."""
     parts = []
-    if archive:
-        parts.append(f"mkdir -p {shlex.quote(workdir)} && tar -xzf {shlex.quote(archive)} -C {shlex.quote(workdir)}")
+    if archives:
+        parts.append(f"mkdir -p {shlex.quote(workdir)}")
+        parts += [f"tar -xzf {shlex.quote(a)} -C {shlex.quote(workdir)}" for a in archives]
     parts.append(f"cd {shlex.quote(workdir)}")
     if setup:
         parts.append(f"( {setup} )")
     parts.append(pod_env_exports())
-    if before:
-        parts.append(before)
     parts.append(job_command)
+    if outputs:
+        pack = f'tar -czf "$HOME"/{shlex.quote(outputs_archive)} --ignore-failed-read -- {shlex.join(outputs)}'
+        parts.append(f'{{ [ "${ENV_PROCESS_ID}" != 0 ] || {pack}; }}')
     return " && ".join(parts)
 
 
 def driver_script(
-    node: TpuNode, worker_cmd: str, *, archive: str = "", remote_archive: str = "", delete: bool = True,
-    title: str = "",
+    node: TpuNode, worker_cmd: str, *, uploads: Sequence[tuple[str, str]] = (),
+    download: tuple[str, str, str] | None = None, delete: bool = True, title: str = "",
 ) -> str:  # fmt: skip
-    """The bash script that creates (or reuses) the node, waits for it, copies the
-    workflow, runs `worker_cmd` on all workers and deletes the node on exit."""
+    """The bash script that creates (or reuses) the node, waits for it, copies each
+    `(local file, remote name)` of `uploads` to every worker, runs `worker_cmd` on all
+    workers, on success fetches `download = (remote name, local file, directory)` from
+    worker 0 and unpacks it into that directory, and deletes the node on exit."""
     ready = "|".join(READY_STATES)
     failed = "|".join(FAILED_STATES)
     kind = "queued resource" if node.queued else "TPU VM"
     lines = [
         "#!/usr/bin/env bash",
-        f"# marin-rules TPU driver{': ' + title if title else ''}",
+        f"# snakemake tpu executor driver{': ' + title if title else ''}",
         f"# {kind} {node.name} ({node.accelerator_type}, runtime {node.version})",
         "set -uo pipefail",
     ]
     if delete:
         lines += [
-            f"cleanup() {{ echo 'marin-rules: deleting {kind} {node.name}' >&2; {delete_command(node)} || "
-            f"echo 'marin-rules: could not delete {node.name}; delete it yourself: {delete_command(node)}' >&2; }}",
+            f"cleanup() {{ echo 'tpu executor: deleting {kind} {node.name}' >&2; {delete_command(node)} || "
+            f"echo 'tpu executor: could not delete {node.name}; delete it yourself: {delete_command(node)}' >&2; }}",
             "trap cleanup EXIT",
         ]
     lines += [
         "trap 'exit 143' TERM INT",
         f"if state=$({state_command(node)} 2>/dev/null) && [ -n \"$state\" ]; then",
-        f"  echo \"marin-rules: reusing {kind} {node.name} (state $state)\" >&2",
+        f"  echo \"tpu executor: reusing {kind} {node.name} (state $state)\" >&2",
         "else",
-        f"  echo 'marin-rules: creating {kind} {node.name}' >&2",
+        f"  echo 'tpu executor: creating {kind} {node.name}' >&2",
         f"  {create_command(node)} || exit 1",
         "fi",
         "while true; do",
         f"  state=$({state_command(node)})",
         "  case \"$state\" in",
         f"    {ready}) break ;;",
-        f"    {failed}) echo \"marin-rules: {node.name} is $state\" >&2; exit 1 ;;",
+        f"    {failed}) echo \"tpu executor: {node.name} is $state\" >&2; exit 1 ;;",
         "  esac",
-        f"  echo \"marin-rules: waiting for {node.name} (state ${{state:-unknown}})\" >&2",
+        f"  echo \"tpu executor: waiting for {node.name} (state ${{state:-unknown}})\" >&2",
         f"  sleep {POLL_SECONDS}",
         "done",
     ]
-    if archive:
-        lines.append(f"{scp_command(node, archive, remote_archive)} || exit 1")
-    lines.append(f"{ssh_command(node, worker_cmd)}")
+    lines += [f"{scp_command(node, local, remote)} || exit 1" for local, remote in uploads]
+    lines.append(f"{ssh_command(node, worker_cmd)} || exit $?")
+    if download is not None:
+        remote, local, directory = download
+        lines.append(f"{scp_back_command(node, remote, local)} || exit 1")
+        # -m: outputs get this host's time of arrival, so they are newer than their inputs
+        lines.append(f"{shlex.join(['tar', '-xmzf', local, '-C', directory])} || exit 1")
     return "\n".join(lines) + "\n"
 
 
@@ -207,30 +222,3 @@ def start_driver(script: str, job_dir: Path, env: Mapping[str, str] | None = Non
         [f"exec bash {shlex.quote(str(path.resolve()))}"], [dict(env if env is not None else os.environ)],
         [job_dir / "driver.log"], cwd=cwd,
     )  # fmt: skip
-
-
-def workflow_archive(workflow_dir: str, dest: Path) -> Path:
-    """A tarball of the workflow's sources (git-tracked and untracked-but-not-ignored
-    files, so uncommitted edits travel; data, venvs and `.snakemake/` do not)."""
-    try:
-        listed = subprocess.run(
-            ["git", "-C", workflow_dir, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            capture_output=True, check=True, timeout=60,
-        ).stdout  # fmt: skip
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise RuntimeError(
-            f"cannot list the workflow's files with git in {workflow_dir} ({e}); copying the workflow to TPU "
-            "workers needs a git checkout. Or put it there yourself and pass --tpu-expect-workflow"
-        ) from None
-    names = sorted(n for n in listed.decode().split("\0") if n and os.path.isfile(os.path.join(workflow_dir, n)))
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(dest, "w:gz") as tar:
-        for name in names:
-            tar.add(os.path.join(workflow_dir, name), arcname=name, recursive=False)
-    return dest
-
-
-def archive_name(archive: Path) -> str:
-    """The archive's file name on the workers: content-addressed, so jobs never mix versions."""
-    digest = hashlib.sha1(archive.read_bytes()).hexdigest()[:12]
-    return f"marin-workflow-{digest}.tar.gz"

@@ -2,8 +2,11 @@
 
 Model: a TPU pod slice runs the same command once per host and the hosts join one
 `jax.distributed` run. Here the "hosts" are N local processes of the same shell
-command, each told its place by the `MARIN_POD_*` variables (see `pod.py`) with the
-coordinator on `127.0.0.1:<free port>`, and each given D fake CPU devices
+command, each told its place by three variables (the plugin's whole contract with a
+job): `SNAKEMAKE_TPU_COORDINATOR` (`host:port` of process 0, here `127.0.0.1:<free
+port>`; `auto` on a TPU VM, where `jax.distributed.initialize()` reads the slice
+metadata), `SNAKEMAKE_TPU_NUM_PROCESSES` and `SNAKEMAKE_TPU_PROCESS_ID`. Each
+process is given D fake CPU devices
 (`XLA_FLAGS=--xla_force_host_platform_device_count=D`, `JAX_PLATFORMS=cpu`), so
 multi-host code (gloo collectives, per-process data slices, orbax) runs unchanged.
 
@@ -25,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from marin_rules.cluster.pod import PodProcess
-
+ENV_COORDINATOR = "SNAKEMAKE_TPU_COORDINATOR"
+ENV_NUM_PROCESSES = "SNAKEMAKE_TPU_NUM_PROCESSES"
+ENV_PROCESS_ID = "SNAKEMAKE_TPU_PROCESS_ID"
 GRACE_SECONDS = 5.0  # from the first failure (or a cancel) to SIGKILL of the rest
 
 
@@ -43,25 +47,26 @@ class LocalPodSpec:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (for the coordinator)."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the coordinator's;
+    the tests' GCS emulator uses it too)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def process_env(base: Mapping[str, str], pod: PodProcess, devices: int) -> dict[str, str]:
-    """The environment of one pod process: `base` plus its place and its fake devices."""
+def pod_env(coordinator: str, num_processes: int, process_id: int) -> dict[str, str]:
+    """The variables that tell one process its place in the pod."""
+    return {ENV_COORDINATOR: coordinator, ENV_NUM_PROCESSES: str(num_processes), ENV_PROCESS_ID: str(process_id)}
+
+
+def process_env(base: Mapping[str, str], spec: LocalPodSpec, port: int, process_id: int) -> dict[str, str]:
+    """The environment of one local pod process: `base`, its place, its fake devices."""
     env = dict(base)
     kept = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
-    env["XLA_FLAGS"] = " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+    env["XLA_FLAGS"] = " ".join([*kept, f"--xla_force_host_platform_device_count={spec.devices_per_process}"])
     env["JAX_PLATFORMS"] = "cpu"
-    env.update(pod.env())
+    env.update(pod_env(f"127.0.0.1:{port}", spec.num_processes, process_id))
     return env
-
-
-def pod_processes(spec: LocalPodSpec, port: int) -> list[PodProcess]:
-    coordinator = f"127.0.0.1:{port}"
-    return [PodProcess(coordinator, spec.num_processes, i) for i in range(spec.num_processes)]
 
 
 class ProcessGroup:
@@ -161,7 +166,7 @@ def start_local_pod(
     command: str, spec: LocalPodSpec, log_dir: Path, base_env: Mapping[str, str], cwd: str | None = None
 ) -> ProcessGroup:
     """Start `command` once per pod process; logs in `log_dir/process-<i>.log`."""
-    processes = pod_processes(spec, free_port())
-    envs = [process_env(base_env, p, spec.devices_per_process) for p in processes]
-    logs = [log_dir / f"process-{p.process_id}.log" for p in processes]
+    port = free_port()
+    envs = [process_env(base_env, spec, port, i) for i in range(spec.num_processes)]
+    logs = [log_dir / f"process-{i}.log" for i in range(spec.num_processes)]
     return ProcessGroup.start([command] * spec.num_processes, envs, logs, cwd=cwd)
