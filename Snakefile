@@ -19,6 +19,7 @@ rule all:
 
 
 include: "rules/data.smk"
+include: "rules/dedup.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
 include: "rules/custom.smk"

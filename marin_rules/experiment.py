@@ -173,7 +173,7 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
     if not is_valid_step(step):
         raise fail(
             "step",
-            f"expected a built-in step (download, train_tokenizer, tokenize, train, evaluate) "
+            f"expected a built-in step (download, dedup, train_tokenizer, tokenize, train, evaluate) "
             f"or 'pkg.module:function', got {step!r}{suggest_key(step, BUILTIN_STEPS) if isinstance(step, str) else ''}",
         )
     if not isinstance(entry.get("description", ""), str):

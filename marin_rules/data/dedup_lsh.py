@@ -1,0 +1,114 @@
+"""Near-duplicate clusters of documents: shingles, MinHash LSH, connected components.
+
+Model: a document becomes a set of shingles (`ngram` consecutive words of its
+lower-cased text split on whitespace, or `ngram` consecutive characters of the text
+lower-cased with whitespace runs collapsed to one space; a document shorter than one
+shingle is one shingle). `rensa` (Rust R-MinHash, the maintained library) signs each
+set with `num_perm` permutations and indexes it in an LSH of `bands` x `rows`. Each
+document is queried before it is inserted, so every pair that shares a band is seen
+exactly once, whatever the order; a candidate pair becomes an edge when its
+signatures' estimated Jaccard similarity reaches the threshold (LSH alone admits
+pairs below it). The clusters are the connected components of those edges
+(union-find), so a chain a~b~c is one cluster even when a and c are far apart.
+Edges, hence clusters, do not depend on the order documents arrive in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from rensa import RMinHash, RMinHashLSH
+
+
+def shingles(text: str, ngram: int, unit: str) -> list[str]:
+    """The shingles of one document (repeats allowed: MinHash sees the set)."""
+    if unit == "word":
+        units = text.lower().split()
+        if len(units) <= ngram:
+            return [" ".join(units)]
+        return [" ".join(units[i : i + ngram]) for i in range(len(units) - ngram + 1)]
+    flat = " ".join(text.lower().split())
+    if len(flat) <= ngram:
+        return [flat]
+    return [flat[i : i + ngram] for i in range(len(flat) - ngram + 1)]
+
+
+def signature(tokens: list[str], num_perm: int, seed: int) -> RMinHash:
+    sig = RMinHash(num_perm=num_perm, seed=seed)
+    sig.update(tokens)
+    return sig
+
+
+class UnionFind:
+    """Disjoint sets over 0..n-1 (path halving, union by size)."""
+
+    def __init__(self) -> None:
+        self.parent: list[int] = []
+        self.size: list[int] = []
+
+    def add(self) -> int:
+        self.parent.append(len(self.parent))
+        self.size.append(1)
+        return len(self.parent) - 1
+
+    def find(self, i: int) -> int:
+        parent = self.parent
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    def union(self, a: int, b: int) -> None:
+        a, b = self.find(a), self.find(b)
+        if a == b:
+            return
+        if self.size[a] < self.size[b]:
+            a, b = b, a
+        self.parent[b] = a
+        self.size[a] += self.size[b]
+
+
+@dataclass
+class Clusterer:
+    """Feed documents one at a time (`add`); `components()` gives the clusters."""
+
+    threshold: float
+    num_perm: int
+    seed: int
+    bands: int
+    ngram: int
+    unit: str
+
+    def __post_init__(self) -> None:
+        self.lsh = RMinHashLSH(threshold=self.threshold, num_perm=self.num_perm, num_bands=self.bands)
+        self.signatures: list[RMinHash] = []
+        self.sets = UnionFind()
+        self.candidate_pairs = 0
+        self.edges = 0
+
+    def add(self, text: str) -> int:
+        """Sign one document, link it to the near-duplicates seen so far; its index."""
+        sig = signature(shingles(text, self.ngram, self.unit), self.num_perm, self.seed)
+        index = self.sets.add()
+        for other in self.lsh.query(sig):
+            self.candidate_pairs += 1
+            if sig.jaccard(self.signatures[other]) >= self.threshold:
+                self.edges += 1
+                self.sets.union(index, other)
+        self.lsh.insert(index, sig)
+        self.signatures.append(sig)
+        return index
+
+    def components(self) -> list[list[int]]:
+        """Every cluster as a sorted list of document indices (singletons included)."""
+        groups: dict[int, list[int]] = {}
+        for i in range(len(self.sets.parent)):
+            groups.setdefault(self.sets.find(i), []).append(i)
+        return list(groups.values())
+
+
+def cluster_texts(texts: Iterable[str], clusterer: Clusterer) -> list[list[int]]:
+    for text in texts:
+        clusterer.add(text)
+    return clusterer.components()
