@@ -182,6 +182,14 @@ def test_same_output_twice_and_kept_set_independent_of_shard_order(planted, tmp_
     assert [d["id"] for d in dolma.read_split(str(reordered), "train")] != [d["id"] for d in dolma.read_split(planted["out"], "train")]
 
 
+def test_two_signing_processes_give_the_same_output(planted, tmp_path):
+    out = tmp_path / "two"
+    result = dedup(StepContext("dedup/planted", "v1", CONFIG, {"corpus": planted["raw"]}, {"num_workers": 2}, str(out)))
+    assert result["num_workers"] == 2 and result["lsh"] == planted["result"]["lsh"]
+    for split in dolma.SPLITS:
+        assert (out / split / dolma.shard_name(0)).read_bytes() == (Path(planted["out"]) / split / dolma.shard_name(0)).read_bytes()
+
+
 @pytest.mark.parametrize(
     "entry, message",
     [

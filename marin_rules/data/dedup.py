@@ -35,7 +35,7 @@ from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import StepError
 from marin_rules.data import dolma
 from marin_rules.data.dedup_config import candidate_probability, check_dedup, lsh_bands, settings
-from marin_rules.data.dedup_lsh import Clusterer, cluster_texts
+from marin_rules.data.dedup_lsh import Clusterer, cluster, signatures
 
 
 def dedup(ctx: StepContext) -> dict[str, Any]:
@@ -55,14 +55,19 @@ def dedup(ctx: StepContext) -> dict[str, Any]:
     if not docs["train"]:
         raise StepError(f"deps.corpus: the training split of {corpus} is empty")
     bands, rows = lsh_bands(cfg.threshold, cfg.num_perm)
-    clusterer = Clusterer(cfg.threshold, bands * rows, cfg.seed, bands, cfg.ngram, cfg.ngram_unit)
-    texts = (doc["text"] for _, doc in ordered)
-    progress = tqdm(texts, total=len(ordered), desc="dedup", unit="doc", file=sys.stderr, mininterval=1.0)
-    clusters = cluster_texts(progress, clusterer)
+    num_workers = int(ctx.runtime.get("num_workers") or cfg.num_workers or 1)
+    sigs = signatures(
+        (doc["text"] for _, doc in ordered),
+        ngram=cfg.ngram, unit=cfg.ngram_unit, num_perm=bands * rows, seed=cfg.seed, num_workers=num_workers,
+    )  # fmt: skip
+    progress = tqdm(sigs, total=len(ordered), desc="dedup", unit="doc", file=sys.stderr, mininterval=1.0)
+    clusterer = Clusterer(cfg.threshold, bands * rows, bands)
+    clusters = cluster(progress, clusterer)
 
     keep, leaked = choose_kept(clusters, ordered)
     kept = {split: [doc for i, (s, doc) in enumerate(ordered) if s == split and i in keep] for split in dolma.SPLITS}
-    shards = {split: dolma.write_split(ctx.output, split, kept[split]) for split in dolma.SPLITS}
+    # gzip level 1: writing at download's level 5 would cost as much as the MinHash work
+    shards = {split: dolma.write_split(ctx.output, split, kept[split], compresslevel=1) for split in dolma.SPLITS}
 
     sizes = collections.Counter(len(c) for c in clusters)
     lsh = {
@@ -88,6 +93,7 @@ def dedup(ctx: StepContext) -> dict[str, Any]:
         "duplicate_clusters": sum(n for size, n in sizes.items() if size > 1),
         "cluster_sizes": {str(size): sizes[size] for size in sorted(sizes)},
         "lsh": lsh,
+        "num_workers": num_workers,
         "seconds": round(time.perf_counter() - started, 3),
     }
     storage.write_json_atomic(manifest_location, output_manifest(upstream, corpus, kept, shards, result))
@@ -136,5 +142,5 @@ def output_manifest(
         "duplicates_dropped": upstream.get("duplicates_dropped", 0),
         "empty_dropped": upstream.get("empty_dropped", 0),
         "heldout": [d.get("metadata", {}).get("title") for d in kept["heldout"]],
-        "dedup": {"corpus": corpus, **{k: v for k, v in result.items() if k != "seconds"}},
+        "dedup": {"corpus": corpus, **{k: v for k, v in result.items() if k not in ("seconds", "num_workers")}},
     }

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Mapping
 
 from marin_rules.artifacts.errors import ConfigError
-from marin_rules.validation import Int, Number, OneOf, check_fields
+from marin_rules.validation import Int, Number, OneOf, Optional, check_fields
 
 NGRAM_UNITS = ("word", "char")
 CORPUS_KINDS = ("download", "dedup")  # what `deps.corpus` of a corpus reader may be
@@ -35,11 +35,13 @@ class DedupConfig:
     ngram_unit: Annotated[str, OneOf(NGRAM_UNITS), "shingles of words (split on whitespace, lower-cased) or of characters"] = "word"
     num_perm: Annotated[int, Int(min=16, max=1024), "MinHash permutations per document"] = 128
     seed: Annotated[int, Int(min=0, max=2**31 - 1), "seed of the MinHash permutations"] = 1
+    num_workers: Annotated[int | None, Optional(Int(min=1)), "signing processes (speed only: better in runtime)"] = None
 
 
 def check_dedup(config: Mapping[str, Any], deps: Mapping[str, Any]) -> None:
     """`dedup`: one `deps.corpus` (a download or dedup artifact); `threshold` (default
-    0.8), `ngram` (default 5) of `ngram_unit` (word | char), `num_perm` (128), `seed` (1)."""
+    0.8), `ngram` (default 5) of `ngram_unit` (word | char), `num_perm` (128), `seed` (1);
+    `num_workers` (signing processes) only changes speed: give it in `runtime`."""
     check_fields(DedupConfig, config, "config")
     if "corpus" not in deps:
         raise ConfigError("deps.corpus", "missing: name the corpus to deduplicate (a download or dedup artifact, name@version)")

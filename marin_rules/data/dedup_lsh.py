@@ -15,8 +15,12 @@ Edges, hence clusters, do not depend on the order documents arrive in.
 
 from __future__ import annotations
 
+import collections
+import itertools
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from rensa import RMinHash, RMinHashLSH
 
@@ -38,6 +42,30 @@ def signature(tokens: list[str], num_perm: int, seed: int) -> RMinHash:
     sig = RMinHash(num_perm=num_perm, seed=seed)
     sig.update(tokens)
     return sig
+
+
+def sign_batch(texts: list[str], ngram: int, unit: str, num_perm: int, seed: int) -> list[RMinHash]:
+    return [signature(shingles(t, ngram, unit), num_perm, seed) for t in texts]
+
+
+def signatures(
+    texts: Iterator[str], *, ngram: int, unit: str, num_perm: int, seed: int, num_workers: int, batch_size: int = 256
+) -> Iterator[RMinHash]:
+    """One signature per text, in order; shingling and signing (the costly part) in
+    `num_workers` spawned processes when above 1 (same signatures either way)."""
+    if num_workers <= 1:
+        for text in texts:
+            yield signature(shingles(text, ngram, unit), num_perm, seed)
+        return
+    # spawn, not fork, and a bounded queue of batches: as in tokenize.encode_stream
+    with ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending: collections.deque = collections.deque()
+        while batch := list(itertools.islice(texts, batch_size)):
+            pending.append(pool.submit(sign_batch, batch, ngram, unit, num_perm, seed))
+            if len(pending) >= 4 * num_workers:
+                yield from pending.popleft().result()
+        while pending:
+            yield from pending.popleft().result()
 
 
 class UnionFind:
@@ -75,10 +103,7 @@ class Clusterer:
 
     threshold: float
     num_perm: int
-    seed: int
     bands: int
-    ngram: int
-    unit: str
 
     def __post_init__(self) -> None:
         self.lsh = RMinHashLSH(threshold=self.threshold, num_perm=self.num_perm, num_bands=self.bands)
@@ -87,9 +112,8 @@ class Clusterer:
         self.candidate_pairs = 0
         self.edges = 0
 
-    def add(self, text: str) -> int:
-        """Sign one document, link it to the near-duplicates seen so far; its index."""
-        sig = signature(shingles(text, self.ngram, self.unit), self.num_perm, self.seed)
+    def add(self, sig: RMinHash) -> int:
+        """Link one document's signature to the near-duplicates seen so far; its index."""
         index = self.sets.add()
         for other in self.lsh.query(sig):
             self.candidate_pairs += 1
@@ -108,7 +132,7 @@ class Clusterer:
         return list(groups.values())
 
 
-def cluster_texts(texts: Iterable[str], clusterer: Clusterer) -> list[list[int]]:
-    for text in texts:
-        clusterer.add(text)
+def cluster(sigs: Iterable[RMinHash], clusterer: Clusterer) -> list[list[int]]:
+    for sig in sigs:
+        clusterer.add(sig)
     return clusterer.components()
