@@ -241,3 +241,18 @@ def test_dedup_artifact_feeds_train_tokenizer_and_tokenize_in_a_snakemake_run(tm
     assert index["corpus"].endswith("dedup/p/v1")
     docs = index["splits"]["train"]["documents"] + index["splits"]["validation"]["documents"]
     assert docs == result["documents_out"]
+
+
+def test_corpus_roles_take_a_dedup_artifact_and_train_data_does_not():
+    artifacts = {
+        "raw/r@v1": {"step": "download"},
+        "dd/a@v1": {"step": "dedup", "deps": {"corpus": "raw/r@v1"}},
+        "dd/b@v1": {"step": "dedup", "deps": {"corpus": "dd/a@v1"}, "config": {"ngram_unit": "char", "ngram": 8}},
+        "tok/t@v1": {"step": "train_tokenizer", "deps": {"corpus": "dd/b@v1"}, "config": {"vocab_size": 400}},
+        "tokens/t@v1": {"step": "tokenize", "deps": {"corpus": "dd/b@v1", "tokenizer": "tok/t@v1"}},
+    }
+    assert build_experiment({"artifacts": artifacts})["tokens/t@v1"].deps["corpus"] == "dd/b@v1"
+    train = {"model": {"d_model": 64, "n_heads": 4}, "num_train_steps": 10, "batch_size": 4, "seq_len": 32}
+    artifacts["ck/c@v1"] = {"step": "train", "deps": {"data": "dd/a@v1"}, "config": train}
+    with pytest.raises(ConfigError, match=r"^ck/c@v1: deps.data: expected a 'tokenize' artifact, got dd/a@v1 \(a 'dedup' artifact\)$"):
+        build_experiment({"artifacts": artifacts})
