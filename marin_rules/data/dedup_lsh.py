@@ -10,7 +10,9 @@ exactly once, whatever the order; a candidate pair becomes an edge when its
 signatures' estimated Jaccard similarity reaches the threshold (LSH alone admits
 pairs below it). The clusters are the connected components of those edges
 (union-find), so a chain a~b~c is one cluster even when a and c are far apart.
-Edges, hence clusters, do not depend on the order documents arrive in.
+Edges, hence clusters, do not depend on the order documents arrive in. Shingling
+and signing (most of the work) may run in `num_workers` spawned processes; the
+signatures, hence the clusters, are the same.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import collections
 import itertools
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from rensa import RMinHash, RMinHashLSH
@@ -97,16 +98,12 @@ class UnionFind:
         self.size[a] += self.size[b]
 
 
-@dataclass
 class Clusterer:
-    """Feed documents one at a time (`add`); `components()` gives the clusters."""
+    """Feed signatures one at a time (`add`); `components()` gives the clusters."""
 
-    threshold: float
-    num_perm: int
-    bands: int
-
-    def __post_init__(self) -> None:
-        self.lsh = RMinHashLSH(threshold=self.threshold, num_perm=self.num_perm, num_bands=self.bands)
+    def __init__(self, threshold: float, num_perm: int, bands: int) -> None:
+        self.threshold = threshold
+        self.lsh = RMinHashLSH(threshold=threshold, num_perm=num_perm, num_bands=bands)
         self.signatures: list[RMinHash] = []
         self.sets = UnionFind()
         self.candidate_pairs = 0
