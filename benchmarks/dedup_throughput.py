@@ -19,7 +19,7 @@ When datasketch is installed (it is not a dependency), its `MinHash` + `MinHashL
 doing the baseline's work on the first 2,000 documents is reported too: the
 measured reason rensa was chosen. Last line: one JSON object.
 
-    .venv/bin/python benchmarks/dedup_throughput.py [--docs 20000] [--repeats 3]
+    .venv/bin/python benchmarks/dedup_throughput.py [--docs 6000] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -114,8 +114,8 @@ def step(workdir: str, raw: str, workers: int) -> tuple[float, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--docs", type=int, default=20000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--docs", type=int, default=6000)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     workdir = tempfile.mkdtemp(prefix="dedup-bench-")
     source = os.path.join(workdir, "corpus.jsonl")
