@@ -24,6 +24,7 @@ rule all:
 
 
 include: "rules/data.smk"
+include: "rules/dedup.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
 include: "rules/export.smk"

@@ -26,7 +26,7 @@ SCHEMA_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 SEGMENT = "[a-z0-9][a-z0-9._-]*"
 KEY_PATTERN = f"^{SEGMENT}(/{SEGMENT})*@[A-Za-z0-9][A-Za-z0-9._-]*$"
 ROLE_PATTERN = "^[A-Za-z_][A-Za-z0-9_]*$"
-REQUIRED_ROLES = {"tokenize": ["corpus", "tokenizer"], "train": ["data"], "evaluate": ["data", "model"]}
+REQUIRED_ROLES = {"dedup": ["corpus"], "tokenize": ["corpus", "tokenizer"], "train": ["data"], "evaluate": ["data", "model"]}
 
 
 def _ref(name: str) -> dict[str, str]:

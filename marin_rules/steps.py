@@ -1,6 +1,6 @@
 """The built-in step kinds and how a step name becomes a function.
 
-Model: a step kind is either a built-in name (`download`, `train_tokenizer`,
+Model: a step kind is either a built-in name (`download`, `dedup`, `train_tokenizer`,
 `tokenize`, `train`, `evaluate`) or a user step `pkg.module:function`. Each built-in
 names its run function, a config checker and its config dataclass (whose
 `marin_rules.validation` rules give the JSON Schema) by dotted path, imported lazily: loading
@@ -8,9 +8,9 @@ an experiment (dry runs, `--dag`) never imports JAX. A checker is
 `check(config: dict, deps: dict) -> None` raising `ConfigError(field, message)` with
 `field` relative to the artifact entry (`config.vocab_size`, `deps.corpus`).
 
-Each built-in also declares, per dependency role, the step kind its upstream must be
+Each built-in also declares, per dependency role, the step kinds its upstream may be
 (`BuiltinStep.deps`): the loader refuses a `download` artifact wired in as a train
-step's `data`. An upstream that is a user step is accepted for any role (what it
+step's `data`; a corpus may be a `download` or a `dedup` artifact (same layout). An upstream that is a user step is accepted for any role (what it
 writes is the user's business). A user step is checked at load without importing
 its module (it may import JAX): the module must be findable and its source must
 define the function (`check_user_step` reads it with `ast`).
@@ -37,28 +37,41 @@ class BuiltinStep:
     run: str  # "module:function" called as function(ctx)
     check: str  # "module:function" called as check(config, deps) before anything runs
     settings: str  # "module:Class": the config dataclass whose rules give its JSON Schema
-    # role -> the built-in step kind its upstream must be (each member of a mixture too);
+    # role -> the built-in step kind(s) its upstream may be (each member of a mixture too);
     # the roles are the ones the checker accepts. A user-step upstream fits any role.
-    deps: Mapping[str, str] = field(default_factory=dict, hash=False)
+    deps: Mapping[str, str | tuple[str, ...]] = field(default_factory=dict, hash=False)
     # "module:function" called as f(config, {role: the upstream entry's config}) at load
     check_upstream: str = ""
+
+    def kinds(self, role: str) -> tuple[str, ...]:
+        expected = self.deps.get(role, ())
+        return (expected,) if isinstance(expected, str) else tuple(expected)
+
+
+CORPUS = ("download", "dedup")  # a corpus: Dolma shards + manifest.json (marin_rules.data.dolma)
 
 
 BUILTIN_STEPS: dict[str, BuiltinStep] = {
     "download": BuiltinStep(
         "marin_rules.data.download:download", "marin_rules.data.checks:check_download", "marin_rules.data.checks:DownloadConfig"
     ),
+    "dedup": BuiltinStep(
+        "marin_rules.data.dedup:dedup",
+        "marin_rules.data.dedup_config:check_dedup",
+        "marin_rules.data.dedup_config:DedupConfig",
+        {"corpus": CORPUS},
+    ),
     "train_tokenizer": BuiltinStep(
         "marin_rules.data.tokenizer:train_tokenizer",
         "marin_rules.data.checks:check_train_tokenizer",
         "marin_rules.data.checks:TrainTokenizerConfig",
-        {"corpus": "download"},
+        {"corpus": CORPUS},
     ),
     "tokenize": BuiltinStep(
         "marin_rules.data.tokenize:tokenize",
         "marin_rules.data.checks:check_tokenize",
         "marin_rules.data.checks:TokenizeConfig",
-        {"corpus": "download", "tokenizer": "train_tokenizer"},
+        {"corpus": CORPUS, "tokenizer": "train_tokenizer"},
     ),
     "train": BuiltinStep(
         "marin_rules.train.step:train", "marin_rules.train.config:check_train", "marin_rules.train.config:TrainConfig", {"data": "tokenize"}
@@ -196,16 +209,15 @@ def check_dep_kinds(step: str, deps: Mapping[str, Any], step_of: Mapping[str, st
     if builtin is None:
         return
     for role, dep in deps.items():
-        expected = builtin.deps.get(role)
-        if expected is None:
+        expected = builtin.kinds(role)
+        if not expected:
             takes = ", ".join(sorted(builtin.deps)) or "no dependencies"
             raise ConfigError(f"deps.{role}", f"unknown role{suggest_key(role, builtin.deps)}; {step} takes: {takes}")
         for upstream in [dep] if isinstance(dep, str) else list(dep):
             kind = step_of.get(upstream)
-            if kind in BUILTIN_STEPS and kind != expected:
-                raise ConfigError(
-                    f"deps.{role}", f"expected a {expected!r} artifact, got {upstream} (a {kind!r} artifact)"
-                )
+            if kind in BUILTIN_STEPS and kind not in expected:
+                wanted = " or ".join(map(repr, expected))
+                raise ConfigError(f"deps.{role}", f"expected a {wanted} artifact, got {upstream} (a {kind!r} artifact)")
 
 
 def import_function(dotted: str) -> Callable[..., Any]:

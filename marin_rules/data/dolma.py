@@ -27,16 +27,17 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.jsonl.gz"
 
 
-def write_split(location: str, split: str, docs: Iterable[dict[str, Any]]) -> list[str]:
+def write_split(location: str, split: str, docs: Iterable[dict[str, Any]], compresslevel: int = 5) -> list[str]:
     """Write documents as shards under `{location}/{split}/`; returns the shard
     names (relative to the split). Always writes at least one (maybe empty) shard,
-    so every split of an artifact has the same layout."""
+    so every split of an artifact has the same layout. `compresslevel` (gzip's 1-9)
+    trades size for speed."""
     names: list[str] = []
     buffer = io.BytesIO()
 
     def flush() -> None:
         name = shard_name(len(names))
-        data = gzip.compress(buffer.getvalue(), compresslevel=5, mtime=0)
+        data = gzip.compress(buffer.getvalue(), compresslevel=compresslevel, mtime=0)
         storage.write_bytes_atomic(storage.join(location, split, name), data)
         names.append(name)
         buffer.seek(0)

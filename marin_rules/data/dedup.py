@@ -1,0 +1,146 @@
+"""The `dedup` step: a corpus without its near-duplicate documents, in the `download` layout.
+
+Model: every document of `deps.corpus` (a `download` or `dedup` artifact: its
+training split, then its held-out split, each in manifest order) is shingled, signed
+with MinHash and clustered by LSH + connected components (`dedup_lsh`; bands and
+rows derived from `config.threshold` by `dedup_config.lsh_bands`). One document per
+cluster is kept, chosen by a stable key, not by position: the smallest document
+`id` (download's xxh3-128 of the text; ties broken by the text's own hash). The
+held-out split is what evaluation reads and is never thinned: a cluster that holds
+held-out documents keeps all of them and drops its training documents (a training
+copy of a held-out text would leak it). Which documents are kept therefore does not
+depend on shard order; the kept documents are written unchanged, in input order,
+as Dolma shards `train/` and `heldout/` with a `manifest.json` (written last) that
+has every field `download` writes, so `train_tokenizer`, `tokenize` and `evaluate`
+read it like a download.
+
+The result (the record's `result`): documents in and out, duplicates removed (and
+how many of them were training copies of held-out documents), the number of
+clusters, a histogram of cluster sizes, and the LSH parameters used.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import time
+from importlib.metadata import version
+from typing import Any
+
+import xxhash
+from tqdm import tqdm
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.errors import StepError
+from marin_rules.data import dolma
+from marin_rules.data.dedup_config import candidate_probability, check_dedup, lsh_bands, settings
+from marin_rules.data.dedup_lsh import Clusterer, cluster, signatures
+
+
+def dedup(ctx: StepContext) -> dict[str, Any]:
+    check_dedup(ctx.config, ctx.deps)
+    cfg = settings(ctx.config)
+    corpus = ctx.deps["corpus"]
+    started = time.perf_counter()
+    upstream = dolma.read_manifest(corpus)
+    manifest_location = storage.join(ctx.output, dolma.MANIFEST)
+    dolma.remove(manifest_location)  # a retry: no old manifest may describe new shards
+    for split in dolma.SPLITS:
+        for stale in dolma.split_shards(ctx.output, split):
+            dolma.remove(stale)
+
+    docs = {split: list(dolma.read_split(corpus, split)) for split in dolma.SPLITS}
+    ordered = [(split, doc) for split in dolma.SPLITS for doc in docs[split]]
+    if not docs["train"]:
+        raise StepError(f"deps.corpus: the training split of {corpus} is empty")
+    bands, rows = lsh_bands(cfg.threshold, cfg.num_perm)
+    num_workers = int(ctx.runtime.get("num_workers") or cfg.num_workers or 1)
+    sigs = signatures(
+        (doc["text"] for _, doc in ordered),
+        ngram=cfg.ngram, unit=cfg.ngram_unit, num_perm=bands * rows, seed=cfg.seed, num_workers=num_workers,
+    )  # fmt: skip
+    progress = tqdm(sigs, total=len(ordered), desc="dedup", unit="doc", file=sys.stderr, mininterval=1.0)
+    clusterer = Clusterer(cfg.threshold, bands * rows, bands)
+    clusters = cluster(progress, clusterer)
+
+    keep, leaked = choose_kept(clusters, ordered)
+    kept = {split: [doc for i, (s, doc) in enumerate(ordered) if s == split and i in keep] for split in dolma.SPLITS}
+    # gzip level 1: writing at download's level 5 would cost as much as the MinHash work
+    shards = {split: dolma.write_split(ctx.output, split, kept[split], compresslevel=1) for split in dolma.SPLITS}
+
+    sizes = collections.Counter(len(c) for c in clusters)
+    lsh = {
+        "library": f"rensa {version('rensa')}",
+        "threshold": cfg.threshold,
+        "num_perm": cfg.num_perm,
+        "permutations_used": bands * rows,
+        "bands": bands,
+        "rows": rows,
+        "candidate_probability_at_threshold": round(candidate_probability(cfg.threshold, bands, rows), 4),
+        "ngram": cfg.ngram,
+        "ngram_unit": cfg.ngram_unit,
+        "seed": cfg.seed,
+        "candidate_pairs": clusterer.candidate_pairs,
+        "edges": clusterer.edges,
+    }
+    result = {
+        "documents_in": len(ordered),
+        "documents_out": len(keep),
+        "duplicates_removed": len(ordered) - len(keep),
+        "train_copies_of_heldout_removed": leaked,
+        "clusters": len(clusters),
+        "duplicate_clusters": sum(n for size, n in sizes.items() if size > 1),
+        "cluster_sizes": {str(size): sizes[size] for size in sorted(sizes)},
+        "lsh": lsh,
+        "num_workers": num_workers,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    storage.write_json_atomic(manifest_location, output_manifest(upstream, corpus, kept, shards, result))
+    return result
+
+
+def stable_key(doc: dict[str, Any]) -> tuple[str, str]:
+    """How a document is chosen within its cluster: by id, then by its text's hash."""
+    return (str(doc.get("id", "")), xxhash.xxh3_128_hexdigest(doc["text"].encode("utf-8")))
+
+
+def choose_kept(clusters: list[list[int]], ordered: list[tuple[str, dict[str, Any]]]) -> tuple[set[int], int]:
+    """Indices kept: per cluster its held-out documents if it has any, else the
+    document with the smallest stable key. Also the count of training documents
+    dropped because their cluster holds a held-out document."""
+    keep: set[int] = set()
+    leaked = 0
+    for cluster in clusters:
+        heldout = [i for i in cluster if ordered[i][0] == "heldout"]
+        if heldout:
+            keep.update(heldout)
+            leaked += len(cluster) - len(heldout)
+        else:
+            keep.add(min(cluster, key=lambda i: stable_key(ordered[i][1])))
+    return keep, leaked
+
+
+def output_manifest(
+    upstream: dict[str, Any], corpus: str, kept: dict[str, list[dict[str, Any]]], shards: dict[str, list[str]], result: dict[str, Any]
+) -> dict[str, Any]:
+    """`download`'s manifest fields, recomputed for the kept documents, plus `dedup`."""
+    train_bytes = sum(len(d["text"].encode("utf-8")) for d in kept["train"])
+    heldout_bytes = sum(len(d["text"].encode("utf-8")) for d in kept["heldout"])
+    return {
+        "format": "dolma",
+        "source": upstream.get("source"),
+        "granularity": upstream.get("granularity"),
+        "shards": shards,
+        "heldout_keys": upstream.get("heldout_keys", []),
+        "documents": len(kept["train"]) + len(kept["heldout"]),
+        "train_documents": len(kept["train"]),
+        "heldout_documents": len(kept["heldout"]),
+        "bytes": train_bytes + heldout_bytes,
+        "train_bytes": train_bytes,
+        "heldout_bytes": heldout_bytes,
+        "duplicates_dropped": upstream.get("duplicates_dropped", 0),
+        "empty_dropped": upstream.get("empty_dropped", 0),
+        "heldout": [d.get("metadata", {}).get("title") for d in kept["heldout"]],
+        "dedup": {"corpus": corpus, **{k: v for k, v in result.items() if k not in ("seconds", "num_workers")}},
+    }
