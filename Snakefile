@@ -6,9 +6,16 @@
 #   snakemake --configfile experiments/X.yaml       another experiment (never merged)
 #   snakemake --config target=checkpoints/nano-moe@v1   one artifact and what it needs
 #   snakemake --forcerun train                      rebuild every training job and its consumers
-from marin_rules import snakemake as marin
+#
+# Each job runs `python -m marin_rules.job` (marin.JOB_SHELL, every value quoted by `:q`);
+# its output goes to the rule's log, shown by --show-failed-logs.
+import marin_rules.workflow as marin
 
 M = marin.begin(workflow, config)
+
+
+onstart:
+    marin.on_start()
 
 
 rule all:

@@ -21,7 +21,8 @@ from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.records import read_failures, read_record
 from marin_rules.experiment import Artifact, Experiment, load_experiment
-from marin_rules.snakemake import DEFAULT_PREFIX, mirror_root
+from marin_rules.mirror import mirror_root
+from marin_rules.workflow.options import DEFAULT_PREFIX
 
 DEFAULT_EXPERIMENT = "experiments/default.yaml"
 

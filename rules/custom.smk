@@ -1,5 +1,5 @@
 # User steps `pkg.module:function`, each called as function(ctx). `--forcerun custom`
-# reruns all of them.
+# reruns all of them. A user step whose runtime names a `tpu` goes to a pod with --profile tpu.
 
 
 rule custom:
@@ -7,7 +7,13 @@ rule custom:
         unpack(M.inputs),
     output:
         M.record_pattern(),
+    log:
+        M.log_pattern(),
+    params:
+        **M.job_params(),
+    resources:
+        tpu=M.tpu,
     wildcard_constraints:
         artifact=M.constraint("custom"),
-    run:
-        M.run_job(wildcards, rule, jobid)
+    shell:
+        marin.JOB_SHELL
