@@ -12,7 +12,7 @@ import pytest
 
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.records import Provenance
-from marin_rules.snakemake import run_step
+from marin_rules.job.run import run_step
 
 
 def _entry(output: str) -> dict:
@@ -73,7 +73,7 @@ def test_sigterm_during_a_step_leaves_a_failure_record_naming_the_signal(tmp_pat
         import os, signal
         from marin_rules.artifacts.context import StepContext
         from marin_rules.artifacts.records import Provenance
-        from marin_rules.snakemake import run_step
+        from marin_rules.job.run import run_step
 
         def step(ctx):
             open(os.path.join(ctx.output, "partial.bin"), "w").write("half")
