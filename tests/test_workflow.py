@@ -409,3 +409,40 @@ def test_remote_prefix_builds_on_gcs_and_serves_cache(ws, gcs_prefix, gcs_env):
 
     shutil.rmtree(ws.root / ".snakemake")  # a fresh machine: nothing local, records only on the bucket
     assert nothing_to_do(ws.snakemake("-n", prefix=gcs_prefix, env=gcs_env))
+
+
+def test_unknown_config_key_is_one_line_with_the_nearest_key_and_writes_nothing(ws):
+    ws.write(chain())
+    proc = ws._run("--configfile", "exp.yaml", "--config", f"prefx={ws.prefix}", cwd=ws.root, env=ws.env, check=False)
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("marin-rules: ")]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr
+    assert "--config prefx=...: unknown key (did you mean prefix?)" in lines[0] and ws.prefix not in lines[0]
+    assert not (ws.root / "artifacts").exists() and not Path(ws.prefix).exists()
+
+
+def test_prefix_that_is_a_file_is_refused_in_one_line(ws):
+    ws.write(chain())
+    (ws.root / "afile").write_text("not a folder")
+    proc = ws.snakemake(prefix=str(ws.root / "afile" / "sub"), check=False)
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("marin-rules: ")]
+    assert proc.returncode != 0 and len(lines) == 1 and "afile is a file, not a folder" in lines[0], proc.stderr
+    assert (ws.root / "afile").read_text() == "not a folder" and not list(ws.root.rglob(".artifact.json"))
+
+
+def test_target_without_a_version_suggests_name_at_version(ws):
+    ws.write(chain())
+    proc = ws.snakemake("--config", f"prefix={ws.prefix}", "target=mid/b", check=False)
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("marin-rules: ")]
+    assert proc.returncode != 0 and len(lines) == 1 and "(did you mean mid/b@v1?)" in lines[0], proc.stderr
+    assert not Path(ws.prefix).exists()
+
+
+def test_command_line_kept_in_records_redacts_secret_looking_values():
+    from marin_rules.workflow.options import redact_command
+
+    argv = ["snakemake", "--config", "prefix=/a", "hf_token=abc123", "db_password=pw", "--storage-s3-secret-key",
+            "SK", "--api-key=K2", "--config=my_secret=S3", "-n"]  # fmt: skip
+    shown = " ".join(redact_command(argv))
+    for secret in ("abc123", "=pw", " SK", "K2", "S3"):
+        assert secret not in shown, shown
+    assert "prefix=/a" in shown and "hf_token=<redacted>" in shown and shown.endswith("-n")

@@ -124,8 +124,8 @@ class Session:
         from snakemake.io import ancient
 
         artifact = self.experiment.by_path[wildcards.artifact]
-        record = self.recorded(artifact.key)
         forced = self.is_forced(artifact.key)
+        record = None if forced else self.recorded(artifact.key)  # a forced one is replaced: even if corrupt
         if self.main_process and artifact.key not in self.warned:
             self.warned.add(artifact.key)
             self._plan(artifact, record, forced)
