@@ -4,7 +4,7 @@ Model: Snakemake decides which jobs are forced (`--forcerun RULE|RECORD`, `-R`, 
 on a target record, `-F`), and forcing cascades to consumers as in plain Snakemake;
 `forced_directly` reads the same settings so the glue knows it too. Snakemake deletes a
 forced job's success record before the job starts, so the main process first saves it
-as the marker `{location}/.history/.forced.json` (`mark_forced`, real runs only). The
+as the marker `{location}/.history/.forced-record` (`mark_forced`, real runs only). The
 job process, once it holds the lease, sees the marker and moves everything the old
 build left (data, checkpoints, the saved record) into `.history/<UTC time>/`
 (`move_old_build`): the new build starts from an empty folder with the current recipe,
@@ -23,7 +23,7 @@ from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE
 from marin_rules.artifacts.lease import LEASE_FILE
 from marin_rules.artifacts.records import HISTORY_DIR, iso, utc_now
 
-MARKER = ".forced.json"
+MARKER = ".forced-record"  # not *.json: not an earlier record for readers of .history/
 KEEP = {HISTORY_DIR, FAILURES_DIR, LEASE_FILE, LEASE_FILE + ".lock"}
 
 
