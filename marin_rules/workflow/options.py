@@ -69,8 +69,15 @@ def check_config(config: dict) -> None:
     for key in ("lease_heartbeat_s", "lease_stale_s", "lease_poll_s"):
         if key in config and not _positive(config[key]):
             raise MarinError(f"--config {key}={config[key]}: expected a number of seconds > 0")
-    if "lease_wait" in config and not isinstance(config["lease_wait"], bool):
+    if "lease_wait" in config and _flag(config["lease_wait"]) is None:
         raise MarinError(f"--config lease_wait={config['lease_wait']}: expected true or false")
+
+
+def _flag(value: Any) -> bool | None:
+    """A yes/no config value (Snakemake passes `false` through as text)."""
+    if isinstance(value, bool):
+        return value
+    return {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}.get(str(value).lower())
 
 
 def _positive(value: Any) -> bool:
@@ -81,7 +88,7 @@ def lease_options(config: dict) -> str:
     """The lease settings for the job command, as `wait=1,heartbeat_s=30,...`."""
     from marin_rules.artifacts import lease
 
-    wait = config.get("lease_wait", True)
+    wait = _flag(config.get("lease_wait", True))
     beat = config.get("lease_heartbeat_s", lease.HEARTBEAT_S)
     stale = config.get("lease_stale_s", lease.STALE_S)
     poll = config.get("lease_poll_s", lease.POLL_S)
