@@ -100,3 +100,32 @@ def test_lease_wait_false_fails_at_once_naming_the_holder(tmp_path):
     assert len((tmp_path / "runs.log").read_text().split()) == 1
     assert not (tmp_path / "art/ck/l/v1/.failures").exists()  # a refusal is not a failed build
     assert time.monotonic() - started < 120
+
+
+def test_a_holder_that_loses_its_lease_stops_its_step_and_records_no_success(tmp_path):
+    import json
+
+    env = _env(tmp_path)
+    folder = tmp_path / "alice"
+    proc = _start(folder, str(tmp_path / "art"), env, "lease_heartbeat_s=0.3")
+    location = tmp_path / "art/ck/l/v1"
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "runs.log").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.1)
+        lease = json.loads((location / ".lease.json").read_text())
+        stolen = {**lease, "host": "thief", "token": "0" * 32}  # another holder took it over
+        (location / ".lease.json.new").write_text(json.dumps(stolen))
+        os.replace(location / ".lease.json.new", location / ".lease.json")
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        (tmp_path / "runs.log.release").write_text("")
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert not (location / ".artifact.json").exists()
+    (failure,) = [json.loads(p.read_text()) for p in (location / ".failures").glob("*.json")]
+    assert failure["error"]["exit_status"] == "lease lost" and "taken over by" in failure["error"]["message"]
+    assert json.loads((location / ".lease.json").read_text())["token"] == "0" * 32  # the thief's lease is kept
