@@ -13,6 +13,7 @@ rule custom:
         **M.job_params(),
     resources:
         tpu=M.tpu,
+        tpu_zone=M.tpu_zone,
     wildcard_constraints:
         artifact=M.constraint("custom"),
     shell:

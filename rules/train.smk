@@ -14,6 +14,7 @@ rule train:
         **M.job_params(),
     resources:
         tpu=M.tpu,
+        tpu_zone=M.tpu_zone,
     wildcard_constraints:
         artifact=M.constraint("train"),
     threads: 2

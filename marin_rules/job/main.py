@@ -51,7 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     install_stop_handlers()
     if args.log:
-        _log_to(args.log)
+        from marin_rules.cluster.pod import pod_process_from_env
+
+        pod = pod_process_from_env(os.environ)  # every process of a pod runs this command
+        _log_to(args.log if pod is None or pod.process_id == 0 else f"{args.log}.p{pod.process_id}")
     unregister = None
     if args.registry:
         from marin_rules.workflow.signals import register

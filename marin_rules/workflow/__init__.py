@@ -56,7 +56,7 @@ def begin(workflow: Any, config: dict) -> Session:
     workflow_dir = os.path.dirname(os.path.abspath(workflow.main_snakefile))
     configfiles = [str(f) for f in (getattr(workflow, "overwrite_configfiles", None) or [])]
     try:
-        options.check_config(config)
+        options.check_config(config, configfiles)
         prefix = options.checked_prefix(config)
         path = options.select_experiment(config, configfiles, workdir, workflow_dir)
         experiment = load_experiment(path)

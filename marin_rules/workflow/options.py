@@ -47,11 +47,13 @@ def suggestion(text: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-def check_config(config: dict) -> None:
-    """Refuse unknown keys and unsafe values (one line each, before anything runs)."""
+def check_config(config: dict, configfiles: list[str]) -> None:
+    """Refuse unknown keys and unsafe values (one line each, before anything runs). Keys
+    from a `--configfile` are left to the experiment loader, which names the file."""
     known = GLUE_KEYS | TOP_FIELDS
+    from_files = set().union(*(_top_keys(f) for f in configfiles))
     for key in config:
-        if key not in known:
+        if key not in known and key not in from_files:
             raise MarinError(
                 f"--config {key}=...: unknown key{suggestion(key, known)}; "
                 f"marin-rules reads {', '.join(sorted(GLUE_KEYS))}"
@@ -78,6 +80,15 @@ def _flag(value: Any) -> bool | None:
     if isinstance(value, bool):
         return value
     return {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}.get(str(value).lower())
+
+
+def _top_keys(path: str) -> set[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return set()
+    return set(data) if isinstance(data, dict) else set()
 
 
 def _positive(value: Any) -> bool:

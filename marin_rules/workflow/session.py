@@ -107,6 +107,10 @@ class Session:
             return str(tpu)
         return "default" if artifact.step == "train" else ""
 
+    def tpu_zone(self, wildcards) -> str:
+        """The `tpu_zone` resource: the artifact's runtime.zone, or "" (the executor's)."""
+        return str(self.experiment.by_path[wildcards.artifact].runtime.get("zone") or "")
+
     # ---- forcing -----------------------------------------------------------------
     def is_forced(self, key: str) -> bool:
         """Will Snakemake force this job, directly or through a forced upstream?"""
