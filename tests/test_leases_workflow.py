@@ -129,3 +129,27 @@ def test_a_holder_that_loses_its_lease_stops_its_step_and_records_no_success(tmp
     (failure,) = [json.loads(p.read_text()) for p in (location / ".failures").glob("*.json")]
     assert failure["error"]["exit_status"] == "lease lost" and "taken over by" in failure["error"]["message"]
     assert json.loads((location / ".lease.json").read_text())["token"] == "0" * 32  # the thief's lease is kept
+
+
+def test_a_lease_left_by_a_killed_run_is_taken_over_once_stale(tmp_path):
+    import signal
+
+    env = _env(tmp_path)
+    prefix = str(tmp_path / "art")
+    first = _start(tmp_path / "alice", prefix, env, "lease_heartbeat_s=0.5")
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "runs.log").exists():
+        assert time.monotonic() < deadline and first.poll() is None, first.communicate()[0]
+        time.sleep(0.1)
+    (job_pid,) = map(int, (tmp_path / "runs.log").read_text().split())
+    os.kill(job_pid, signal.SIGKILL)  # the builder dies without a word: its lease stays behind
+    first.kill()
+    first.communicate(timeout=60)
+    assert (tmp_path / "art/ck/l/v1/.lease.json").exists()
+    (tmp_path / "runs.log.release").write_text("")
+    second = _start(tmp_path / "bob", prefix, env, "lease_stale_s=2")
+    out, _ = second.communicate(timeout=180)
+    assert second.returncode == 0, out
+    assert len((tmp_path / "runs.log").read_text().split()) == 2  # built again, by the second run
+    assert storage.read_text(f"{prefix}/ck/l/v1/data.txt") == "built"
+    assert not (tmp_path / "art/ck/l/v1/.lease.json").exists()  # released after the build
