@@ -71,3 +71,20 @@ def test_forcing_a_trained_artifact_rebuilds_from_scratch_and_keeps_the_old_buil
     assert " built " not in row and " failed " in row  # the truth: not built now
     kept = [json.loads(p.read_text()) for p in (folder / ".history").glob("*/.artifact.json")]
     assert now in kept and len(kept) == 3 and (folder / "ckpt.txt").read_text() == "2"
+
+
+def test_forcing_on_a_gcs_prefix_moves_the_old_build_to_history_there(tmp_path, snakemake_cmd, gcs_prefix, gcs_env):
+    from marin_rules.artifacts import storage
+
+    ws = Workspace(tmp_path, snakemake_cmd)
+    ws.write({"raw/a@v1": {"step": "usersteps:make", "config": {"text": "a"}}})
+    ws.snakemake(prefix=gcs_prefix, env=gcs_env)
+    first = ws.record("raw/a@v1", prefix=gcs_prefix)
+    mirror = next((tmp_path / ".snakemake/marin-mirror").rglob("raw/a/v1/.artifact.json"))
+    ws.snakemake("-f", str(mirror.relative_to(tmp_path)), prefix=gcs_prefix, env=gcs_env)
+    now = ws.record("raw/a@v1", prefix=gcs_prefix)
+    assert now["provenance"]["started"] != first["provenance"]["started"]
+    (old,) = storage.glob(f"{gcs_prefix}/raw/a/v1/.history/*/.artifact.json")
+    assert storage.read_json(old) == first
+    assert storage.read_text(storage.join(storage.parent(old), "data.txt")) == "a"
+    assert json.loads(mirror.read_text()) == now

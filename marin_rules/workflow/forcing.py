@@ -78,11 +78,17 @@ def move_old_build(location: str) -> str | None:
     except FileNotFoundError:
         entries = []
     storage.makedirs(target)
+    target_root = storage.filesystem(target)[1].rstrip("/")
     for entry in entries:
-        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        entry = entry.rstrip("/")
+        name = entry.rsplit("/", 1)[-1]
         if name in KEEP or name.startswith(LEASE_FILE):
             continue
-        fs.mv(entry.rstrip("/"), f"{storage.filesystem(target)[1].rstrip('/')}/{name}", recursive=True)
+        if storage.is_remote(location):  # copy, then delete: gcsfs's mv retries a move API buckets lack
+            fs.copy(entry, f"{target_root}/{name}", recursive=True)
+            fs.rm(entry, recursive=True)
+        else:
+            os.replace(entry, f"{target_root}/{name}")
     if saved.strip() not in (b"", b"null"):
         storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
     fs.rm(storage.filesystem(marker)[1])
