@@ -119,7 +119,8 @@ def build(args: argparse.Namespace) -> int:
             return storage.exists(storage.join(location, RECORD_FILE)) and not storage.exists(marker)
 
         def on_wait(holder: leases.LeaseHolder) -> None:
-            print(f"{artifact.key}: waiting: {location} is being built by {holder.describe()}", file=sys.stderr, flush=True)
+            print(f"{artifact.key}: waiting: {location} is being built by {holder.describe()}", file=sys.stderr,
+                  flush=True)  # fmt: skip
 
         held = leases.acquire(
             location, is_done=is_done, wait=settings["wait"], on_wait=on_wait,

@@ -116,7 +116,9 @@ def checked_prefix(config: dict) -> str:
         while probe and not os.path.exists(probe):
             probe = os.path.dirname(probe)
         if os.path.exists(probe) and not os.path.isdir(probe):
-            raise MarinError(f"--config prefix={prefix}: {probe} is a file, not a folder; give a folder for the artifacts")
+            raise MarinError(
+                f"--config prefix={prefix}: {probe} is a file, not a folder; give a folder for the artifacts"
+            )
     return prefix
 
 

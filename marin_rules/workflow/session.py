@@ -117,7 +117,9 @@ class Session:
         if key not in self._forced:
             self._forced[key] = False  # cycles are impossible; guard recursion anyway
             artifact = self.experiment[key]
-            records = {forcing.normalized(self.record_path(key)), forcing.normalized(self.location(key) + "/" + RECORD_FILE)}
+            records = {
+                forcing.normalized(self.record_path(key)), forcing.normalized(self.location(key) + "/" + RECORD_FILE)
+            }
             direct = forcing.forced_directly(self.workflow.dag_settings, rule_of(artifact.step), records)
             self._forced[key] = direct or any(self.is_forced(u) for u in artifact.upstream_keys())
         return self._forced[key]
