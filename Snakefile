@@ -6,14 +6,19 @@
 #   snakemake --configfile experiments/X.yaml       another experiment (never merged)
 #   snakemake --config target=checkpoints/nano-moe@v1   one artifact and what it needs
 #   snakemake --forcerun train                      rebuild every training job and its consumers
-from marin_rules import snakemake as marin
+#
+# Each job runs `python -m marin_rules.job` (marin.JOB_SHELL, every value quoted by `:q`);
+# its output goes to the rule's log, shown by --show-failed-logs.
+import marin_rules.workflow as marin
 from marin_rules.cluster.pod import refuse_unreachable_prefix
 
 M = marin.begin(workflow, config)
 
 
 onstart:
+    # one onstart: a second one would replace this one
     refuse_unreachable_prefix(workflow.executor_plugin.name, workflow.executor_settings, M.prefix)
+    marin.on_start()
 
 
 rule all:

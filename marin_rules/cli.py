@@ -25,12 +25,11 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, ArtifactId, artifact_location
 from marin_rules.artifacts.records import read_failures
-from marin_rules.experiment import Experiment, load_experiment
+from marin_rules.experiment import DEFAULT_EXPERIMENT, Experiment, load_experiment
 from marin_rules.inspect import reading
 from marin_rules.mirror import mirror_root
-from marin_rules.snakemake import DEFAULT_PREFIX
+from marin_rules.workflow.options import DEFAULT_PREFIX
 
-DEFAULT_EXPERIMENT = "experiments/default.yaml"
 EXPERIMENT_COMMANDS = ("status", "show", "path", "verify", "plan", "dag")
 
 

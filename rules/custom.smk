@@ -1,5 +1,5 @@
 # User steps `pkg.module:function`, each called as function(ctx). `--forcerun custom`
-# reruns all of them.
+# reruns all of them. A user step whose runtime names a `tpu` goes to a pod with --profile tpu.
 
 
 rule custom:
@@ -7,12 +7,14 @@ rule custom:
         unpack(M.inputs),
     output:
         M.record_pattern(),
+    log:
+        M.log_pattern(),
+    params:
+        **M.job_params(),
     resources:
-        # under the `tpu` executor: a TPU pod of the artifact's runtime.tpu (in runtime.zone), else
-        # none (runs on the submitting host)
-        tpu=lambda wildcards: M.experiment.by_path[wildcards.artifact].runtime.get("tpu") or "",
-        tpu_zone=lambda wildcards: M.experiment.by_path[wildcards.artifact].runtime.get("zone") or "",
+        tpu=M.tpu,
+        tpu_zone=M.tpu_zone,
     wildcard_constraints:
         artifact=M.constraint("custom"),
-    run:
-        M.run_job(wildcards, rule, jobid)
+    shell:
+        marin.JOB_SHELL

@@ -7,10 +7,14 @@ rule download:
         unpack(M.inputs),
     output:
         M.record_pattern(),
+    log:
+        M.log_pattern(),
+    params:
+        **M.job_params(),
     wildcard_constraints:
         artifact=M.constraint("download"),
-    run:
-        M.run_job(wildcards, rule, jobid)
+    shell:
+        marin.JOB_SHELL
 
 
 rule train_tokenizer:
@@ -19,10 +23,14 @@ rule train_tokenizer:
         unpack(M.inputs),
     output:
         M.record_pattern(),
+    log:
+        M.log_pattern(),
+    params:
+        **M.job_params(),
     wildcard_constraints:
         artifact=M.constraint("train_tokenizer"),
-    run:
-        M.run_job(wildcards, rule, jobid)
+    shell:
+        marin.JOB_SHELL
 
 
 rule tokenize:
@@ -31,8 +39,12 @@ rule tokenize:
         unpack(M.inputs),
     output:
         M.record_pattern(),
+    log:
+        M.log_pattern(),
+    params:
+        **M.job_params(),
     wildcard_constraints:
         artifact=M.constraint("tokenize"),
     threads: 2
-    run:
-        M.run_job(wildcards, rule, jobid)
+    shell:
+        marin.JOB_SHELL

@@ -7,7 +7,11 @@ rule dedup:
         unpack(M.inputs),
     output:
         M.record_pattern(),
+    log:
+        M.log_pattern(),
+    params:
+        **M.job_params(),
     wildcard_constraints:
         artifact=M.constraint("dedup"),
-    run:
-        M.run_job(wildcards, rule, jobid)
+    shell:
+        marin.JOB_SHELL

@@ -7,8 +7,12 @@ rule evaluate:
         unpack(M.inputs),
     output:
         M.record_pattern(),
+    log:
+        M.log_pattern(),
+    params:
+        **M.job_params(),
     wildcard_constraints:
         artifact=M.constraint("evaluate"),
     threads: 2
-    run:
-        M.run_job(wildcards, rule, jobid)
+    shell:
+        marin.JOB_SHELL

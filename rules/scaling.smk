@@ -7,10 +7,14 @@ rule scaling_fit:
         unpack(M.inputs),
     output:
         M.record_pattern(),
+    log:
+        M.log_pattern(),
+    params:
+        **M.job_params(),
     wildcard_constraints:
         artifact=M.constraint("scaling_fit"),
-    run:
-        M.run_job(wildcards, rule, jobid)
+    shell:
+        marin.JOB_SHELL
 
 
 rule scaling_check:
@@ -19,7 +23,11 @@ rule scaling_check:
         unpack(M.inputs),
     output:
         M.record_pattern(),
+    log:
+        M.log_pattern(),
+    params:
+        **M.job_params(),
     wildcard_constraints:
         artifact=M.constraint("scaling_check"),
-    run:
-        M.run_job(wildcards, rule, jobid)
+    shell:
+        marin.JOB_SHELL

@@ -1,5 +1,6 @@
 # Training: JAX mixture-of-experts language model. See marin_rules/train/.
-# With `--profile tpu` these jobs go to TPU pods; everything else runs locally.
+# resources: tpu = the artifact's runtime.tpu or "default": with `--profile tpu` the tpu
+# executor sends these jobs to TPU pods; everything else runs on this host.
 
 
 rule train:
@@ -7,13 +8,15 @@ rule train:
         unpack(M.inputs),
     output:
         M.record_pattern(),
+    log:
+        M.log_pattern(),
+    params:
+        **M.job_params(),
     resources:
-        # under the `tpu` executor: a TPU pod of the artifact's runtime.tpu (in runtime.zone), else
-        # the executor's --tpu-type
-        tpu=lambda wildcards: M.experiment.by_path[wildcards.artifact].runtime.get("tpu") or "default",
-        tpu_zone=lambda wildcards: M.experiment.by_path[wildcards.artifact].runtime.get("zone") or "",
+        tpu=M.tpu,
+        tpu_zone=M.tpu_zone,
     wildcard_constraints:
         artifact=M.constraint("train"),
     threads: 2
-    run:
-        M.run_job(wildcards, rule, jobid)
+    shell:
+        marin.JOB_SHELL

@@ -1,4 +1,4 @@
-"""The job wrapper (`run_step`) without Snakemake: records on success, failure, signals."""
+"""Calling a step (`run_step`) without Snakemake: records on success, failure, signals, fencing."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.records import Provenance
-from marin_rules.snakemake import run_step
+from marin_rules.job.run import run_step
 
 
 def _entry(output: str) -> dict:
@@ -34,15 +34,15 @@ def test_success_record_is_written_after_the_step_and_holds_its_result(tmp_path)
 
     record = run_step(_ctx(out), _entry(out), Provenance(str(tmp_path), ["cmd"], "r", 1), step)
     assert seen["record_existed"] is False
-    assert json.loads((Path(out) / ".artifact.json").read_text()) == record
-    assert record["result"] == {"tokens": 12} and record["status"] == "success"
+    assert json.loads((Path(out) / ".artifact.json").read_text()) == record.to_json()
+    assert record.result == {"tokens": 12} and record.status == "success"
 
 
 def test_on_a_pod_only_process_0_writes_success_and_every_failing_process_its_own_failure(tmp_path):
     out = str(tmp_path / "x/y/v1")
     provenance = Provenance(str(tmp_path), [], None, None)
     record = run_step(_ctx(out), _entry(out), provenance, lambda ctx: {"n": 1}, process=1)
-    assert record["result"] == {"n": 1} and not (Path(out) / ".artifact.json").exists()
+    assert record is None and not (Path(out) / ".artifact.json").exists()
 
     def out_of_memory(ctx):
         raise MemoryError("host 1 ran out of memory")
@@ -73,7 +73,7 @@ def test_sigterm_during_a_step_leaves_a_failure_record_naming_the_signal(tmp_pat
         import os, signal
         from marin_rules.artifacts.context import StepContext
         from marin_rules.artifacts.records import Provenance
-        from marin_rules.snakemake import run_step
+        from marin_rules.job.run import run_step
 
         def step(ctx):
             open(os.path.join(ctx.output, "partial.bin"), "w").write("half")
@@ -92,3 +92,15 @@ def test_sigterm_during_a_step_leaves_a_failure_record_naming_the_signal(tmp_pat
     assert record["error"]["exit_status"] == "SIGTERM" and record["error"]["type"] == "JobTerminated"
     assert (Path(out) / "partial.bin").read_text() == "half"
     assert not (Path(out) / ".artifact.json").exists()
+
+
+def test_a_step_whose_lease_is_no_longer_held_records_failure_not_success(tmp_path):
+    from marin_rules.artifacts.lease import LeaseLost
+
+    out = str(tmp_path / "x/y/v1")
+    with pytest.raises(LeaseLost):
+        run_step(_ctx(out), _entry(out), Provenance(str(tmp_path), [], None, None), lambda ctx: {"n": 1},
+                 still_held=lambda: False)  # fmt: skip
+    assert not (Path(out) / ".artifact.json").exists()
+    (failure,) = (Path(out) / ".failures").glob("*.json")
+    assert "lease lost before the success record" in json.loads(failure.read_text())["error"]["message"]

@@ -12,7 +12,6 @@ known key ("did you mean checkpoints/nano-moe@v1?").
 
 from __future__ import annotations
 
-import difflib
 import json
 import posixpath
 from typing import Any, Iterable
@@ -22,6 +21,7 @@ from marin_rules.artifacts.errors import ConfigError, MarinError
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, VERSION, ArtifactId, parse_key
 from marin_rules.artifacts.files import HISTORY_DIR
 from marin_rules.artifacts.records import read_record
+from marin_rules.validation import suggest_key
 
 FORCED_MARKER = ".forced-record"  # the exec glue's marker of a forced build (workflow/forcing.py)
 
@@ -105,12 +105,8 @@ def versions_on_prefix(prefix: str, name: str) -> list[str]:
 
 
 def suggestion(text: str, keys: Iterable[str]) -> str:
-    """" (did you mean KEY?)" for the nearest key (every version of a name typed without
-    `@`, up to three), or ""."""
-    keys = list(keys)
-    same_name = [k for k in keys if k.rpartition("@")[0] == text] if "@" not in text else []
-    close = same_name[:3] or difflib.get_close_matches(text, keys, n=1, cutoff=0.5)
-    return f" (did you mean {' or '.join(close)}?)" if close else ""
+    """" (did you mean KEY?)" for the nearest key, or "" (see `suggest_key`)."""
+    return suggest_key(text, keys, cutoff=0.5)
 
 
 def resolve_key(text: str, known: Iterable[str]) -> ArtifactId:

@@ -17,10 +17,14 @@ from typing import Any, Iterable
 from marin_rules.artifacts.errors import ConfigError, got
 
 
-def suggest_key(text: str, keys: Iterable[str]) -> str:
-    """` (did you mean X?)` for the known key closest to a misspelled one, else ``."""
-    close = difflib.get_close_matches(str(text), [str(k) for k in keys], n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
+def suggest_key(text: str, keys: Iterable[str], cutoff: float = 0.6) -> str:
+    """` (did you mean X?)` for the known key closest to a misspelled one, else ``.
+    A name typed without `@` suggests its versions (up to three)."""
+    keys = [str(k) for k in keys]
+    text = str(text)
+    same_name = [k for k in keys if k.rpartition("@")[0] == text] if "@" not in text else []
+    close = same_name[:3] or difflib.get_close_matches(text, keys, n=1, cutoff=cutoff)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 def _bounds(lo: float | None, lo_open: bool, hi: float | None, hi_open: bool) -> str:

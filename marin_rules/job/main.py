@@ -1,0 +1,219 @@
+"""The job process: `python -m marin_rules.job --artifact NAME/VERSION ...` builds one artifact.
+
+Model: a rule's `shell:` starts this with every value as its own quoted argument (the
+experiment file, prefix, the user's redacted command line, lease settings); nothing
+is read from the environment except a pod's place (`pod_process_from_env`). In order:
+1. send stdout/stderr to the job's log (`--log`), register for signal forwarding
+   (`marin_rules.workflow.signals`), install the stop handlers;
+2. take the artifact's lease (`marin_rules.artifacts.lease`): a live holder is waited
+   for (saying who it is), or with `lease_wait=false` refused at once; when the holder
+   finishes, the artifact is served (exit 0, nothing built; on a remote prefix the
+   local mirror record is written for Snakemake); a stale lease is taken over;
+3. if the main process marked the build forced, move the old build to `.history/`;
+4. check every upstream's record and files (`verify_files`), then call the step
+   (`run.run_step`); the heartbeat stops the step if the lease is lost, and the
+   success record is written only while the lease is still held.
+Exit status: 0 built or served, 1 failed, 128+N stopped by signal N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from typing import Any
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
+from marin_rules.artifacts.records import Provenance, read_record, verify_files
+from marin_rules.job.run import JobTerminated, install_stop_handlers, run_step, stop_for_lost_lease
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m marin_rules.job", description=__doc__.split("\n")[0])
+    p.add_argument("--artifact", required=True, help="name/version")
+    p.add_argument("--experiment", required=True)
+    p.add_argument("--prefix", required=True)
+    p.add_argument("--records", help="where Snakemake sees records (the local mirror of a remote prefix)")
+    p.add_argument("--rule")
+    p.add_argument("--jobid")
+    p.add_argument("--lease", default="", help="wait=1,heartbeat_s=30,stale_s=90,poll_s=5")
+    p.add_argument("--registry", help="folder to register this process in for signal forwarding")
+    p.add_argument("--workflow-dir", default=".")
+    p.add_argument("--log", help="file for this job's output")
+    p.add_argument("--command", default="", help="the user's command line (secrets already redacted)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    install_stop_handlers()
+    if args.log:
+        from marin_rules.cluster.pod import pod_process_from_env
+
+        pod = pod_process_from_env(os.environ)  # every process of a pod runs this command
+        _log_to(args.log if pod is None or pod.process_id == 0 else f"{args.log}.p{pod.process_id}")
+    unregister = None
+    if args.registry:
+        from marin_rules.workflow.signals import register
+
+        unregister = register(args.registry, os.getpid())
+    try:
+        return build(args)
+    except JobTerminated as e:
+        return 128 + e.signum if e.signum else 1
+    except MarinError as e:
+        if not getattr(e, "reported", False):
+            print(f"marin-rules: {e}", file=sys.stderr)
+        return 1
+    except BaseException:  # noqa: BLE001 - the failure record and message are written already
+        return 1
+    finally:
+        if unregister is not None:
+            unregister()
+
+
+def _log_to(path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+
+
+def lease_settings(text: str) -> dict[str, Any]:
+    from marin_rules.artifacts import lease
+
+    settings: dict[str, Any] = {"wait": True, "heartbeat_s": lease.HEARTBEAT_S, "stale_s": lease.STALE_S,
+                                "poll_s": lease.POLL_S}  # fmt: skip
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        settings[key] = value not in ("0", "false", "False") if key == "wait" else float(value)
+    return settings
+
+
+def build(args: argparse.Namespace) -> int:
+    from marin_rules.artifacts import lease as leases
+    from marin_rules.cluster.pod import pod_process_from_env
+    from marin_rules.experiment import load_experiment
+    from marin_rules.workflow.forcing import MARKER, move_old_build
+
+    experiment = load_experiment(args.experiment)
+    artifact = experiment.by_path[args.artifact]
+    location = artifact_location(args.prefix, artifact.id)
+    print(f"marin job: {artifact.key} (rule {args.rule}, job {args.jobid}): {args.command}", flush=True)
+    pod = pod_process_from_env(os.environ)
+    process = None if pod is None else pod.process_id
+    held = None
+    if not process:
+        settings = lease_settings(args.lease)
+        marker = storage.join(location, ".history", MARKER)
+
+        def is_done() -> bool:
+            return storage.exists(storage.join(location, RECORD_FILE)) and not storage.exists(marker)
+
+        def on_wait(holder: leases.LeaseHolder) -> None:
+            print(f"{artifact.key}: waiting: {location} is being built by {holder.describe()}", file=sys.stderr,
+                  flush=True)  # fmt: skip
+
+        held = leases.acquire(
+            location, is_done=is_done, wait=settings["wait"], on_wait=on_wait,
+            heartbeat_s=settings["heartbeat_s"], stale_s=settings["stale_s"], poll_s=settings["poll_s"],
+        )  # fmt: skip
+        if held is None:
+            return serve(artifact, location, args)
+        held.start_heartbeat(stop_for_lost_lease)
+    try:
+        moved = move_old_build(location) if not process else None
+        if moved:
+            print(f"{artifact.key}: forced: the old build moved to {moved}", file=sys.stderr, flush=True)
+        return run(artifact, experiment, location, args, process, held)
+    finally:
+        if held is not None:
+            held.release()
+
+
+def serve(artifact: Any, location: str, args: argparse.Namespace) -> int:
+    """Another run built it while this one waited: nothing to build."""
+    record = read_record(location, artifact.id)
+    print(f"{artifact.key}: built meanwhile by another run ({record.provenance.get('host')}); serving it", flush=True)
+    _mirror(record, artifact, args)
+    return 0
+
+
+def _mirror(record: Any, artifact: Any, args: argparse.Namespace) -> None:
+    if record is not None and args.records and args.records != args.prefix:
+        storage.write_json_atomic(f"{args.records}/{artifact.id.path}/{RECORD_FILE}", record.to_json())
+
+
+def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace, process: int | None, held: Any) -> int:
+    from marin_rules.artifacts.context import StepContext
+    from marin_rules.cluster.pod import pod_process_from_env
+    from marin_rules.steps import step_function
+
+    deps_ctx: dict[str, Any] = {}
+    deps_record: dict[str, Any] = {}
+    for role, dep in artifact.deps.items():
+        if isinstance(dep, str):
+            deps_ctx[role] = artifact_location(args.prefix, experiment[dep].id)
+            deps_record[role] = _dep_name(experiment, dep)
+        else:
+            deps_ctx[role] = {artifact_location(args.prefix, experiment[k].id): w for k, w in dep.items()}
+            deps_record[role] = [{**_dep_name(experiment, k), "weight": w} for k, w in dep.items()]
+    entry = {
+        "name": artifact.id.name, "version": artifact.id.version, "step": artifact.step,
+        "fingerprint": artifact.fingerprint, "config": artifact.config, "deps": deps_record,
+        "runtime": artifact.runtime, "path": artifact.id.path,
+    }  # fmt: skip
+    runtime = dict(artifact.runtime)
+    pod = pod_process_from_env(os.environ)
+    if pod is not None:
+        runtime["distributed"] = pod.runtime_distributed()
+    ctx = StepContext(name=artifact.id.name, version=artifact.id.version, config=artifact.config,
+                      deps=deps_ctx, runtime=runtime, output=location)  # fmt: skip
+    command = shlex.split(args.command) if args.command else []
+    provenance = Provenance(args.workflow_dir, command, args.rule, _jobid(args.jobid))
+
+    def step(c: StepContext) -> Any:
+        check_upstreams(artifact, experiment, args.prefix, deps_record)  # fills in what was seen
+        return step_function(artifact.step)(c)
+
+    record = run_step(ctx, entry, provenance, step, process, None if held is None else held.still_held)
+    _mirror(record, artifact, args)
+    return 0
+
+
+def _dep_name(experiment: Any, key: str) -> dict[str, Any]:
+    upstream = experiment[key].id
+    return {"name": upstream.name, "version": upstream.version, "path": upstream.path}
+
+
+def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: dict) -> None:
+    """Every upstream is built and complete: its record valid, its files there with their
+    sizes. Records what was seen (fingerprint, build time) into `deps_record`."""
+    seen = {}
+    for key in artifact.upstream_keys():
+        upstream = experiment[key]
+        location = artifact_location(prefix, upstream.id)
+        record = read_record(location, upstream.id)
+        how = f"rebuild it with: snakemake --forcerun {storage.join(location, RECORD_FILE)}"
+        if record is None:
+            raise MarinError(f"{artifact.key}: upstream {key} has no success record at {location}; {how}")
+        problems = verify_files(location, record)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise MarinError(f"{artifact.key}: upstream {key}: {problems[0]}{more}; {how}")
+        seen[key] = {"fingerprint": record.fingerprint, "built": record.built}
+    for dep in deps_record.values():
+        for d in dep if isinstance(dep, list) else [dep]:
+            d.update(seen[f"{d['name']}@{d['version']}"])
+
+
+def _jobid(text: str | None) -> int | str | None:
+    return int(text) if text and text.isdigit() else text

@@ -1,0 +1,108 @@
+"""Calling one step: its success record last, or a failure record naming why it stopped.
+
+Model: the step runs in the job process's main thread, which owns the signals. The
+first SIGTERM or SIGINT raises `JobTerminated` inside the step (wherever it is in
+Python code); later ones are ignored while the failure record is written. A lease
+that is lost while the step runs (`stop_for_lost_lease`, called by the lease's
+heartbeat thread) is delivered the same way, through `_thread.interrupt_main`. Any
+failure writes `{location}/.failures/<time>.json` and re-raises. On success the fence
+(`still_held`, the lease re-read right before) must pass, then `write_success` lists
+the data files and writes `.artifact.json` last. On a pod every process runs the step;
+only process 0 writes the success record, every failing process its own failure.
+"""
+
+from __future__ import annotations
+
+import _thread
+import signal
+import sys
+import threading
+from typing import Any, Callable
+
+from marin_rules.artifacts.canonical import canonical_value
+from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.lease import LeaseLost
+from marin_rules.artifacts.records import Provenance, Record, utc_now, write_failure, write_success
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_state: dict[str, Any] = {"stopping": None, "lost": None}
+
+
+class JobTerminated(BaseException):
+    """Raised inside a step by SIGTERM/SIGINT (`signum`), or when its lease was lost
+    (`signum` None, `reason` says how). A BaseException: `except Exception` in a step
+    does not swallow it."""
+
+    def __init__(self, signum: int | None = None, reason: str | None = None):
+        self.signum = signum
+        self.reason = reason
+        super().__init__(reason or f"terminated by signal {signal.Signals(signum or signal.SIGTERM).name}")
+
+    @property
+    def exit_status(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else "lease lost"
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    if _state["stopping"] is not None:
+        return  # already stopping: let the failure record be written
+    if _state["lost"] is not None:
+        _state["stopping"] = "lease lost"
+        raise JobTerminated(None, _state["lost"])
+    _state["stopping"] = signal.Signals(signum).name
+    raise JobTerminated(signum)
+
+
+def install_stop_handlers() -> None:
+    """From the main thread: SIGTERM and SIGINT stop the step (idempotent)."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in STOP_SIGNALS:
+            if signal.getsignal(signum) is not _on_signal:
+                signal.signal(signum, _on_signal)
+
+
+def stop_for_lost_lease(reason: str) -> None:
+    """Called from the heartbeat thread: stop the step in the main thread."""
+    print(f"{reason}; stopping the step", file=sys.stderr, flush=True)
+    _state["lost"] = reason
+    _thread.interrupt_main(signal.SIGTERM)
+
+
+def run_step(
+    ctx: StepContext,
+    entry: dict,
+    provenance: Provenance,
+    function: Callable[[StepContext], Any],
+    process: int | None = None,
+    still_held: Callable[[], bool] | None = None,
+) -> Record | None:
+    """Call a step; success record last (process 0 or no pod), or failure record and
+    re-raise. `still_held` is the lease's fencing check."""
+    from marin_rules.artifacts import storage
+
+    install_stop_handlers()
+    started = utc_now()
+    storage.makedirs(ctx.output)
+    try:
+        result = function(ctx)
+        result = canonical_value({} if result is None else result, "result")
+        if not process and still_held is not None and not still_held():
+            raise LeaseLost(f"{ctx.output}: lease lost before the success record was written; not recording success")
+    except BaseException as error:  # noqa: BLE001 - every failure leaves a record
+        ended = utc_now()
+        status: int | str | None = None
+        if isinstance(error, JobTerminated):
+            status = error.exit_status
+        elif isinstance(error, KeyboardInterrupt):
+            status = "SIGINT"
+        elif isinstance(error, SystemExit):
+            status = error.code if isinstance(error.code, int) else 1
+        where = write_failure(ctx.output, entry, error, provenance.as_dict(started, ended), status, process)
+        print(f"{ctx.key}: step failed ({type(error).__name__}: {error}); failure record {where}", file=sys.stderr)
+        if isinstance(error, MarinError):
+            error.reported = True  # the job process prints nothing more
+        raise
+    if process:
+        return None
+    return write_success(ctx.output, entry, result, provenance.as_dict(started, utc_now()))

@@ -1,0 +1,94 @@
+"""The glue between Snakemake and the artifact core.
+
+Model: the Snakefile calls `begin(workflow, config)` once per parse. It checks what
+the user typed (`options`: --config keys and values, the prefix, the targets), selects
+and loads the experiment, and returns a `Session` (`session`) whose methods are the
+rules' input functions, output patterns and job parameters. Each step runs in its own
+process, `python -m marin_rules.job` (see that package), started by the rules' `shell:`
+with every value quoted by `:q`. Forcing (`forcing`) rebuilds from scratch and keeps
+the old build under `.history/`; drift is reported while planning (`advisory`);
+SIGINT/SIGTERM to Snakemake reach the job processes (`signals`, from `onstart:`).
+
+Remote prefixes (`gs://...`): Snakemake sees a local mirror of the records under
+`.snakemake/marin-mirror/` (`marin_rules.mirror`), refreshed from one listing of the
+prefix per invocation; the real records and all data live on the prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import Any
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import MarinError
+from marin_rules.experiment import load_experiment
+from marin_rules.mirror import mirror_root, refresh_mirror
+from marin_rules.workflow import options, signals
+from marin_rules.workflow.session import Session, stop
+
+COMMAND_ENV = "MARIN_USER_COMMAND"  # set by remote executors: the user's command line on a worker
+DEFAULT_PREFIX = options.DEFAULT_PREFIX
+
+JOB_SHELL = (
+    "{params.python:q} -m marin_rules.job --artifact {wildcards.artifact:q} --rule {rule:q} --jobid {jobid}"
+    " --experiment {params.experiment:q} --prefix {params.prefix:q} --records {params.records:q}"
+    " --lease {params.lease:q} --registry {params.registry:q} --workflow-dir {params.workflow_dir:q}"
+    " --log {log:q} --command {params.command:q}"
+)
+
+_session: Session | None = None
+
+
+def current_session() -> Session | None:
+    """The session the Snakefile started in this process (None before `begin`)."""
+    return _session
+
+
+def begin(workflow: Any, config: dict) -> Session:
+    """Check the input, load the experiment; called once per Snakefile parse."""
+    global _session
+    from snakemake.settings.types import ExecMode
+
+    main_process = workflow.exec_mode == ExecMode.DEFAULT
+    workdir = os.getcwd()
+    workflow_dir = os.path.dirname(os.path.abspath(workflow.main_snakefile))
+    configfiles = [str(f) for f in (getattr(workflow, "overwrite_configfiles", None) or [])]
+    try:
+        options.check_config(config, configfiles)
+        prefix = options.checked_prefix(config)
+        path = options.select_experiment(config, configfiles, workdir, workflow_dir)
+        experiment = load_experiment(path)
+        options.target_keys(experiment, config.get("target"))
+    except MarinError as e:
+        raise stop(e) from None
+    records_root = prefix
+    if storage.is_remote(prefix):
+        records_root = mirror_root(prefix)
+        if main_process:
+            refresh_mirror(prefix, records_root)
+    if main_process:
+        command = shlex.join(options.redact_command(sys.argv))
+    else:
+        command = os.environ.get(COMMAND_ENV) or shlex.join(options.redact_command(sys.argv))
+    _session = Session(
+        experiment=experiment,
+        prefix=prefix,
+        records_root=records_root,
+        workflow=workflow,
+        main_process=main_process,
+        workflow_dir=workflow_dir,
+        command=command,
+        targets_config=config.get("target"),
+        lease=options.lease_options(config),
+        registry=signals.registry_dir(),
+    )
+    return _session
+
+
+def on_start() -> None:
+    """From the Snakefile's `onstart:` (main process, scheduler running): forward
+    SIGINT/SIGTERM to the job processes."""
+    if _session is not None:
+        signals.forward_signals(_session.registry)

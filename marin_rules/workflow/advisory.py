@@ -1,0 +1,72 @@
+"""Drift and upstream advisories, printed by the main process while planning.
+
+Model: for a finished artifact that is not being rebuilt, compare its record with the
+recipe now. A different fingerprint is recipe drift: a warning with the field-level
+diff (the cached output is served), or an error when the artifact pins its fingerprint
+(`expect_fingerprint:`) and the record disagrees. An upstream rebuilt since (another
+fingerprint, or the same recipe built at another time) gets one advisory line. Each
+artifact is reported at most once per invocation, on stderr (so `--dag | dot` stays
+clean), in dry runs, `--dag`, `--rulegraph` and real runs alike.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from marin_rules.artifacts.drift import drift_message, recipe_diff
+from marin_rules.artifacts.errors import DriftError
+from marin_rules.artifacts.records import Record
+from marin_rules.experiment import Artifact
+
+
+def report(
+    artifact: Artifact, record: Record, recorded: Callable[[str], Record | None], rebuild_hint: str
+) -> None:
+    """Print drift and upstream advisories for one finished, unforced artifact; raise
+    DriftError on pinned drift. `recorded(key)` reads an upstream's record."""
+    if record.fingerprint != artifact.fingerprint:
+        if artifact.expect_fingerprint is not None:
+            raise DriftError(
+                f"{artifact.key}: recipe drift on a pinned artifact: recorded fingerprint {record.fingerprint}, "
+                f"pinned {artifact.expect_fingerprint}; restore the recipe that was built, or bump the version"
+            )
+        payload = {"step": record.step, "config": record.config, "deps": dep_keys(record.deps)}
+        lines = recipe_diff(payload, artifact.payload())
+        print(drift_message(artifact.key, record.fingerprint, artifact.fingerprint, lines), file=sys.stderr)
+    for upstream in artifact.upstream_keys():
+        seen = recorded_dep(record.deps, upstream)
+        now = recorded(upstream)
+        if now is None:
+            continue
+        if seen.get("fingerprint") and seen["fingerprint"] != now.fingerprint:
+            how = f"fingerprint {seen['fingerprint']} then, {now.fingerprint} now"
+        elif seen.get("built") and now.built and seen["built"] != now.built:
+            how = f"same recipe, built {seen['built']} then, {now.built} now"  # a forced rebuild
+        else:
+            continue
+        print(
+            f"{artifact.key}: upstream {upstream} was rebuilt since this artifact was built "
+            f"({how}); serving the cached output (--forcerun {rebuild_hint} rebuilds it).",
+            file=sys.stderr,
+        )
+
+
+def dep_keys(recorded_deps: dict) -> dict:
+    """Recorded deps (role -> {name, version, ...} or list) as in a fingerprint payload."""
+    out: dict[str, Any] = {}
+    for role, dep in recorded_deps.items():
+        if isinstance(dep, list):
+            out[role] = {f"{d['name']}@{d['version']}": d.get("weight") for d in dep if isinstance(d, dict)}
+        elif isinstance(dep, dict):
+            out[role] = f"{dep.get('name')}@{dep.get('version')}"
+    return out
+
+
+def recorded_dep(recorded_deps: dict, key: str) -> dict:
+    """The entry a record keeps for upstream `key` (empty if none)."""
+    for dep in recorded_deps.values():
+        for d in dep if isinstance(dep, list) else [dep]:
+            if isinstance(d, dict) and f"{d.get('name')}@{d.get('version')}" == key:
+                return d
+    return {}

@@ -1,0 +1,95 @@
+"""Forcing means rebuilding from scratch; what the old build left is kept, never resumed.
+
+Model: Snakemake decides which jobs are forced (`--forcerun RULE|RECORD`, `-R`, `-f`
+on a target record, `-F`), and forcing cascades to consumers as in plain Snakemake;
+`forced_directly` reads the same settings so the glue knows it too. Snakemake deletes a
+forced job's success record before the job starts, so the main process first saves it
+as the marker `{location}/.history/.forced-record` (`mark_forced`, real runs only). The
+job process, once it holds the lease, sees the marker and moves everything the old
+build left (data, checkpoints, the saved record) into `.history/<UTC time>/`
+(`move_old_build`): the new build starts from an empty folder with the current recipe,
+and nothing is lost. A job without the marker is a first build, or a stopped one that
+resumes from what it left (its checkpoints). `.failures/`, `.history/` and the lease
+stay where they are.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE
+from marin_rules.artifacts.lease import LEASE_FILE
+from marin_rules.artifacts.records import HISTORY_DIR, iso, utc_now
+
+MARKER = ".forced-record"  # not *.json: not an earlier record for readers of .history/
+KEEP = {HISTORY_DIR, FAILURES_DIR, LEASE_FILE, LEASE_FILE + ".lock"}
+
+
+def normalized(path: str) -> str:
+    """A comparable form of a record path given on the command line."""
+    return path if storage.is_remote(path) else os.path.abspath(storage.local_path(path))
+
+
+def forced_directly(dag_settings: Any, rule: str, records: set[str]) -> bool:
+    """Does the command line force this job itself (not through an upstream)?
+    `records` are the normalized paths its record has (mirror and prefix)."""
+    if dag_settings is None:
+        return False
+    names = {str(f) for f in dag_settings.forcerun or ()}
+    forcerun = {normalized(f) for f in names}
+    targets = {normalized(str(t)) for t in dag_settings.targets or ()}
+    return (
+        bool(dag_settings.forceall)
+        or rule in names
+        or bool(records & forcerun)
+        or (bool(dag_settings.forcetargets) and bool(records & targets))
+    )
+
+
+def mark_forced(location: str) -> None:
+    """Before Snakemake deletes a forced job's record: save it as the marker (a marker
+    with `null` when only data of an unfinished build is there; nothing when empty)."""
+    record_file = storage.join(location, RECORD_FILE)
+    try:
+        data = storage.read_bytes(record_file)
+    except FileNotFoundError:
+        if not storage.exists(location):
+            return
+        data = b"null"
+    storage.write_bytes_atomic(storage.join(location, HISTORY_DIR, MARKER), data)
+
+
+def move_old_build(location: str) -> str | None:
+    """In the job, under the lease: if the main process marked this build forced, move
+    what the old build left into `.history/<UTC time>/`; returns that folder or None."""
+    marker = storage.join(location, HISTORY_DIR, MARKER)
+    try:
+        saved = storage.read_bytes(marker)
+    except FileNotFoundError:
+        return None
+    stamp = iso(utc_now()).replace(":", "").replace("-", "")
+    target = storage.join(location, HISTORY_DIR, stamp)
+    fs, root = storage.filesystem(location)
+    root = root.rstrip("/")
+    try:
+        entries = fs.ls(root, detail=False)
+    except FileNotFoundError:
+        entries = []
+    storage.makedirs(target)
+    target_root = storage.filesystem(target)[1].rstrip("/")
+    for entry in entries:
+        entry = entry.rstrip("/")
+        name = entry.rsplit("/", 1)[-1]
+        if name in KEEP or name.startswith(LEASE_FILE):
+            continue
+        if storage.is_remote(location):  # copy, then delete: gcsfs's mv retries a move API buckets lack
+            fs.copy(entry, f"{target_root}/{name}", recursive=True)
+            fs.rm(entry, recursive=True)
+        else:
+            os.replace(entry, f"{target_root}/{name}")
+    if saved.strip() not in (b"", b"null"):
+        storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
+    fs.rm(storage.filesystem(marker)[1])
+    return target

@@ -1,0 +1,184 @@
+"""One Snakemake invocation's view of the experiment: paths, records, input functions.
+
+Model: rules (one per step kind) declare the success record
+`{records_root}/{artifact}/.artifact.json` as their only output, with the wildcard
+`artifact` = `name/version` constrained to that step's artifacts (`constraint`), and a
+`log:` under `.snakemake/marin-logs/`. `records_root` is the prefix, or for a remote
+prefix its local mirror. Input functions (`inputs`) run on the submitting host for
+every job reachable from the targets, in real runs, `-n`, `--dag` and `--rulegraph`:
+records are read there through the one validating reader (a corrupt record stops the
+invocation with its one-line message, never served), drift is reported, forced jobs
+get their old record saved (`forcing.mark_forced`), and edges are `ancient()` unless
+their upstream is forced, so newer upstream files never rebuild a finished artifact.
+The job command itself gets every value it needs as a quoted parameter (`job_params`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
+from marin_rules.artifacts.records import Record, read_record_file
+from marin_rules.experiment import Artifact, Experiment
+from marin_rules.workflow import advisory, forcing
+from marin_rules.workflow.options import rule_of, target_keys
+
+LOG_ROOT = ".snakemake/marin-logs"
+
+
+class Stop(SystemExit):
+    """Ends the invocation after a one-line message (bad input met while planning)."""
+
+
+def stop(error: MarinError) -> Stop:
+    print(f"marin-rules: {error}", file=sys.stderr)
+    return Stop(1)
+
+
+@dataclass
+class Session:
+    """Everything one Snakemake invocation knows about the experiment."""
+
+    experiment: Experiment
+    prefix: str  # where artifacts live: a local path or URL
+    records_root: str  # where Snakemake sees records: the prefix, or the local mirror of a remote one
+    workflow: Any
+    main_process: bool
+    workflow_dir: str
+    command: str  # the user's command line, secrets redacted (shell-joined)
+    targets_config: str | None
+    lease: str  # lease settings for the job command (options.lease_options)
+    registry: str  # where job processes register for signal forwarding
+    warned: set[str] = field(default_factory=set)
+    _forced: dict[str, bool] = field(default_factory=dict)
+    _records: dict[str, Record | None] = field(default_factory=dict)
+
+    # ---- paths -------------------------------------------------------------------
+    def location(self, key: str) -> str:
+        return artifact_location(self.prefix, self.experiment[key].id)
+
+    def record_path(self, key: str) -> str:
+        """The record as Snakemake sees it (a local path)."""
+        return f"{self.records_root}/{self.experiment[key].id.path}/{RECORD_FILE}"
+
+    def record_pattern(self) -> str:
+        return f"{self.records_root}/{{artifact}}/{RECORD_FILE}"
+
+    def log_pattern(self) -> str:
+        return f"{LOG_ROOT}/{{artifact}}/job.log"
+
+    def constraint(self, rule: str) -> str:
+        """Regex for the `artifact` wildcard: exactly the artifacts this rule builds."""
+        paths = [a.id.path for a in self.experiment.artifacts.values() if rule_of(a.step) == rule]
+        return trie_regex(paths) if paths else "(?!)"
+
+    def recorded(self, key: str) -> Record | None:
+        """The artifact's success record, validated; a corrupt one ends the invocation."""
+        if key not in self._records:
+            try:
+                self._records[key] = read_record_file(self.record_path(key), self.experiment[key].id)
+            except MarinError as e:
+                raise stop(e) from None
+        return self._records[key]
+
+    # ---- targets and job parameters --------------------------------------------------
+    def targets(self) -> list[str]:
+        """Records the `all` rule asks for: everything, or `--config target=KEY[,KEY...]`."""
+        return [self.record_path(k) for k in target_keys(self.experiment, self.targets_config)]
+
+    def job_params(self) -> dict[str, str]:
+        """Parameters of the job command, each quoted by the rule's `:q`."""
+        return {
+            "python": sys.executable, "experiment": os.path.abspath(self.experiment.path), "prefix": self.prefix,
+            "records": self.records_root, "command": self.command, "lease": self.lease,
+            "registry": self.registry, "workflow_dir": self.workflow_dir,
+        }  # fmt: skip
+
+    def tpu(self, wildcards) -> str:
+        """The `tpu` resource: the artifact's runtime.tpu; "default" for training jobs
+        that name none (the executor's --tpu-type), "" (this host) for other steps."""
+        artifact = self.experiment.by_path[wildcards.artifact]
+        tpu = artifact.runtime.get("tpu")
+        if tpu:
+            return str(tpu)
+        return "default" if artifact.step == "train" else ""
+
+    def tpu_zone(self, wildcards) -> str:
+        """The `tpu_zone` resource: the artifact's runtime.zone, or "" (the executor's)."""
+        return str(self.experiment.by_path[wildcards.artifact].runtime.get("zone") or "")
+
+    # ---- forcing -----------------------------------------------------------------
+    def is_forced(self, key: str) -> bool:
+        """Will Snakemake force this job, directly or through a forced upstream?"""
+        if key not in self._forced:
+            self._forced[key] = False  # cycles are impossible; guard recursion anyway
+            artifact = self.experiment[key]
+            records = {
+                forcing.normalized(self.record_path(key)), forcing.normalized(self.location(key) + "/" + RECORD_FILE)
+            }
+            direct = forcing.forced_directly(self.workflow.dag_settings, rule_of(artifact.step), records)
+            self._forced[key] = direct or any(self.is_forced(u) for u in artifact.upstream_keys())
+        return self._forced[key]
+
+    # ---- input functions -----------------------------------------------------------
+    def inputs(self, wildcards) -> dict[str, Any]:
+        """Input function of every rule: upstream records, drift report, ancient edges."""
+        from snakemake.io import ancient
+
+        artifact = self.experiment.by_path[wildcards.artifact]
+        forced = self.is_forced(artifact.key)
+        record = None if forced else self.recorded(artifact.key)  # a forced one is replaced: even if corrupt
+        if self.main_process and artifact.key not in self.warned:
+            self.warned.add(artifact.key)
+            self._plan(artifact, record, forced)
+        inputs: dict[str, Any] = {}
+        for role, dep in artifact.deps.items():
+            upstreams = [dep] if isinstance(dep, str) else list(dep)
+            for i, upstream in enumerate(upstreams):
+                if record is not None and not forced and self.recorded(upstream) is None:
+                    continue  # a finished artifact is served; an unbuilt new upstream cannot force it
+                path = self.record_path(upstream)
+                name = role if isinstance(dep, str) else f"{role}_{i}"
+                inputs[name] = path if self.is_forced(upstream) else ancient(path)
+        return inputs
+
+    def _plan(self, artifact: Artifact, record: Record | None, forced: bool) -> None:
+        if forced:
+            if not getattr(self.workflow, "dryrun", False):
+                forcing.mark_forced(self.location(artifact.key))
+            return
+        if record is not None:
+            try:
+                advisory.report(artifact, record, self.recorded, self.record_path(artifact.key))
+            except MarinError as e:
+                raise stop(e) from None
+
+
+def trie_regex(words: list[str]) -> str:
+    """A regex matching exactly `words`, as a prefix trie: short to store and to match
+    (Snakemake substitutes and matches the constraint for every job of a rule, so a
+    flat alternation of thousands of sweep members would cost quadratic time)."""
+    import re
+
+    trie: dict = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict) -> str:
+        ends = "" in node
+        branches = [re.escape(ch) + build(child) for ch, child in sorted(node.items()) if ch]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        if ends:
+            return "(?:" + body + ")?"
+        return body
+
+    return build(trie)

@@ -1,0 +1,90 @@
+"""Forcing means rebuilding: a forced artifact (training-like, with checkpoints) builds
+from scratch with the current recipe, the old build moves whole to `.history/<time>/`,
+`marin status` tells the truth throughout, and a stopped (not forced) run resumes.
+
+The step `steps:train` stands in for training (real training takes minutes here): it
+resumes from `ckpt.txt` in its output folder, writes it after every step, and crashes
+after step N when the file `crash-at` next to the experiment says N."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+from test_workflow import Workspace
+
+TRAIN = '''
+import os
+from marin_rules.artifacts import storage
+
+def train(ctx):
+    ckpt = storage.join(ctx.output, "ckpt.txt")
+    start = int(storage.read_text(ckpt)) if storage.exists(ckpt) else 0
+    crash = int(open("crash-at").read()) if os.path.exists("crash-at") else None
+    for step in range(start, int(ctx.config["steps"])):
+        storage.write_text_atomic(ckpt, str(step + 1))
+        if crash is not None and step + 1 == crash:
+            raise RuntimeError(f"crash after step {step + 1}")
+    return {"resumed_from": start, "steps": int(ctx.config["steps"])}
+'''
+
+
+def _status(ws) -> dict[str, str]:
+    from marin_rules.cli import main
+
+    out = io.StringIO()
+    with contextlib.chdir(ws.root), contextlib.redirect_stdout(out):
+        main(["status", str(ws.root / "exp.yaml"), "--prefix", ws.prefix])
+    return {line.split()[0]: line for line in out.getvalue().splitlines()[1:] if line.strip()}
+
+
+def test_forcing_a_trained_artifact_rebuilds_from_scratch_and_keeps_the_old_build(tmp_path, snakemake_cmd, monkeypatch):
+    ws = Workspace(tmp_path, snakemake_cmd)
+    (tmp_path / "steps.py").write_text(TRAIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ws.write({"ck/t@v1": {"step": "steps:train", "config": {"steps": 5}}})
+    folder = Path(ws.prefix) / "ck/t/v1"
+    (tmp_path / "crash-at").write_text("3")
+    assert ws.snakemake(check=False).returncode != 0  # stopped after step 3
+    (tmp_path / "crash-at").unlink()
+    ws.snakemake()
+    first = ws.record("ck/t@v1")
+    assert first["result"] == {"resumed_from": 3, "steps": 5}  # not forced: resumes
+    ws.snakemake("-f", ws.record_path("ck/t@v1"))
+    assert ws.record("ck/t@v1")["result"] == {"resumed_from": 0, "steps": 5}  # forced: from scratch
+    (old,) = (folder / ".history").glob("*/.artifact.json")
+    assert json.loads(old.read_text()) == first and (old.parent / "ckpt.txt").read_text() == "5"
+    assert len(list((folder / ".failures").glob("*.json"))) == 1  # failures stay where they are
+
+    ws.write({"ck/t@v1": {"step": "steps:train", "config": {"steps": 7}}})  # drifted recipe
+    assert "ck/t@v1: recipe drift" in ws.snakemake("-n").stderr
+    ws.snakemake("--forcerun", "custom")
+    now = ws.record("ck/t@v1")
+    assert now["result"] == {"resumed_from": 0, "steps": 7} and now["config"] == {"steps": 7}
+
+    (tmp_path / "crash-at").write_text("2")  # a forced rebuild that fails
+    assert ws.snakemake("-R", "custom", check=False).returncode != 0
+    assert not (folder / ".artifact.json").exists()
+    row = _status(ws)["ck/t@v1"]
+    assert " built " not in row and " failed " in row  # the truth: not built now
+    kept = [json.loads(p.read_text()) for p in (folder / ".history").glob("*/.artifact.json")]
+    assert now in kept and len(kept) == 3 and (folder / "ckpt.txt").read_text() == "2"
+
+
+def test_forcing_on_a_gcs_prefix_moves_the_old_build_to_history_there(tmp_path, snakemake_cmd, gcs_prefix, gcs_env):
+    from marin_rules.artifacts import storage
+
+    ws = Workspace(tmp_path, snakemake_cmd)
+    ws.write({"raw/a@v1": {"step": "usersteps:make", "config": {"text": "a"}}})
+    ws.snakemake(prefix=gcs_prefix, env=gcs_env)
+    first = ws.record("raw/a@v1", prefix=gcs_prefix)
+    mirror = next((tmp_path / ".snakemake/marin-mirror").rglob("raw/a/v1/.artifact.json"))
+    ws.snakemake("-f", str(mirror.relative_to(tmp_path)), prefix=gcs_prefix, env=gcs_env)
+    now = ws.record("raw/a@v1", prefix=gcs_prefix)
+    assert now["provenance"]["started"] != first["provenance"]["started"]
+    (old,) = storage.glob(f"{gcs_prefix}/raw/a/v1/.history/*/.artifact.json")
+    assert storage.read_json(old) == first
+    assert storage.read_text(storage.join(storage.parent(old), "data.txt")) == "a"
+    assert json.loads(mirror.read_text()) == now

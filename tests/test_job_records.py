@@ -1,0 +1,84 @@
+"""Records you can trust, in real runs: a corrupt record is never served (`-n` and real
+runs stop with its one-line message, no consumer builds), a consumer checks its
+upstreams' files before it starts, a moved prefix stays valid, and a pinned artifact
+whose record drifted is an error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from test_workflow import built, built_chain, chain, nothing_to_do, ws  # noqa: F401 (fixtures)
+
+
+def _two(ws):
+    art = {k: v for k, v in chain().items() if k in ("raw/a@v1", "mid/b@v1")}
+    ws.write(art)
+    return art
+
+
+@pytest.mark.parametrize(
+    "corrupt,problem",
+    [
+        (lambda rec: "{not json", "not valid JSON"),
+        (lambda rec: json.dumps({k: v for k, v in rec.items() if k != "fingerprint"}), "missing field fingerprint"),
+        (lambda rec: json.dumps({**rec, "name": "raw/zz", "path": "raw/zz/v1"}), "sits where raw/a@v1 belongs"),
+    ],
+    ids=["bad-json", "missing-field", "wrong-name"],
+)
+def test_corrupt_upstream_record_is_never_served(ws, corrupt, problem):
+    art = _two(ws)
+    ws.snakemake("--config", f"prefix={ws.prefix}", "target=raw/a@v1")
+    path = Path(ws.record_path("raw/a@v1"))
+    path.write_text(corrupt(json.loads(path.read_text())))
+    ws.write(art)
+    for args in (["-n"], []):
+        proc = ws.snakemake(*args, check=False)
+        lines = [l for l in proc.stderr.splitlines() if l.startswith("marin-rules: ")]
+        assert proc.returncode != 0 and len(lines) == 1, (args, proc.stderr)
+        assert str(path) in lines[0] and problem in lines[0] and "Traceback" not in proc.stderr
+    assert not (Path(ws.prefix) / "mid/b/v1").exists()  # no consumer built on it
+
+
+def test_consumer_checks_its_upstreams_files_before_it_starts(ws):
+    _two(ws)
+    ws.snakemake("--config", f"prefix={ws.prefix}", "target=raw/a@v1")
+    (Path(ws.prefix) / "raw/a/v1/data.txt").write_text("")  # truncated (was "a")
+    proc = ws.snakemake(check=False)
+    assert proc.returncode != 0
+    line = "mid/b@v1: upstream raw/a@v1: truncated data.txt: 0 of 1 bytes; rebuild it with: snakemake --forcerun "
+    assert line in proc.stdout + proc.stderr
+    assert not (Path(ws.prefix) / "mid/b/v1/.artifact.json").exists()
+    (failure,) = (Path(ws.prefix) / "mid/b/v1/.failures").glob("*.json")
+    assert "truncated data.txt" in json.loads(failure.read_text())["error"]["message"]
+
+
+def test_a_moved_prefix_stays_valid_and_builds_on_from_there(built):
+    ws = built
+    moved = ws.root / "moved"
+    shutil.move(ws.prefix, moved)
+    assert nothing_to_do(ws.snakemake("-n", prefix=str(moved)))
+    art = chain()
+    art["top/e@v1"] = {"step": "usersteps:make", "deps": {"src": "top/c@v1"}, "config": {"text": "e"}}
+    ws.write(art)
+    ws.snakemake(prefix=str(moved))
+    assert (moved / "top/e/v1/data.txt").read_text() == "e|c|b|a"
+    record = json.loads((moved / "top/e/v1/.artifact.json").read_text())
+    assert record["deps"]["src"]["path"] == "top/c/v1" and str(ws.root) not in json.dumps(record["deps"])
+
+
+def test_pinned_artifact_whose_record_drifted_is_an_error(built, monkeypatch):
+    from marin_rules.experiment import build_experiment
+
+    ws = built
+    monkeypatch.syspath_prepend(str(ws.root))  # the user step module, as the loader finds it
+    art = chain(text_b="changed")
+    art["mid/b@v1"]["expect_fingerprint"] = build_experiment({"artifacts": art})["mid/b@v1"].fingerprint
+    ws.write(art)  # the pin matches the recipe, but not what was built
+    proc = ws.snakemake("-n", check=False)
+    lines = [l for l in proc.stderr.splitlines() if "recipe drift on a pinned artifact" in l]
+    assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith("marin-rules: mid/b@v1: "), proc.stderr
+    assert ws.record("mid/b@v1")["fingerprint"] in lines[0]

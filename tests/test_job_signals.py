@@ -1,0 +1,80 @@
+"""SIGTERM or SIGINT sent to the `snakemake` process alone (what `timeout`, `kill`, CI
+cancel and systemd send) stops the running step within seconds: a failure record names
+the signal, no success record is written, and the job's log holds the step's output."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import REPO, SNAKEMAKE
+
+SLOW = '''
+import time
+from marin_rules.artifacts import storage
+
+def slow(ctx):
+    storage.write_text_atomic(storage.join(ctx.output, "partial.txt"), "half")
+    print("slow step: started", flush=True)
+    for _ in range(600):  # two minutes unless stopped
+        time.sleep(0.2)
+    return {"finished": True}
+'''
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_signal_to_snakemake_stops_the_running_step_with_a_failure_record(tmp_path, signal_name):
+    (tmp_path / "slowsteps.py").write_text(SLOW)
+    (tmp_path / "exp.yaml").write_text('artifacts:\n  ck/s@v1: {step: "slowsteps:slow"}\n')
+    prefix = tmp_path / "art"
+    proc = subprocess.Popen(
+        [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "exp.yaml", "--config", f"prefix={prefix}"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        _wait_for(lambda: (prefix / "ck/s/v1/partial.txt").exists(), 120, "the step to start")
+        sent = time.monotonic()
+        proc.send_signal(getattr(signal, signal_name))  # the snakemake process only, not its group
+        out, _ = proc.communicate(timeout=60)
+        stopped_after = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert stopped_after < 15, stopped_after  # the step would run two minutes
+    folder = prefix / "ck/s/v1"
+    (failure,) = [json.loads(f.read_text()) for f in (folder / ".failures").glob("*.json")]
+    assert failure["error"]["type"] == "JobTerminated" and failure["error"]["exit_status"] == signal_name
+    assert not (folder / ".artifact.json").exists()
+    assert (folder / "partial.txt").read_text() == "half"
+    log = (tmp_path / ".snakemake/marin-logs/ck/s/v1/job.log").read_text()
+    assert "slow step: started" in log and f"terminated by signal {signal_name}" in log
+    assert not list((tmp_path / ".snakemake/marin-jobs").glob("*/*"))  # the job unregistered
+
+
+def test_failed_step_error_is_in_its_log_and_shown_by_show_failed_logs(tmp_path, snakemake_cmd):
+    (tmp_path / "badsteps.py").write_text("def boom(ctx):\n    print('step output line')\n    raise RuntimeError('boom at step 3')\n")
+    (tmp_path / "exp.yaml").write_text('artifacts:\n  ck/b@v1: {step: "badsteps:boom"}\n')
+    proc = snakemake_cmd("--configfile", "exp.yaml", "--config", f"prefix={tmp_path / 'art'}",
+                         cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, check=False)  # fmt: skip
+    assert proc.returncode != 0
+    log = (tmp_path / ".snakemake/marin-logs/ck/b/v1/job.log").read_text()
+    assert "step output line" in log and "RuntimeError: boom at step 3" in log
+    assert "RuntimeError: boom at step 3" in proc.stdout + proc.stderr  # --show-failed-logs (profiles/default)

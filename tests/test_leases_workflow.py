@@ -1,0 +1,155 @@
+"""Two real `snakemake` runs from different folders on one prefix build each artifact
+once: the second waits, says who holds the lease, then serves the finished artifact
+(both exit 0); with `--config lease_wait=false` it fails at once in one line instead.
+On a local prefix and on a gs:// prefix (the local GCS emulator)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, SNAKEMAKE
+from marin_rules.artifacts import storage
+
+STEP = '''
+import os, time
+from marin_rules.artifacts import storage
+
+def build(ctx):
+    with open(os.environ["RUNS_LOG"], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    release = os.environ["RUNS_LOG"] + ".release"  # the test says when the other run is waiting
+    for _ in range(1200):
+        if os.path.exists(release):
+            break
+        time.sleep(0.1)
+    storage.write_text_atomic(storage.join(ctx.output, "data.txt"), "built")
+    return {"pid": os.getpid()}
+'''
+
+
+def _start(folder: Path, prefix: str, env: dict, *config: str) -> subprocess.Popen:
+    folder.mkdir()
+    (folder / "exp.yaml").write_text('artifacts:\n  ck/l@v1: {step: "leasesteps:build"}\n')
+    return subprocess.Popen(
+        [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "exp.yaml",
+         "--config", f"prefix={prefix}", "lease_poll_s=0.2", *config],
+        cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def _env(tmp_path: Path, extra: dict | None = None) -> dict:
+    (tmp_path / "leasesteps.py").write_text(STEP)
+    return {**os.environ, **(extra or {}), "PYTHONPATH": str(tmp_path), "RUNS_LOG": str(tmp_path / "runs.log")}
+
+
+def _two_runs(tmp_path: Path, prefix: str, env: dict, *config: str) -> tuple:
+    first = _start(tmp_path / "alice", prefix, env)
+    try:
+        return _race(tmp_path, prefix, env, first, *config)
+    finally:
+        (tmp_path / "runs.log.release").write_text("")
+        if first.poll() is None:
+            first.communicate(timeout=180)
+
+
+def _race(tmp_path: Path, prefix: str, env: dict, first: subprocess.Popen, *config: str) -> tuple:
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "runs.log").exists():  # the first run's step has started
+        assert time.monotonic() < deadline and first.poll() is None, first.communicate()[0]
+        time.sleep(0.1)
+    second = _start(tmp_path / "bob", prefix, env, *config)
+    bob_log = tmp_path / "bob/.snakemake/marin-logs/ck/l/v1/job.log"
+    while not (bob_log.exists() and "being built by" in bob_log.read_text()):
+        assert time.monotonic() < deadline, second.communicate()[0] if second.poll() is not None else "timeout"
+        time.sleep(0.1)
+    (tmp_path / "runs.log.release").write_text("")
+    out2, _ = second.communicate(timeout=180)
+    out1, _ = first.communicate(timeout=180)
+    log2 = (tmp_path / "bob/.snakemake/marin-logs/ck/l/v1/job.log").read_text()
+    return first.returncode, out1, second.returncode, out2 + log2
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_two_runs_on_one_prefix_build_once_and_both_succeed(tmp_path, where, request):
+    if where == "gcs":
+        gcs_env, prefix = request.getfixturevalue("gcs_env"), request.getfixturevalue("gcs_prefix")
+    else:
+        gcs_env, prefix = {}, str(tmp_path / "art")
+    rc1, out1, rc2, out2 = _two_runs(tmp_path, prefix, _env(tmp_path, gcs_env))
+    assert rc1 == 0 and rc2 == 0, (out1, out2)
+    assert len((tmp_path / "runs.log").read_text().split()) == 1  # the step ran exactly once
+    assert "ck/l@v1: waiting: " in out2 and " is being built by " in out2 and f"pid " in out2
+    assert "built meanwhile by another run" in out2
+    assert storage.read_text(f"{prefix}/ck/l/v1/data.txt") == "built"
+    if where == "gcs":  # the waiting run's mirror holds the record Snakemake checked
+        assert list((tmp_path / "bob/.snakemake/marin-mirror").rglob("ck/l/v1/.artifact.json"))
+
+
+def test_lease_wait_false_fails_at_once_naming_the_holder(tmp_path):
+    env = _env(tmp_path)
+    started = time.monotonic()
+    rc1, out1, rc2, out2 = _two_runs(tmp_path, str(tmp_path / "art"), env, "lease_wait=false")
+    assert rc1 == 0 and rc2 != 0, (out1[-3000:], out2)
+    lines = [l for l in out2.splitlines() if "being built by" in l]
+    assert lines and lines[0].startswith("marin-rules: ") and "wait for it to finish" in lines[0]
+    assert len((tmp_path / "runs.log").read_text().split()) == 1
+    assert not (tmp_path / "art/ck/l/v1/.failures").exists()  # a refusal is not a failed build
+    assert time.monotonic() - started < 120
+
+
+def test_a_holder_that_loses_its_lease_stops_its_step_and_records_no_success(tmp_path):
+    import json
+
+    env = _env(tmp_path)
+    folder = tmp_path / "alice"
+    proc = _start(folder, str(tmp_path / "art"), env, "lease_heartbeat_s=0.3")
+    location = tmp_path / "art/ck/l/v1"
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "runs.log").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.1)
+        lease = json.loads((location / ".lease.json").read_text())
+        stolen = {**lease, "host": "thief", "token": "0" * 32}  # another holder took it over
+        (location / ".lease.json.new").write_text(json.dumps(stolen))
+        os.replace(location / ".lease.json.new", location / ".lease.json")
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        (tmp_path / "runs.log.release").write_text("")
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert not (location / ".artifact.json").exists()
+    (failure,) = [json.loads(p.read_text()) for p in (location / ".failures").glob("*.json")]
+    assert failure["error"]["exit_status"] == "lease lost" and "taken over by" in failure["error"]["message"]
+    assert json.loads((location / ".lease.json").read_text())["token"] == "0" * 32  # the thief's lease is kept
+
+
+def test_a_lease_left_by_a_killed_run_is_taken_over_once_stale(tmp_path):
+    import signal
+
+    env = _env(tmp_path)
+    prefix = str(tmp_path / "art")
+    first = _start(tmp_path / "alice", prefix, env, "lease_heartbeat_s=0.5")
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "runs.log").exists():
+        assert time.monotonic() < deadline and first.poll() is None, first.communicate()[0]
+        time.sleep(0.1)
+    (job_pid,) = map(int, (tmp_path / "runs.log").read_text().split())
+    os.kill(job_pid, signal.SIGKILL)  # the builder dies without a word: its lease stays behind
+    first.kill()
+    first.communicate(timeout=60)
+    assert (tmp_path / "art/ck/l/v1/.lease.json").exists()
+    (tmp_path / "runs.log.release").write_text("")
+    second = _start(tmp_path / "bob", prefix, env, "lease_stale_s=2")
+    out, _ = second.communicate(timeout=180)
+    assert second.returncode == 0, out
+    assert len((tmp_path / "runs.log").read_text().split()) == 2  # built again, by the second run
+    assert storage.read_text(f"{prefix}/ck/l/v1/data.txt") == "built"
+    assert not (tmp_path / "art/ck/l/v1/.lease.json").exists()  # released after the build
