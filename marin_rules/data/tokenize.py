@@ -20,7 +20,8 @@ fingerprint (they are read from `config` too). A tqdm bar on stderr shows progre
 `index.json` is written last; its presence means every shard it lists is whole:
 {format, vocab_size, dtype, tokenizer (location of tokenizer.json), tokenizer_digest,
 bos_id, eos_id, pad_id, corpus, splits: {train|validation: {tokens, documents,
-shards: [{path, tokens, documents}]}}}.
+shards: [{path, tokens, documents}]}}}. `tokenizer` and `corpus` are relative to the
+artifact's folder (`relative.py`), so the prefix can move.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from marin_rules.data.checks import (
     check_tokenize,
     token_dtype,
 )
+from marin_rules.data.relative import relative_location
 from marin_rules.data.tokenizer import TOKENIZER_FILE, load_special_tokens
 
 INDEX = "index.json"
@@ -104,12 +106,12 @@ def tokenize(ctx: StepContext) -> dict[str, Any]:
         "format": INDEX_FORMAT,
         "vocab_size": vocab["vocab_size"],
         "dtype": vocab["dtype"],
-        "tokenizer": tokenizer_location,
+        "tokenizer": relative_location(ctx.output, tokenizer_location),
         "tokenizer_digest": vocab["digest"],
         "bos_id": vocab["bos_id"],
         "eos_id": vocab["eos_id"],
         "pad_id": vocab["pad_id"],
-        "corpus": corpus,
+        "corpus": relative_location(ctx.output, corpus),
         "validation_fraction": fraction,
         "splits": splits,
     }
