@@ -13,9 +13,10 @@ loop on its own rows of each batch; only process 0 writes metrics, plots and
 
 Recorded steps count completed updates: the record of step `s` (1-based) holds the
 loss of the batch that update `s` trained on and the learning rate it used.
-Throughput leaves out the first step of a process (it includes compilation) and
-the time spent on validation; MFU is tokens/s * FLOPs per token over the peak of
-every device of the run (`model/peak.py`, or `runtime.peak_flops`).
+What is reported and written at the end lives in `report.py`: throughput leaves
+out a process's first step (compilation) and validation time; MFU is tokens/s *
+FLOPs per token over the peak of every device of the run (`model/peak.py`, or
+`runtime.peak_flops`).
 """
 
 from __future__ import annotations
@@ -32,15 +33,15 @@ from tqdm import tqdm
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import StepError
-from marin_rules.data.relative import relative_location
-from marin_rules.model.flops import active_params, flops_per_token, total_params
+from marin_rules.model.flops import flops_per_token
 from marin_rules.model.peak import run_peak_flops
 from marin_rules.model.sharding import make_mesh
 from marin_rules.train import checkpoint, distributed
 from marin_rules.train.config import TrainConfig
-from marin_rules.train.metrics import MetricsLog, plot_losses
-from marin_rules.train.optim import learning_rates, make_optimizer
+from marin_rules.train.metrics import MetricsLog
+from marin_rules.train.optim import make_optimizer
 from marin_rules.train.recipe import claim_checkpoints
+from marin_rules.train.report import Clock, summary, train_record, write_outputs
 from marin_rules.train.steps import batch_sharding, global_batch, init_model, make_eval_step, make_train_step
 from marin_rules.train.unigram import unigram_counts, unigram_loss
 
@@ -85,42 +86,9 @@ class Plan:
     def tokens_per_step(self) -> int:
         return self.config.batch_size * self.config.seq_len
 
-    @property
-    def flops_per_token(self) -> int:
-        return flops_per_token(self.config.model, self.config.seq_len)
-
     def mfu(self, tokens_per_s: float | None) -> float | None:
-        return tokens_per_s * self.flops_per_token / self.peak_flops if tokens_per_s else None
-
-
-@dataclass
-class Clock:
-    """Step timing: the first step (compilation) apart, a window since the last log."""
-
-    first_step_s: float | None = None
-    timed_steps: int = 0
-    timed_s: float = 0.0
-    window_start: float = 0.0
-    window_steps: int = 0
-
-    def add(self, elapsed: float) -> None:
-        if self.first_step_s is None:
-            self.first_step_s = elapsed
-            self.restart_window()
-            return
-        self.timed_steps += 1
-        self.timed_s += elapsed
-        self.window_steps += 1
-
-    def restart_window(self) -> None:
-        self.window_start, self.window_steps = time.perf_counter(), 0
-
-    def window_tokens_per_s(self, tokens_per_step: int) -> float | None:
-        elapsed = time.perf_counter() - self.window_start
-        return self.window_steps * tokens_per_step / elapsed if self.window_steps else None
-
-    def tokens_per_s(self, tokens_per_step: int) -> float | None:
-        return self.timed_steps * tokens_per_step / self.timed_s if self.timed_s else None
+        fpt = flops_per_token(self.config.model, self.config.seq_len)
+        return tokens_per_s * fpt / self.peak_flops if tokens_per_s else None
 
 
 def mesh_shape(config: TrainConfig) -> tuple[int, int]:
@@ -189,28 +157,6 @@ def check_finite(objective: float, step: int, config: TrainConfig) -> None:
         )
 
 
-def train_record(plan: Plan, step: int, metrics: Any, objective: float, tokens_per_s: float | None) -> dict:
-    """The metrics-log record of update `step` (1-based)."""
-    config = plan.config
-    host = jax.device_get(metrics)
-    return {
-        "split": "train",
-        "step": step,
-        "loss": float(host["ce_loss"]),
-        "objective": objective,
-        "balance_loss": float(host["balance_loss"]),
-        "z_loss": float(host["z_loss"]),
-        "dropped_fraction": float(host["dropped_fraction"]),
-        "routing_entropy": float(host["routing_entropy"]),
-        "expert_load": np.asarray(host["expert_load"]).round(4).tolist(),
-        "grad_norm": float(host["grad_norm"]),
-        **learning_rates(config.optimizer, config.num_train_steps, step - 1),
-        "tokens": step * plan.tokens_per_step,
-        "tokens_per_s": tokens_per_s,
-        "mfu": plan.mfu(tokens_per_s),
-    }
-
-
 def train_steps(plan: Plan, ts: TrainState, start: int, manager: Any, log: MetricsLog) -> tuple[TrainState, dict | None, Clock]:
     """Updates `start`..num_train_steps-1 with their logs, validations and checkpoints.
     Returns the final state, the last train record logged (None if no step ran), the clock."""
@@ -232,7 +178,8 @@ def train_steps(plan: Plan, ts: TrainState, start: int, manager: Any, log: Metri
             check_finite(objective, step, config)
             bar.update(1)
             if step % config.log_every == 0 or final:
-                last = train_record(plan, step, metrics, objective, clock.window_tokens_per_s(plan.tokens_per_step))
+                tokens_per_s = clock.window_tokens_per_s(plan.tokens_per_step)
+                last = train_record(config, step, metrics, objective, tokens_per_s, plan.mfu(tokens_per_s))
                 if plan.writer:
                     log.log(last)
                 bar.set_postfix(loss=f"{last['loss']:.3f}")
@@ -248,49 +195,6 @@ def train_steps(plan: Plan, ts: TrainState, start: int, manager: Any, log: Metri
         bar.close()
         manager.wait_until_finished()
     return ts, last, clock
-
-
-def summary(plan: Plan, start: int, final_val: float, unigram: float, last: dict, clock: Clock) -> dict:
-    config, model = plan.config, plan.config.model
-    tokens_per_s = clock.tokens_per_s(plan.tokens_per_step)
-    data_size, expert_size = mesh_shape(config)
-    return {
-        "final_train_loss": last.get("loss"),
-        "final_val_loss": final_val,
-        "unigram_val_loss": unigram,
-        "steps": config.num_train_steps,
-        "resumed_from_step": start,
-        "tokens_seen": config.num_train_steps * plan.tokens_per_step,
-        "params": total_params(model),
-        "active_params": active_params(model),
-        "flops_per_token": plan.flops_per_token,
-        "tokens_per_s": tokens_per_s,
-        "peak_flops": plan.peak_flops,
-        "mfu": plan.mfu(tokens_per_s),
-        "compile_and_first_step_s": clock.first_step_s,
-        "devices": jax.device_count(),
-        "processes": jax.process_count(),
-        "mesh": {"data": data_size, "expert": expert_size},
-    }
-
-
-def write_outputs(plan: Plan, log: MetricsLog, final_val: float, unigram: float) -> None:
-    """The writer's files: the final validation record, `loss.png`, `model.json`
-    (locations in it are relative to the artifact, so the prefix can move)."""
-    config, model, output = plan.config, plan.config.model, plan.output
-    log.log({"split": "val", "step": config.num_train_steps, "loss": final_val})
-    title = f"{model.n_layers}-layer MoE, {model.n_experts} experts, top-{model.top_k}"
-    plot_losses(log, storage.join(output, "loss.png"), title=title, baseline=unigram)
-    info = {
-        "model": model.to_dict(),
-        "vocab_size": model.vocab_size,
-        "tokenizer": relative_location(output, plan.data.tokenizer),
-        "eos_id": plan.data.eos_id,
-        "seq_len": config.seq_len,
-        "final_step": config.num_train_steps,
-        "checkpoints": "checkpoints",
-    }
-    storage.write_json_atomic(storage.join(output, "model.json"), info)
 
 
 def run(
@@ -319,6 +223,7 @@ def run(
     sample = min(config.num_train_steps, max(1, 2_000_000 // plan.tokens_per_step))
     counts = unigram_counts(data.train, sample_batches=sample, vocab_size=data.vocab_size)
     unigram = unigram_loss(counts, data.val, val_batches=config.eval_batches)
+    losses = {"final_val": final_val, "unigram": unigram}
     if writer:
-        write_outputs(plan, log, final_val, unigram)
-    return summary(plan, start, final_val, unigram, last, clock)
+        write_outputs(config, output, log, losses, data.tokenizer, data.eos_id)
+    return summary(config, start, losses, last, clock, peak, (data_size, expert_size))
