@@ -217,6 +217,8 @@ def run(
         log = MetricsLog.resume(storage.join(output, "metrics.jsonl"), start)
         ts, last, clock = train_steps(plan, ts, start, manager, log)  # its last step saves a checkpoint
         manager.close()
+        if writer:
+            checkpoint.neutral_commit_notes(output)
         final_val = validation_loss(plan, ts)
     if last is None:  # resumed from the final checkpoint: nothing left to train
         last = next((r for r in reversed(log.records) if r.get("split") == "train"), {})
