@@ -15,7 +15,7 @@ parameters) / peak. The dense baseline is the same config with `moe_every=0` and
 `d_ff = top_k * d_expert` (+ d_expert with a shared expert): the same active FFN
 parameters, no router.
 
-Usage: python benchmarks/train_throughput.py [--rounds 5] [--batch 16] [--seq 256]
+Usage: python benchmarks/train_throughput.py [--rounds 5] [--batch 16] [--seq 128]
        [--accum 2] [--optimizer muon] [--backends dense,capacity,ragged]
 Last line: JSON with benchmark, ratio (best MoE backend tokens/s / dense; target
 >= 0.9), baseline, and every variant's figures (dense MFU target: >= 0.5).
@@ -40,8 +40,9 @@ from marin_rules.train.config import parse_train_config
 from marin_rules.train.optim import make_optimizer
 from marin_rules.train.steps import batch_sharding, global_batch, init_model, make_train_step
 
+# the default experiment's model (experiments/default.yaml): what this project trains
 MOE = dict(
-    vocab_size=4096, max_seq_len=256, d_model=192, n_layers=4, n_heads=6, n_kv_heads=2,
+    vocab_size=4096, max_seq_len=128, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2,
     d_ff=512, n_experts=4, top_k=2, d_expert=256, moe_every=1,
 )  # fmt: skip
 
@@ -100,7 +101,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--accum", type=int, default=2)
     parser.add_argument("--optimizer", default="muon", choices=("muon", "adamw"))
     parser.add_argument("--backends", default="dense,capacity,ragged")
