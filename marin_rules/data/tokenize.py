@@ -11,8 +11,9 @@ stored as numpy shards `{split}/tokens-00000.npy`, ... of dtype uint16 when the
 vocabulary fits in 65,536 ids, else uint32 (`config.dtype` may force one; it must
 hold every id).
 
-Encoding runs in batches of documents: in this process for one worker, across a
-pool of `num_workers` spawned processes otherwise, with results consumed in order
+Encoding runs in batches of documents: in a thread of this process for one worker
+(overlapping reading and writing), across a pool of `num_workers` spawned processes
+otherwise, with results consumed in order
 so the output does not depend on the worker count. `num_workers` and `batch_size`
 only change speed: put them in the entry's `runtime` to keep them out of the
 fingerprint (they are read from `config` too). A tqdm bar on stderr shows progress.
@@ -30,7 +31,7 @@ import collections
 import multiprocessing
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -209,23 +210,25 @@ def batches(texts: Iterator[str], batch_size: int) -> Iterator[list[str]]:
 def encode_stream(
     texts: Iterator[str], tokenizer_json: str, eos_id: int, dtype: str, *, num_workers: int, batch_size: int
 ) -> Iterator[tuple[np.ndarray, list[int]]]:
-    """(tokens, per-document lengths) for each batch, in document order."""
+    """(tokens, per-document lengths) for each batch, in document order. With one
+    worker, encoding runs in a thread of this process (tokenizers releases the GIL),
+    so reading the next documents and writing shards overlap with it."""
     if num_workers <= 1:
         _init_worker(tokenizer_json, eos_id, dtype)
-        for batch in batches(texts, batch_size):
-            yield encode_batch(batch)
-        return
-    # spawn, not fork: the parent may hold threads (a tokenizers thread pool, JAX).
-    # A ProcessPoolExecutor, not a multiprocessing.Pool: a worker that dies (killed,
-    # out of memory, a failing initializer) raises BrokenProcessPool instead of hanging.
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        num_workers, mp_context=context, initializer=_init_worker, initargs=(tokenizer_json, eos_id, dtype)
-    ) as pool:
+        pool = ThreadPoolExecutor(1)
+    else:
+        # spawn, not fork: the parent may hold threads (a tokenizers thread pool, JAX).
+        # A ProcessPoolExecutor, not a multiprocessing.Pool: a worker that dies (killed,
+        # out of memory, a failing initializer) raises BrokenProcessPool instead of hanging.
+        context = multiprocessing.get_context("spawn")
+        pool = ProcessPoolExecutor(
+            num_workers, mp_context=context, initializer=_init_worker, initargs=(tokenizer_json, eos_id, dtype)
+        )
+    with pool:
         pending: collections.deque = collections.deque()
         for batch in batches(texts, batch_size):
             pending.append(pool.submit(encode_batch, batch))
-            if len(pending) >= 2 * num_workers:  # bounded: memory stays flat on large corpora
+            if len(pending) >= 2 * max(1, num_workers):  # bounded: memory stays flat on large corpora
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
