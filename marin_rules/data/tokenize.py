@@ -57,7 +57,8 @@ INDEX = "index.json"
 INDEX_FORMAT = "marin-rules-tokens/1"
 SPLITS = ("train", "validation")
 SHARD_TOKENS = 2**26  # tokens per shard file (128 MiB as uint16)
-TASK_BYTES = 2**18  # a batch also ends once it holds this much text
+TASK_BYTES = 2**18  # a batch handed to a worker process also ends once it holds this much text
+THREAD_TASK_BYTES = 2**22  # one worker: tokenizers parallelises over a call's documents, so give it many
 
 
 def tokenize(ctx: StepContext) -> dict[str, Any]:
@@ -193,14 +194,14 @@ def split_labels(n_docs: int, fraction: float) -> list[str]:
 # ---- encoding -------------------------------------------------------------------
 
 
-def batches(texts: Iterator[str], batch_size: int) -> Iterator[list[str]]:
-    """Consecutive documents, at most `batch_size` of them and about TASK_BYTES of text."""
+def batches(texts: Iterator[str], batch_size: int, max_bytes: int = TASK_BYTES) -> Iterator[list[str]]:
+    """Consecutive documents, at most `batch_size` of them and about `max_bytes` of text."""
     batch: list[str] = []
     size = 0
     for text in texts:
         batch.append(text)
         size += len(text)
-        if len(batch) >= batch_size or size >= TASK_BYTES:
+        if len(batch) >= batch_size or size >= max_bytes:
             yield batch
             batch, size = [], 0
     if batch:
@@ -215,7 +216,7 @@ def encode_stream(
     so reading the next documents and writing shards overlap with it."""
     if num_workers <= 1:
         _init_worker(tokenizer_json, eos_id, dtype)
-        pool = ThreadPoolExecutor(1)
+        pool, max_bytes = ThreadPoolExecutor(1), THREAD_TASK_BYTES
     else:
         # spawn, not fork: the parent may hold threads (a tokenizers thread pool, JAX).
         # A ProcessPoolExecutor, not a multiprocessing.Pool: a worker that dies (killed,
@@ -224,9 +225,10 @@ def encode_stream(
         pool = ProcessPoolExecutor(
             num_workers, mp_context=context, initializer=_init_worker, initargs=(tokenizer_json, eos_id, dtype)
         )
+        max_bytes = TASK_BYTES
     with pool:
         pending: collections.deque = collections.deque()
-        for batch in batches(texts, batch_size):
+        for batch in batches(texts, batch_size, max_bytes):
             pending.append(pool.submit(encode_batch, batch))
             if len(pending) >= 2 * max(1, num_workers):  # bounded: memory stays flat on large corpora
                 yield pending.popleft().result()
