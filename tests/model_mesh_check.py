@@ -21,7 +21,10 @@ from flax import nnx  # noqa: E402
 
 from marin_rules.model.config import ModelConfig  # noqa: E402
 from marin_rules.model import moe  # noqa: E402
-from marin_rules.model.sharding import batch_sharding, make_mesh, shard_model  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from marin_rules.model.sharding import BATCH_AXES, make_mesh, state_shardings  # noqa: E402
 from marin_rules.model.transformer import MoETransformer, loss_and_aux  # noqa: E402
 
 def run(moe_impl: str, mesh_shape):
@@ -37,8 +40,8 @@ def run(moe_impl: str, mesh_shape):
     else:
         mesh = make_mesh(*mesh_shape)
         with jax.set_mesh(mesh):
-            shard_model(model, mesh)
-            batch = jax.device_put(batch, batch_sharding(mesh))
+            nnx.update(model, jax.device_put(nnx.state(model), state_shardings(model, mesh)))
+            batch = jax.device_put(batch, NamedSharding(mesh, P(BATCH_AXES, None)))
             (loss, metrics), grads = step(model, batch)
         w = model.blocks[0].ffn.w_gate[...]
         assert len(w.sharding.device_set) == 8 and w.addressable_shards[0].data.shape[0] == 4 // mesh_shape[1]

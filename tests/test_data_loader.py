@@ -89,6 +89,19 @@ def test_process_slices_concatenate_to_the_global_batch(data):
         loader.batch(0, process_index=0, process_count=3)
 
 
+def test_micro_batches_hold_the_same_rows_whatever_the_process_count(data):
+    # 2 processes x 2 micro-batches must train what 1 process x 2 micro-batches does:
+    # micro-batch j is global rows [4j, 4j+4) and each process holds its half of EACH
+    loader = make_loader({data["comedies"]: 1, data["tragedies"]: 1}, seq_len=32, batch_size=8, seed=4)
+    whole = loader.batch(3).reshape(2, 4, 33)  # [micro-batch, row, token]
+    one = loader.batch(3, micro_batches=2).reshape(2, 4, 33)
+    two = [loader.batch(3, process_index=i, process_count=2, micro_batches=2).reshape(2, 2, 33) for i in range(2)]
+    np.testing.assert_array_equal(one, whole)
+    np.testing.assert_array_equal(np.concatenate(two, axis=1), whole)
+    with pytest.raises(ValueError, match="process_count 2 x micro_batches 3"):
+        loader.batch(0, process_index=0, process_count=2, micro_batches=3)
+
+
 def test_mixture_rows_follow_the_weights(data):
     seq_len, batch_size, steps = 32, 64, 32
     loader = make_loader({data["comedies"]: 0.7, data["tragedies"]: 0.3}, seq_len=seq_len, batch_size=batch_size, seed=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -66,7 +67,8 @@ def documents_of(tokens_dir: Path, split: str, eos: int) -> list[np.ndarray]:
 
 def test_every_document_comes_back_from_its_tokens_followed_by_one_eos(built):
     index = json.loads((built["tokens"] / "index.json").read_text())
-    tokenizer = Tokenizer.from_file(index["tokenizer"])
+    assert not os.path.isabs(index["tokenizer"]) and not os.path.isabs(index["corpus"])  # the prefix may move
+    tokenizer = Tokenizer.from_file(str(built["tokens"] / index["tokenizer"]))
     eos = index["eos_id"]
     assert index["dtype"] == "uint16" and index["vocab_size"] == 600 and eos == 1
     decoded = {}
@@ -86,8 +88,14 @@ def test_every_document_comes_back_from_its_tokens_followed_by_one_eos(built):
 
 def test_two_workers_write_exactly_what_one_worker_writes(built, tmp_path):
     run_tokenize(tmp_path / "two", built["raw"], built["tok"], validation_fraction=0.4, num_workers=2, batch_size=1)
-    for name in ("index.json", "train/tokens-00000.npy", "validation/tokens-00000.npy"):
+    for name in ("train/tokens-00000.npy", "validation/tokens-00000.npy"):
         assert (tmp_path / "two" / name).read_bytes() == (built["tokens"] / name).read_bytes()
+
+    def index(folder):  # references are relative to each artifact's own folder
+        data = json.loads((folder / "index.json").read_text())
+        return {**data, **{k: os.path.normpath(folder / data[k]) for k in ("tokenizer", "corpus")}}
+
+    assert index(tmp_path / "two") == index(built["tokens"])
 
 
 @pytest.mark.timeout(120)

@@ -150,3 +150,29 @@ def test_kv_cache_prefill_then_single_steps_equals_one_causal_pass():
         np.testing.assert_allclose(prefill[r, :n], expected[r, :n], atol=1e-5)
         for step, logits in enumerate(steps):
             np.testing.assert_allclose(logits[r, 0], expected[r, n + step], atol=1e-5)
+
+
+def test_bfloat16_head_accumulates_in_float32():
+    model = MoETransformer(tiny(compute_dtype="bfloat16", tie_embeddings=False), rngs=nnx.Rngs(0))
+    hidden = jax.random.normal(jax.random.key(1), (4, 8, 32), jnp.float32).astype(jnp.bfloat16)
+    logits = jax.jit(model.logits)(hidden)
+    assert logits.dtype == jnp.float32
+    exact = np.asarray(hidden, np.float64) @ np.asarray(model.head[...].astype(jnp.bfloat16), np.float64)
+    np.testing.assert_allclose(logits, exact, rtol=1e-5, atol=1e-6)  # f32 sums of bf16 products
+    rounded = np.asarray(jnp.asarray(logits).astype(jnp.bfloat16).astype(jnp.float32))
+    assert np.mean(rounded != np.asarray(logits)) > 0.5  # not bf16 results cast to f32
+
+
+def test_capacity_drops_let_a_later_token_change_an_earlier_output_and_dropless_does_not():
+    from marin_rules.model.moe import dropless
+
+    # capacity 1.0 with every token wanting the same experts: later rows push earlier ones out
+    a = tokens(batch=4, length=16)
+    b = a.at[1:].set((a[1:] + 7) % 97)  # only rows 1..3 change
+    outputs = {}
+    for impl in ("capacity", dropless("capacity")):
+        model = MoETransformer(tiny(moe_impl=impl, capacity_factor=0.5), rngs=nnx.Rngs(0))
+        outputs[impl] = (forward(model, a)[0][0], forward(model, b)[0][0])  # row 0's logits
+    assert dropless("capacity") == "ragged" and dropless("dense") == "dense"
+    assert not np.allclose(*outputs["capacity"], atol=1e-4)  # row 0 depends on its batch
+    np.testing.assert_allclose(*outputs["ragged"], atol=1e-5)  # row 0 is row 0's alone

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+from marin_rules.model.roles import param_roles
+from marin_rules.model.sharding import make_mesh, path_names
 from marin_rules.model.transformer import MoETransformer
 from marin_rules.train.config import OptimizerConfig, parse_train_config
-from marin_rules.model.sharding import make_mesh
-from marin_rules.train.loop import init_model, make_train_step
-from marin_rules.train.optim import make_optimizer, param_group, path_names, schedule
+from marin_rules.train.optim import decay_mask, learning_rates, make_optimizer, param_groups, schedule
+from marin_rules.train.steps import init_model, make_train_step
 
 MODEL = {
     "vocab_size": 64, "max_seq_len": 16, "d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1,
@@ -30,31 +33,62 @@ def model_parts():
     return init_model(model_config(ONE_MOE_LAYER), 0, make_mesh(1, 1))
 
 
-def test_muon_takes_hidden_and_expert_matrices_adamw_the_rest():
-    abstract = nnx.eval_shape(lambda: MoETransformer(model_config(), rngs=nnx.Rngs(0)))
-    _, params, _ = nnx.split(abstract, nnx.Param, ...)
-    groups = {
-        "/".join(path_names(path)): param_group(path, leaf, "muon")
-        for path, leaf in jax.tree_util.tree_leaves_with_path(params)
-    }
-    assert groups["embed"] == "adamw"
-    assert groups["norm/scale"] == "adamw"
-    assert groups["blocks/1/ffn/router/w"] == "adamw"
-    assert groups["blocks/0/attn/w_q"] == "muon"
-    assert groups["blocks/0/ffn/w_gate"] == "muon"  # dense layer [D, F]
-    assert groups["blocks/1/ffn/w_gate"] == "muon"  # stacked experts [E, D, I]
-    assert all(group == "adamw" for name, group in groups.items() if "norm" in name)
-    assert {param_group(p, x, "adamw") for p, x in jax.tree_util.tree_leaves_with_path(params)} == {"adamw"}
+def abstract_params(config):
+    abstract = nnx.eval_shape(lambda: MoETransformer(config, rngs=nnx.Rngs(0)))
+    return nnx.split(abstract, nnx.Param, ...)[1]
 
 
-def test_schedule_warms_up_linearly_then_decays_by_cosine_to_the_floor():
+def by_name(tree) -> dict:
+    return {"/".join(path_names(p)): v for p, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def test_muon_takes_every_matrix_by_role_adamw_the_rest_and_decay_skips_norms_and_router():
+    # every kind of weight at once: dense and MoE layers, a shared expert, an untied head
+    config = dataclasses.replace(model_config(), shared_expert=True, tie_embeddings=False)
+    params = abstract_params(config)
+    groups, decays = by_name(param_groups(params, "muon")), by_name(decay_mask(params))
+    assert groups == {name: ("muon" if name.split("/")[-1].startswith("w_") else "adamw") for name in groups}
+    assert {n for n, g in groups.items() if g == "adamw"} == {
+        "embed", "head", "norm/scale", "blocks/1/ffn/router/w",
+        *(f"blocks/{i}/{norm}/scale" for i in (0, 1) for norm in ("attn_norm", "ffn_norm")),
+    }  # fmt: skip
+    assert groups["blocks/1/ffn/w_gate"] == "muon" and groups["blocks/1/ffn/shared/w_gate"] == "muon"
+    assert not decays["norm/scale"] and not decays["blocks/1/ffn/router/w"]
+    assert decays["embed"] and decays["head"] and decays["blocks/0/attn/w_q"]
+    assert set(by_name(param_groups(params, "adamw")).values()) == {"adamw"}
+
+
+def test_a_parameter_without_a_declared_role_is_refused_not_grouped_silently():
+    params = {"blocks": {"0": {"attn": {"w_q": jnp.zeros((4, 4)), "w_qk_gate": jnp.zeros((4, 4))}}}}
+    with pytest.raises(ValueError, match=r"parameter blocks/0/attn/w_qk_gate has no role; add its name to ROLES"):
+        param_roles(params)
+    with pytest.raises(ValueError, match="w_qk_gate has no role"):
+        make_optimizer(OptimizerConfig(name="muon"), 10).init(params)
+
+
+def test_schedule_starts_above_zero_warms_up_linearly_then_decays_by_cosine_to_the_floor():
     config = OptimizerConfig(learning_rate=1.0, warmup_steps=4, min_lr_ratio=0.1)
     lr = schedule(1.0, config, 20)
-    assert float(lr(0)) == 0.0 and float(lr(2)) == pytest.approx(0.5)
+    assert [float(lr(s)) for s in range(4)] == pytest.approx([0.25, 0.5, 0.75, 1.0])  # update 0 already learns
     assert float(lr(4)) == pytest.approx(1.0)
     values = [float(lr(s)) for s in range(4, 21)]
-    assert all(a >= b for a, b in zip(values, values[1:]))
+    assert all(a > b for a, b in zip(values, values[1:]))
+    assert float(lr(12)) == pytest.approx(0.1 + 0.9 * 0.5)  # half way down the cosine
     assert float(lr(20)) == pytest.approx(0.1)
+    assert float(schedule(1.0, OptimizerConfig(warmup_steps=0), 20)(0)) == pytest.approx(1.0)
+    assert learning_rates(OptimizerConfig(name="muon", learning_rate=1.0, muon_lr=2.0, warmup_steps=4), 20, 0) == {
+        "lr": 0.25, "muon_lr": 0.5,
+    }  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_first_update_moves_the_weights_even_with_warmup():
+    graphdef, params, state = model_parts()
+    tx = make_optimizer(OptimizerConfig(learning_rate=0.01, warmup_steps=100), 200)
+    rows = np.random.default_rng(0).integers(0, 64, (1, 4, 17)).astype(np.int32)
+    new = make_train_step(graphdef, tx, 1)(params, state, tx.init(params), jnp.asarray(rows))[0]
+    moved = [float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new))]
+    assert min(moved) > 0
 
 
 @pytest.mark.slow

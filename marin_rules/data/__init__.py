@@ -6,6 +6,7 @@
 - `tokenizer`: the `train_tokenizer` step (byte-level BPE, `tokenizer.json`)
 - `tokenize`: the `tokenize` step (token `.npy` shards + `index.json`)
 - `loader`: `make_loader(...)`, fixed-length batches from one or a mixture of token artifacts
+- `relative`: locations one artifact stores of another, relative to it (prefixes can move)
 
 Nothing here imports `tokenizers` or numpy at package import time.
 """

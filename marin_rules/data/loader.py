@@ -12,8 +12,11 @@ times BLOCK, rounded by largest remainder) at positions shuffled by (seed, block
 So mixture proportions are exact per block, source `s`'s example number of row g is
 `block * count_s + (its rank within the block)`, and every batch is a pure function
 of (step, seed): a resumed run sees exactly the batches it would have seen.
-Process `i` of `p` data-parallel processes takes rows `[i * b/p, (i+1) * b/p)` of
-each global batch.
+A step's batch of b rows is cut into `micro_batches` consecutive micro-batches of
+m = b / micro_batches rows (gradient accumulation), and process `i` of `p`
+data-parallel processes takes rows `[i * m/p, (i+1) * m/p)` of EACH micro-batch. So
+every micro-batch holds the same rows whatever the process count: 2 processes x 2
+micro-batches train exactly what 1 process x 2 micro-batches does.
 
 A single location is a mixture of one. All sources must share one tokenizer
 (same tokenizer.json digest). Local shards are memory-mapped; remote ones
@@ -33,8 +36,8 @@ import numpy as np
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, StepError
 from marin_rules.data.checks import check_mixture
-
-INDEX = "index.json"
+from marin_rules.data.relative import resolve_location
+from marin_rules.data.tokenize import INDEX
 BLOCK = 2048  # rows per mixture block: proportions are exact to 1/BLOCK within a block
 FIELD = "deps.data"
 
@@ -116,26 +119,31 @@ class TokenLoader:
                     f"{sources[0].location} with {first['tokenizer']}: a mixture needs one tokenizer"
                 )
         self.vocab_size: int = int(first["vocab_size"])
-        self.tokenizer: str = first["tokenizer"]  # location of tokenizer.json
+        self.tokenizer: str = resolve_location(sources[0].location, first["tokenizer"])  # tokenizer.json
         self.bos_id: int = int(first["bos_id"])
         self.eos_id: int = int(first["eos_id"])
         self.pad_id: int = int(first["pad_id"])
 
-    def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> np.ndarray:
-        """This process's rows of global batch `step`: int32 [batch_size // process_count, seq_len + 1]."""
+    def batch(self, step: int, process_index: int = 0, process_count: int = 1, micro_batches: int = 1) -> np.ndarray:
+        """This process's rows of global batch `step`, micro-batch after micro-batch
+        (see the module docstring): int32 [batch_size // process_count, seq_len + 1],
+        which reshapes to [micro_batches, rows per micro-batch, seq_len + 1]."""
         if not isinstance(step, (int, np.integer)) or step < 0:
             raise ValueError(f"step must be an integer >= 0, got {step!r}")
-        if process_count < 1 or self.batch_size % process_count or not 0 <= process_index < process_count:
+        shards = process_count * micro_batches
+        if process_count < 1 or micro_batches < 1 or self.batch_size % shards or not 0 <= process_index < process_count:
             raise ValueError(
-                f"batch_size {self.batch_size} must split evenly over process_count {process_count}, "
-                f"and process_index must be in [0, {process_count}); got {process_index}"
+                f"batch_size {self.batch_size} must split evenly over process_count {process_count} x "
+                f"micro_batches {micro_batches}, and process_index must be in [0, {process_count}); got {process_index}"
             )
-        local = self.batch_size // process_count
-        first = int(step) * self.batch_size + process_index * local
-        out = np.empty((local, self.seq_len + 1), dtype=np.int32)
-        for row in range(local):
-            source, example = self.example_of_row(first + row)
-            out[row] = self._sequence(source, example)
+        micro = self.batch_size // micro_batches
+        local = micro // process_count
+        out = np.empty((micro_batches * local, self.seq_len + 1), dtype=np.int32)
+        for j in range(micro_batches):
+            first = int(step) * self.batch_size + j * micro + process_index * local
+            for row in range(local):
+                source, example = self.example_of_row(first + row)
+                out[j * local + row] = self._sequence(source, example)
         return out
 
     def example_of_row(self, row: int) -> tuple[int, int]:

@@ -11,8 +11,9 @@ stored as numpy shards `{split}/tokens-00000.npy`, ... of dtype uint16 when the
 vocabulary fits in 65,536 ids, else uint32 (`config.dtype` may force one; it must
 hold every id).
 
-Encoding runs in batches of documents: in this process for one worker, across a
-pool of `num_workers` spawned processes otherwise, with results consumed in order
+Encoding runs in batches of documents: in a thread of this process for one worker
+(overlapping reading and writing), across a pool of `num_workers` spawned processes
+otherwise, with results consumed in order
 so the output does not depend on the worker count. `num_workers` and `batch_size`
 only change speed: put them in the entry's `runtime` to keep them out of the
 fingerprint (they are read from `config` too). A tqdm bar on stderr shows progress.
@@ -20,7 +21,8 @@ fingerprint (they are read from `config` too). A tqdm bar on stderr shows progre
 `index.json` is written last; its presence means every shard it lists is whole:
 {format, vocab_size, dtype, tokenizer (location of tokenizer.json), tokenizer_digest,
 bos_id, eos_id, pad_id, corpus, splits: {train|validation: {tokens, documents,
-shards: [{path, tokens, documents}]}}}.
+shards: [{path, tokens, documents}]}}}. `tokenizer` and `corpus` are relative to the
+artifact's folder (`relative.py`), so the prefix can move.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import collections
 import multiprocessing
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -48,13 +50,15 @@ from marin_rules.data.checks import (
     check_tokenize,
     token_dtype,
 )
+from marin_rules.data.relative import relative_location
 from marin_rules.data.tokenizer import TOKENIZER_FILE, load_special_tokens
 
 INDEX = "index.json"
 INDEX_FORMAT = "marin-rules-tokens/1"
 SPLITS = ("train", "validation")
 SHARD_TOKENS = 2**26  # tokens per shard file (128 MiB as uint16)
-TASK_BYTES = 2**18  # a batch also ends once it holds this much text
+TASK_BYTES = 2**18  # a batch handed to a worker process also ends once it holds this much text
+THREAD_TASK_BYTES = 2**22  # one worker: tokenizers parallelises over a call's documents, so give it many
 
 
 def tokenize(ctx: StepContext) -> dict[str, Any]:
@@ -104,12 +108,12 @@ def tokenize(ctx: StepContext) -> dict[str, Any]:
         "format": INDEX_FORMAT,
         "vocab_size": vocab["vocab_size"],
         "dtype": vocab["dtype"],
-        "tokenizer": tokenizer_location,
+        "tokenizer": relative_location(ctx.output, tokenizer_location),
         "tokenizer_digest": vocab["digest"],
         "bos_id": vocab["bos_id"],
         "eos_id": vocab["eos_id"],
         "pad_id": vocab["pad_id"],
-        "corpus": corpus,
+        "corpus": relative_location(ctx.output, corpus),
         "validation_fraction": fraction,
         "splits": splits,
     }
@@ -190,14 +194,14 @@ def split_labels(n_docs: int, fraction: float) -> list[str]:
 # ---- encoding -------------------------------------------------------------------
 
 
-def batches(texts: Iterator[str], batch_size: int) -> Iterator[list[str]]:
-    """Consecutive documents, at most `batch_size` of them and about TASK_BYTES of text."""
+def batches(texts: Iterator[str], batch_size: int, max_bytes: int = TASK_BYTES) -> Iterator[list[str]]:
+    """Consecutive documents, at most `batch_size` of them and about `max_bytes` of text."""
     batch: list[str] = []
     size = 0
     for text in texts:
         batch.append(text)
         size += len(text)
-        if len(batch) >= batch_size or size >= TASK_BYTES:
+        if len(batch) >= batch_size or size >= max_bytes:
             yield batch
             batch, size = [], 0
     if batch:
@@ -207,23 +211,26 @@ def batches(texts: Iterator[str], batch_size: int) -> Iterator[list[str]]:
 def encode_stream(
     texts: Iterator[str], tokenizer_json: str, eos_id: int, dtype: str, *, num_workers: int, batch_size: int
 ) -> Iterator[tuple[np.ndarray, list[int]]]:
-    """(tokens, per-document lengths) for each batch, in document order."""
+    """(tokens, per-document lengths) for each batch, in document order. With one
+    worker, encoding runs in a thread of this process (tokenizers releases the GIL),
+    so reading the next documents and writing shards overlap with it."""
     if num_workers <= 1:
         _init_worker(tokenizer_json, eos_id, dtype)
-        for batch in batches(texts, batch_size):
-            yield encode_batch(batch)
-        return
-    # spawn, not fork: the parent may hold threads (a tokenizers thread pool, JAX).
-    # A ProcessPoolExecutor, not a multiprocessing.Pool: a worker that dies (killed,
-    # out of memory, a failing initializer) raises BrokenProcessPool instead of hanging.
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        num_workers, mp_context=context, initializer=_init_worker, initargs=(tokenizer_json, eos_id, dtype)
-    ) as pool:
+        pool, max_bytes = ThreadPoolExecutor(1), THREAD_TASK_BYTES
+    else:
+        # spawn, not fork: the parent may hold threads (a tokenizers thread pool, JAX).
+        # A ProcessPoolExecutor, not a multiprocessing.Pool: a worker that dies (killed,
+        # out of memory, a failing initializer) raises BrokenProcessPool instead of hanging.
+        context = multiprocessing.get_context("spawn")
+        pool = ProcessPoolExecutor(
+            num_workers, mp_context=context, initializer=_init_worker, initargs=(tokenizer_json, eos_id, dtype)
+        )
+        max_bytes = TASK_BYTES
+    with pool:
         pending: collections.deque = collections.deque()
-        for batch in batches(texts, batch_size):
+        for batch in batches(texts, batch_size, max_bytes):
             pending.append(pool.submit(encode_batch, batch))
-            if len(pending) >= 2 * num_workers:  # bounded: memory stays flat on large corpora
+            if len(pending) >= 2 * max(1, num_workers):  # bounded: memory stays flat on large corpora
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()

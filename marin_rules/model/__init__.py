@@ -3,7 +3,9 @@
 This package's top level stays JAX-free (experiment checkers import the config):
 `config.py` (ModelConfig) and `flops.py` (parameter/FLOP counts) import no JAX;
 `transformer.py` (MoETransformer, loss_and_aux, update_router_bias), `router.py`,
-`moe.py` (dispatch backends) and `sharding.py` (mesh, partition specs) do.
+`moe.py` (dispatch backends), `sharding.py` (mesh, partition specs), `roles.py`
+(each parameter's declared role, which the optimizer groups by) and `peak.py` (the
+measured matmul ceiling MFU is computed against) do.
 """
 
 from marin_rules.model.config import ModelConfig

@@ -13,6 +13,12 @@ returns (y [T, D], dropped assignments as a fraction of T*k). They differ in cos
   in `jax.shard_map`: each (data, expert) shard buckets its own tokens, an
   `all_to_all` over `expert` sends every bucket to the shard holding that expert,
   the local experts run, and a second `all_to_all` brings results home.
+  Not causal across the batch: the T tokens ranked for a bucket are every token of
+  the shard (all rows, all positions), so a LATER token (or another row) can take
+  the slot an earlier token would have had and change that earlier token's output.
+  Fine for training (the usual GShard trade); evaluation and generation score one
+  sequence at a time and should see no effect from other tokens: they use a
+  dropless backend instead (`dropless`, and `load_trained(..., dropless=True)`).
 - `ragged`: dropless. Assignments sorted by expert, one `jax.lax.ragged_dot` per
   matrix over the contiguous groups, weighted results scatter-added back. On CPU,
   where XLA turns ragged_dot into a masked dense matmul (measured 4x slower than the
@@ -172,3 +178,10 @@ def dispatch_capacity(x, experts, weights, w_gate, w_up, w_down, *, capacity_fac
 
 
 DISPATCH = {"dense": dispatch_dense, "capacity": dispatch_capacity, "ragged": dispatch_ragged}
+DROPLESS = ("dense", "ragged")  # backends whose output for a token depends on that token only
+
+
+def dropless(moe_impl: str) -> str:
+    """The backend to evaluate a model trained with `moe_impl`: itself when it drops
+    nothing, else `ragged` (same weights, same math, no capacity limit)."""
+    return moe_impl if moe_impl in DROPLESS else "ragged"

@@ -7,10 +7,11 @@ usual for expert parallelism; stacked expert weights [E, ...] are split over
 Auto axis types (GSPMD propagation), so the model code carries no `out_sharding`.
 
 The model itself takes no mesh argument: it runs unchanged on one device. Under a
-mesh, the caller puts the weights and batch in place (`shard_model`,
-`batch_sharding`) and traces inside `with jax.set_mesh(mesh):`, where the model reads
-the mesh (`current_mesh`) to pin activations and to run the `capacity` backend's
-expert-parallel `shard_map`.
+mesh, the caller puts the weights (`state_shardings`) and batch (`BATCH_AXES`) in
+place and traces inside `with jax.set_mesh(mesh):`, where the model reads the mesh
+(`current_mesh`) to pin activations and to run the `capacity` backend's
+expert-parallel `shard_map`. `path_names` spells a pytree path as the attribute
+names of `nnx.state(model)` (used here and by the optimizer's parameter roles).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def current_mesh() -> Any | None:
 def partition_spec(path: tuple, value: Any) -> P:
     """The spec of one model variable from its path in `nnx.state(model)`: stacked
     expert weights split on their expert dimension, everything else replicated."""
-    names = [str(n) for n in path if n != "value"]  # a state leaf's path ends in `.value`
+    names = path_names(path)
     name = names[-1] if names else ""
     if name in EXPERT_WEIGHTS and getattr(value, "ndim", 0) == 3:
         return P(EXPERT_AXIS, None, None)
@@ -67,21 +68,8 @@ def state_shardings(model: nnx.Module, mesh: Mesh) -> Any:
     orbax restore target's shardings)."""
     state = nnx.state(model)
     return jax.tree_util.tree_map_with_path(
-        lambda path, v: NamedSharding(mesh, partition_spec(_names(path), v)), state
+        lambda path, v: NamedSharding(mesh, partition_spec(path, v)), state
     )
-
-
-def shard_model(model: nnx.Module, mesh: Mesh) -> nnx.Module:
-    """Move every variable of `model` onto `mesh` (in place; returns the model)."""
-    state = nnx.state(model)
-    shardings = state_shardings(model, mesh)
-    nnx.update(model, jax.device_put(state, shardings))
-    return model
-
-
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Sharding of a token batch [B, T]: B split over ('data', 'expert')."""
-    return NamedSharding(mesh, P(BATCH_AXES, None))
 
 
 def constrain_batch(x: jax.Array) -> jax.Array:
@@ -94,13 +82,15 @@ def constrain_batch(x: jax.Array) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
-def _names(path: tuple) -> tuple:
-    out = []
+def path_names(path: tuple) -> tuple[str, ...]:
+    """The names along a pytree path (`DictKey`, `GetAttrKey`, `SequenceKey`) of a
+    model state, without the trailing `value` of a variable: ("blocks", "0", "attn", "w_q")."""
+    names = []
     for key in path:
         for attr in ("key", "name", "idx"):
             if hasattr(key, attr):
-                out.append(getattr(key, attr))
+                names.append(str(getattr(key, attr)))
                 break
         else:
-            out.append(key)
-    return tuple(out)
+            names.append(str(key))
+    return tuple(n for n in names if n != "value")

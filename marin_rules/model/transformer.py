@@ -18,8 +18,12 @@ continuations (scoring), gives the logits of one causal forward pass. Cache entr
 at positions beyond a row's own tokens are never attended: they are masked until
 written. `logits(hidden)` applies the output head, only where it is needed.
 
-Parameters are float32; matmuls run in `compute_dtype`; the router and the logits are
-float32. References: nanoGPT model.py, Llama (RMSNorm, rotary, SwiGLU, GQA), GShard
+Precision: parameters are float32 and each matmul casts its weight to `compute_dtype`.
+With `compute_dtype: bfloat16` the residual stream itself is bfloat16: the embedding
+lookup is cast on entry and every attention/FFN output added to it is bfloat16; RMSNorm
+and rotary embeddings compute in float32 and cast back; the router runs in float32;
+the output head multiplies bfloat16 operands but accumulates in float32
+(`preferred_element_type`), so the logits and the loss are float32. References: nanoGPT model.py, Llama (RMSNorm, rotary, SwiGLU, GQA), GShard
 and Switch Transformer (MoE), Marin grug MoE (router bias).
 """
 
@@ -250,7 +254,7 @@ class MoETransformer(nnx.Module):
         """The output head: hidden [..., D] -> logits f32 [..., V]."""
         head = self.embed[...].T if self.head is None else self.head[...]
         dt = jnp.dtype(self.config.compute_dtype)
-        return (hidden @ head.astype(dt)).astype(jnp.float32)
+        return jnp.matmul(hidden.astype(dt), head.astype(dt), preferred_element_type=jnp.float32)
 
 
 def _collect_aux(layer_stats: list[dict], n_experts: int) -> dict[str, jax.Array]:

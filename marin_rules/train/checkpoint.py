@@ -11,6 +11,12 @@ of a multi-process run calls the same methods: orbax coordinates who writes what
 Beside the step folders, `checkpoints/recipe.json` names the recipe they belong to
 (`recipe.py`); orbax ignores plain files there.
 
+Orbax ends every checkpoint (and each item) with a `commit_success.txt` whose text
+names the absolute location it committed to; orbax only checks that the file
+exists. `neutral_commit_notes` rewrites that text without the location once saves
+have finished, so a finished artifact names no folder of the machine that built it
+and reads the same after its prefix moved (`data/relative.py`).
+
 Orbax understands local paths and `gs://` but not `file://`: `checkpoint_dir`
 strips it and makes local paths absolute. Arrays are stored as plain zarr
 (`use_ocdbt=False`): OCDBT's manifest needs conditional writes (object
@@ -75,3 +81,18 @@ def restore(manager: ocp.CheckpointManager, step: int, model: Any, optimizer: An
         items["optimizer"] = ocp.args.StandardRestore(abstract(optimizer))
     restored = manager.restore(step, args=ocp.args.Composite(**items))
     return restored["model"], restored["optimizer"] if optimizer is not None else None
+
+
+COMMIT_NOTE = "commit_success.txt"
+NEUTRAL_NOTE = "Checkpoint commit was successful"
+
+
+def neutral_commit_notes(output: str) -> None:
+    """Rewrite orbax's commit notes under `{output}/checkpoints` without their location
+    (call after `wait_until_finished`, on one process)."""
+    root = storage.join(output, "checkpoints")
+    if not storage.exists(root):
+        return
+    for location in storage.walk_files(root):
+        if location.rsplit("/", 1)[-1] == COMMIT_NOTE and storage.read_text(location) != NEUTRAL_NOTE:
+            storage.write_text_atomic(location, NEUTRAL_NOTE)

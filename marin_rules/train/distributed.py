@@ -92,12 +92,6 @@ def process_index() -> int:
     return jax.process_index()
 
 
-def process_count() -> int:
-    import jax
-
-    return jax.process_count()
-
-
 def is_writer() -> bool:
     """True on the one process that writes metrics, plots and records."""
     return process_index() == 0

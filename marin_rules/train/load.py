@@ -4,18 +4,30 @@ Model: a `train` artifact holds `model.json` (the model config, the tokenizer's
 location, the final step) and `checkpoints/<step>/model` (weights and router
 bias). `load_trained` rebuilds the module from the config and fills it with the
 weights of the latest (or a given) checkpoint, on this process's first device,
-whatever mesh or process count trained it. Works on local paths and gs://.
+whatever mesh or process count trained it. Works on local paths and gs://, and
+after the artifact's prefix moved (the tokenizer's location in `model.json` is
+relative to the artifact).
+
+`dropless=True` (the default) swaps a `capacity` MoE backend for `ragged` (same
+weights, same math, no capacity limit; `moe.dropless`): with capacity drops, the
+tokens sharing a batch decide which of them are dropped, so a later token could
+change an earlier token's output, which scoring and generation must not see.
+`dropless=False` keeps the layer exactly as trained.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+
 import jax
 from flax import nnx
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import StepError
+from marin_rules.data.relative import resolve_location
 from marin_rules.model.config import ModelConfig
+from marin_rules.model.moe import dropless as dropless_impl
 from marin_rules.model.transformer import MoETransformer
 from marin_rules.train import checkpoint
 
@@ -30,13 +42,16 @@ class TrainedModel:
     eos_id: int | None = None
 
 
-def load_trained(location: str, step: int | None = None) -> TrainedModel:
-    """The model trained at `location` (a train artifact), with its latest weights."""
+def load_trained(location: str, step: int | None = None, *, dropless: bool = True) -> TrainedModel:
+    """The model trained at `location` (a train artifact), with its latest weights
+    (or those of checkpoint `step`); see the module docstring for `dropless`."""
     info_location = storage.join(location, "model.json")
     if not storage.exists(info_location):
         raise StepError(f"{info_location} not found: is {location} a finished train artifact?")
     info = storage.read_json(info_location)
     config = ModelConfig.from_dict(info["model"])
+    if dropless:
+        config = dataclasses.replace(config, moe_impl=dropless_impl(config.moe_impl))
     manager = checkpoint.open_manager(location, max_to_keep=None, read_only=True)
     try:
         step = step if step is not None else checkpoint.latest_step(manager)
@@ -55,7 +70,7 @@ def load_trained(location: str, step: int | None = None) -> TrainedModel:
     return TrainedModel(
         model=model,
         config=config,
-        tokenizer=info.get("tokenizer", ""),
+        tokenizer=resolve_location(location, info.get("tokenizer", "")),
         step=step,
         seq_len=info.get("seq_len", config.max_seq_len),
         eos_id=info.get("eos_id"),

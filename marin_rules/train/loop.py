@@ -1,18 +1,22 @@
 """The training loop: batches in, optimizer steps, metrics, checkpoints, a result.
 
-Model: the model lives as three pytrees, `params` (the `nnx.Param`s the optimizer
-updates), `state` (other model variables, e.g. the quantile router bias) and the
-optimizer state, all placed on a ('data', 'expert') mesh. One jitted `train_step`
-takes them and a batch [grad_accum_steps, micro_batch, seq_len + 1], averages the
-micro-batches' gradients, applies one optimizer update, then lets the model package
-replace its router bias (`update_router_bias`). Step `s` (0-based) always trains on
-`loader.batch(s)`, so a run restored from checkpoint `s` continues exactly as if it
-had never stopped, provided the checkpoints belong to the same recipe (`recipe.py`
-refuses them otherwise, before anything compiles). Every process of a multi-process run executes the same loop on
-its own rows of each batch; only process 0 writes metrics, plots and `model.json`.
+Model: `run` checks the run can start (mesh, batch divisibility, the recipe of any
+checkpoints: `recipe.py` refuses before anything compiles), builds a `Plan` (the
+mesh, the jitted steps of `steps.py`, the MFU ceiling), restores or initialises the
+`TrainState`, then `train_steps` runs update after update: step `s` (0-based) always
+trains on `loader.batch(s)`, so a run restored from checkpoint `s` continues exactly
+as if it had never stopped. At the end it saves the last checkpoint, measures the
+final validation loss and the unigram baseline, and the writer process writes
+`model.json` and `loss.png`. Every process of a multi-process run executes the same
+loop on its own rows of each batch; only process 0 writes metrics, plots and
+`model.json`.
 
 Recorded steps count completed updates: the record of step `s` (1-based) holds the
 loss of the batch that update `s` trained on and the learning rate it used.
+What is reported and written at the end lives in `report.py`: throughput leaves
+out a process's first step (compilation) and validation time; MFU is tokens/s *
+FLOPs per token over the peak of every device of the run (`model/peak.py`, or
+`runtime.peak_flops`).
 """
 
 from __future__ import annotations
@@ -21,27 +25,25 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import nnx
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import StepError
-from marin_rules.model.flops import active_params, flops_per_token, total_params
-from marin_rules.model.sharding import BATCH_AXES, make_mesh, state_shardings
-from marin_rules.model.transformer import MoETransformer, loss_and_aux, update_router_bias
+from marin_rules.model.flops import flops_per_token
+from marin_rules.model.peak import run_peak_flops
+from marin_rules.model.sharding import make_mesh
 from marin_rules.train import checkpoint, distributed
 from marin_rules.train.config import TrainConfig
-from marin_rules.train.metrics import MetricsLog, plot_losses
-from marin_rules.train.optim import learning_rates, make_optimizer
+from marin_rules.train.metrics import MetricsLog
+from marin_rules.train.optim import make_optimizer
 from marin_rules.train.recipe import claim_checkpoints
+from marin_rules.train.report import Clock, summary, train_record, write_outputs
+from marin_rules.train.steps import batch_sharding, global_batch, init_model, make_eval_step, make_train_step
+from marin_rules.train.unigram import unigram_counts, unigram_loss
 
 VAL_SPLIT = "validation"
 
@@ -57,119 +59,36 @@ class Data:
     eos_id: int | None
 
 
-def measure_peak_flops(n: int = 2048, repeats: int = 3) -> float:
-    """This machine's f32 matmul throughput (FLOP/s) on the first local device: the
-    ceiling MFU is measured against (no vendor figure exists for a CPU)."""
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    mm = jax.jit(lambda x, y: x @ y)
-    mm(a, a).block_until_ready()
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        mm(a, a).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
+class TrainState(NamedTuple):
+    params: Any
+    state: Any
+    opt_state: Any
+
+    def weights(self) -> dict:
+        """The checkpoint's `model` item."""
+        return {"params": self.params, "state": self.state}
 
 
-def init_model(model_config: Any, seed: int, mesh: Any) -> tuple[Any, Any, Any]:
-    """(graphdef, params, state) of a freshly initialised model, created in one jitted
-    call directly into its shardings (one compilation instead of one per weight;
-    every process gets its part of the same global arrays)."""
+@dataclass(frozen=True)
+class Plan:
+    """Everything fixed before the first step."""
 
-    def create():
-        return MoETransformer(model_config, rngs=nnx.Rngs(params=seed))
+    config: TrainConfig
+    data: Data
+    output: str
+    sharding: Any  # of a batch [accum, rows, seq_len + 1]
+    train_step: Any
+    eval_step: Any
+    peak_flops: float  # every device of the run, FLOP/s
+    writer: bool
 
-    abstract = nnx.eval_shape(create)
-    shardings = state_shardings(abstract, mesh)
-    graphdef, _ = nnx.split(abstract)
-    weights = jax.jit(lambda: nnx.state(create()), out_shardings=shardings)()
-    model = nnx.merge(graphdef, weights)
-    return nnx.split(model, nnx.Param, ...)
+    @property
+    def tokens_per_step(self) -> int:
+        return self.config.batch_size * self.config.seq_len
 
-
-def batch_spec() -> P:
-    """[accum, rows, seq_len+1]: rows split over ('data', 'expert') like the model wants."""
-    return P(None, BATCH_AXES, None)
-
-
-def global_batch(local: np.ndarray, accum: int, sharding: NamedSharding) -> jax.Array:
-    """This process's rows [b, T+1] as its part of the global [accum, B/accum, T+1]."""
-    rows, width = local.shape
-    local = np.ascontiguousarray(local.reshape(accum, rows // accum, width), dtype=np.int32)
-    global_shape = (accum, rows * jax.process_count() // accum, width)
-    return jax.make_array_from_process_local_data(sharding, local, global_shape)
-
-
-def make_train_step(graphdef: Any, tx: optax.GradientTransformation, accum: int):
-    def loss_fn(params, state, tokens):
-        return loss_and_aux(nnx.merge(graphdef, params, state), tokens)
-
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-
-    def train_step(params, state, opt_state, batch):
-        if accum == 1:
-            (_, metrics), grads = grad_fn(params, state, batch[0])
-        else:
-
-            def micro(total, tokens):
-                (_, m), g = grad_fn(params, state, tokens)
-                return jax.tree.map(jnp.add, total, g), m
-
-            zeros = jax.tree.map(jnp.zeros_like, params)
-            grads, ms = jax.lax.scan(micro, zeros, batch)
-            grads = jax.tree.map(lambda g: g / accum, grads)
-            metrics = jax.tree.map(lambda m: jnp.mean(m, axis=0), ms)
-        metrics["grad_norm"] = optax.tree.norm(grads)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        model = nnx.merge(graphdef, params, state)
-        update_router_bias(model, metrics)
-        _, _, state = nnx.split(model, nnx.Param, ...)
-        metrics.pop("quantile_beta", None)
-        return params, state, opt_state, metrics
-
-    return jax.jit(train_step)
-
-
-def make_eval_step(graphdef: Any):
-    def eval_step(params, state, tokens):
-        _, metrics = loss_and_aux(nnx.merge(graphdef, params, state), tokens)
-        return metrics["ce_loss"]
-
-    return jax.jit(eval_step)
-
-
-def unigram_counts(train: Any, *, sample_batches: int, vocab_size: int) -> np.ndarray:
-    """Token counts of the training data: exact over every token of each source,
-    mixed by the sources' weights, when the loader exposes its token sources;
-    otherwise over its first `sample_batches` batches."""
-    sources = getattr(train, "sources", None)
-    if sources:
-        counts = np.zeros(vocab_size, np.float64)
-        for source, weight in zip(sources, train.weights):
-            c = np.zeros(vocab_size, np.float64)
-            for shard in source.shards:
-                for i in range(0, len(shard), 1 << 22):
-                    c += np.bincount(np.asarray(shard[i : i + (1 << 22)]), minlength=vocab_size)[:vocab_size]
-            counts += weight * c / max(c.sum(), 1.0)
-        return counts * sum(int(s.n_tokens) for s in sources)
-    counts = np.zeros(vocab_size, np.float64)
-    for s in range(sample_batches):
-        counts += np.bincount(np.asarray(train.batch(s))[:, 1:].ravel(), minlength=vocab_size)[:vocab_size]
-    return counts
-
-
-def unigram_loss(counts: np.ndarray, val: Any, *, val_batches: int) -> float:
-    """Cross-entropy (nats/token) on the validation batches' targets of the add-one
-    smoothed unigram distribution `counts`: the baseline a language model must beat."""
-    counts = counts + 1.0
-    logp = np.log(counts / counts.sum())
-    total, n = 0.0, 0
-    for s in range(val_batches):
-        targets = np.asarray(val.batch(s))[:, 1:].ravel()
-        total -= float(logp[targets].sum())
-        n += targets.size
-    return total / max(n, 1)
+    def mfu(self, tokens_per_s: float | None) -> float | None:
+        fpt = flops_per_token(self.config.model, self.config.seq_len)
+        return tokens_per_s * fpt / self.peak_flops if tokens_per_s else None
 
 
 def mesh_shape(config: TrainConfig) -> tuple[int, int]:
@@ -210,165 +129,103 @@ def open_checkpoints(output: str, recipe: Mapping[str, Any] | None, writer: bool
     return manager, start
 
 
+def start_state(config: TrainConfig, mesh: Any, manager: Any, start: int) -> tuple[Any, Any, TrainState]:
+    """(graphdef, optimizer, state): fresh weights, or those of checkpoint `start`."""
+    graphdef, params, state = init_model(config.model, config.seed, mesh)
+    tx = make_optimizer(config.optimizer, config.num_train_steps)
+    opt_state = jax.jit(tx.init)(params)
+    if start:
+        weights, opt_state = checkpoint.restore(manager, start, {"params": params, "state": state}, opt_state)
+        params, state = weights["params"], weights["state"]
+    return graphdef, tx, TrainState(params, state, opt_state)
+
+
+def validation_loss(plan: Plan, ts: TrainState) -> float:
+    pid, nproc = jax.process_index(), jax.process_count()
+    losses = []
+    for s in range(plan.config.eval_batches):
+        tokens = global_batch(plan.data.val.batch(s, pid, nproc), 1, plan.sharding)[0]
+        losses.append(plan.eval_step(ts.params, ts.state, tokens))
+    return float(np.mean(jax.device_get(losses)))
+
+
+def check_finite(objective: float, step: int, config: TrainConfig) -> None:
+    if not math.isfinite(objective):
+        raise StepError(
+            f"loss became {objective} at step {step}; lower config.optimizer.learning_rate "
+            f"(now {config.optimizer.learning_rate}) or set config.optimizer.grad_clip, and bump the version"
+        )
+
+
+def train_steps(plan: Plan, ts: TrainState, start: int, manager: Any, log: MetricsLog) -> tuple[TrainState, dict | None, Clock]:
+    """Updates `start`..num_train_steps-1 with their logs, validations and checkpoints.
+    Returns the final state, the last train record logged (None if no step ran), the clock."""
+    config = plan.config
+    pid, nproc, accum = jax.process_index(), jax.process_count(), config.grad_accum_steps
+    clock, last = Clock(), None
+    name = plan.output.rstrip("/").rsplit("/", 1)[-1]
+    bar = tqdm(total=config.num_train_steps, initial=start, desc=f"train {name}", file=sys.stderr,
+               disable=not plan.writer, dynamic_ncols=True)  # fmt: skip
+    try:
+        for s in range(start, config.num_train_steps):
+            step, final = s + 1, s + 1 == config.num_train_steps
+            batch = global_batch(plan.data.train.batch(s, pid, nproc, accum), accum, plan.sharding)
+            t0 = time.perf_counter()
+            *parts, metrics = plan.train_step(*ts, batch)
+            ts = TrainState(*parts)
+            objective = float(metrics["loss"])  # waits for the step: also the NaN check
+            clock.add(time.perf_counter() - t0)
+            check_finite(objective, step, config)
+            bar.update(1)
+            if step % config.log_every == 0 or final:
+                tokens_per_s = clock.window_tokens_per_s(plan.tokens_per_step)
+                last = train_record(config, step, metrics, objective, tokens_per_s, plan.mfu(tokens_per_s))
+                if plan.writer:
+                    log.log(last)
+                bar.set_postfix(loss=f"{last['loss']:.3f}")
+                clock.restart_window()
+            if config.eval_every and step % config.eval_every == 0 and not final:
+                val = validation_loss(plan, ts)
+                if plan.writer:
+                    log.log({"split": "val", "step": step, "loss": val})
+                clock.restart_window()
+            if step % config.checkpoint_every == 0 or final:
+                checkpoint.save(manager, step, ts.weights(), ts.opt_state)
+    finally:
+        bar.close()
+        manager.wait_until_finished()
+    return ts, last, clock
+
+
 def run(
     config: TrainConfig, data: Data, output: str, runtime: Mapping[str, Any], recipe: Mapping[str, Any] | None = None
 ) -> dict:
     """Train (or resume) the run at `output`; returns the result summary. `recipe`
     (`recipe.make_recipe` of the step's config and deps) is recorded with fresh
-    checkpoints and must match the stored one to resume."""
+    checkpoints and must match the stored one to resume. `runtime.peak_flops` (FLOP/s
+    of all devices of the run) skips measuring the MFU ceiling."""
     writer = distributed.is_writer()
-    model_config = config.model
     data_size, expert_size = mesh_shape(config)
     check_divisible(config, data_size * expert_size)
     manager, start = open_checkpoints(output, recipe, writer)  # refuse before compiling anything
     mesh = make_mesh(data_size, expert_size)
-    accum = config.grad_accum_steps
-    tokens_per_step = config.batch_size * config.seq_len
-    peak = float(runtime.get("peak_flops") or measure_peak_flops())
-    fpt = flops_per_token(model_config, config.seq_len)
-
+    peak = float(runtime.get("peak_flops") or run_peak_flops(config.model.compute_dtype))
     with jax.set_mesh(mesh):
-        graphdef, params, state = init_model(model_config, config.seed, mesh)
-        tx = make_optimizer(config.optimizer, config.num_train_steps)
-        opt_state = jax.jit(tx.init)(params)
-        train_step = make_train_step(graphdef, tx, accum)
-        eval_step = make_eval_step(graphdef)
-        sharding = NamedSharding(mesh, batch_spec())
-        pid, nproc = jax.process_index(), jax.process_count()
-
-        if start:
-            weights, opt_state = checkpoint.restore(manager, start, {"params": params, "state": state}, opt_state)
-            params, state = weights["params"], weights["state"]
+        graphdef, tx, ts = start_state(config, mesh, manager, start)
+        plan = Plan(config, data, output, batch_sharding(mesh), make_train_step(graphdef, tx, config.grad_accum_steps),
+                    make_eval_step(graphdef), peak, writer)  # fmt: skip
         log = MetricsLog.resume(storage.join(output, "metrics.jsonl"), start)
-
-        def validation_loss() -> float:
-            losses = []
-            for s in range(config.eval_batches):
-                tokens = global_batch(data.val.batch(s, pid, nproc), 1, sharding)[0]
-                losses.append(eval_step(params, state, tokens))
-            return float(np.mean(jax.device_get(losses)))
-
-        bar = tqdm(
-            total=config.num_train_steps,
-            initial=start,
-            desc=f"train {output.rstrip('/').rsplit('/', 1)[-1]}",
-            file=sys.stderr,
-            disable=not writer,
-            dynamic_ncols=True,
-        )
-        first_step_s = None
-        window_start, window_steps = time.perf_counter(), 0
-        timed_steps, timed_s = 0, 0.0
-        last_train: dict | None = None
-        for s in range(start, config.num_train_steps):
-            step = s + 1
-            batch = global_batch(data.train.batch(s, pid, nproc), accum, sharding)
-            t0 = time.perf_counter()
-            params, state, opt_state, metrics = train_step(params, state, opt_state, batch)
-            objective = float(metrics["loss"])  # waits for the step: also the NaN check
-            elapsed = time.perf_counter() - t0
-            if not math.isfinite(objective):
-                bar.close()
-                manager.wait_until_finished()
-                raise StepError(
-                    f"loss became {objective} at step {step}; lower config.optimizer.learning_rate "
-                    f"(now {config.optimizer.learning_rate}) or set config.optimizer.grad_clip, "
-                    f"and bump the version"
-                )
-            if first_step_s is None:
-                first_step_s = elapsed  # includes compilation: kept out of throughput
-                window_start, window_steps = time.perf_counter(), 0
-            else:
-                timed_steps += 1
-                timed_s += elapsed
-                window_steps += 1
-            bar.update(1)
-            if step % config.log_every == 0 or step == config.num_train_steps:
-                now = time.perf_counter()
-                tps = window_steps * tokens_per_step / (now - window_start) if window_steps else None
-                host = jax.device_get(metrics)
-                record = {
-                    "split": "train",
-                    "step": step,
-                    "loss": float(host["ce_loss"]),
-                    "objective": objective,
-                    "balance_loss": float(host["balance_loss"]),
-                    "z_loss": float(host["z_loss"]),
-                    "dropped_fraction": float(host["dropped_fraction"]),
-                    "routing_entropy": float(host["routing_entropy"]),
-                    "expert_load": np.asarray(host["expert_load"]).round(4).tolist(),
-                    "grad_norm": float(host["grad_norm"]),
-                    **learning_rates(config.optimizer, config.num_train_steps, s),
-                    "tokens": step * tokens_per_step,
-                    "tokens_per_s": tps,
-                    "mfu": tps * fpt / (peak * nproc) if tps else None,
-                }
-                last_train = record
-                if writer:
-                    log.log(record)
-                bar.set_postfix(loss=f"{record['loss']:.3f}")
-                window_start, window_steps = time.perf_counter(), 0
-            if config.eval_every and step % config.eval_every == 0 and step != config.num_train_steps:
-                val = validation_loss()
-                if writer:
-                    log.log({"split": "val", "step": step, "loss": val})
-                window_start, window_steps = time.perf_counter(), 0
-            if step % config.checkpoint_every == 0 or step == config.num_train_steps:
-                checkpoint.save(manager, step, {"params": params, "state": state}, opt_state)
-        bar.close()
-        if checkpoint.latest_step(manager) != config.num_train_steps:
-            checkpoint.save(manager, config.num_train_steps, {"params": params, "state": state}, opt_state)
-        manager.wait_until_finished()
+        ts, last, clock = train_steps(plan, ts, start, manager, log)  # its last step saves a checkpoint
         manager.close()
-
-        final_val = validation_loss()
-
-    if last_train is None:  # resumed from the final checkpoint: nothing left to train
-        earlier = [r for r in log.records if r.get("split") == "train"]
-        last_train = earlier[-1] if earlier else {}
-    counts = unigram_counts(
-        data.train,
-        sample_batches=min(config.num_train_steps, max(1, 2_000_000 // tokens_per_step)),
-        vocab_size=data.vocab_size,
-    )
+        if writer:
+            checkpoint.neutral_commit_notes(output)
+        final_val = validation_loss(plan, ts)
+    if last is None:  # resumed from the final checkpoint: nothing left to train
+        last = next((r for r in reversed(log.records) if r.get("split") == "train"), {})
+    sample = min(config.num_train_steps, max(1, 2_000_000 // plan.tokens_per_step))
+    counts = unigram_counts(data.train, sample_batches=sample, vocab_size=data.vocab_size)
     unigram = unigram_loss(counts, data.val, val_batches=config.eval_batches)
-    tokens_per_s = timed_steps * tokens_per_step / timed_s if timed_s else None
-    result = {
-        "final_train_loss": last_train.get("loss"),
-        "final_val_loss": final_val,
-        "unigram_val_loss": unigram,
-        "steps": config.num_train_steps,
-        "resumed_from_step": start,
-        "tokens_seen": config.num_train_steps * tokens_per_step,
-        "params": total_params(model_config),
-        "active_params": active_params(model_config),
-        "flops_per_token": fpt,
-        "tokens_per_s": tokens_per_s,
-        "peak_flops": peak,
-        "mfu": tokens_per_s * fpt / (peak * nproc) if tokens_per_s else None,
-        "compile_and_first_step_s": first_step_s,
-        "devices": jax.device_count(),
-        "processes": nproc,
-        "mesh": {"data": data_size, "expert": expert_size},
-    }
+    losses = {"final_val": final_val, "unigram": unigram}
     if writer:
-        log.log({"split": "val", "step": config.num_train_steps, "loss": final_val})
-        plot_losses(
-            log,
-            storage.join(output, "loss.png"),
-            title=f"{model_config.n_layers}-layer MoE, {model_config.n_experts} experts, top-{model_config.top_k}",
-            baseline=unigram,
-        )
-        storage.write_json_atomic(
-            storage.join(output, "model.json"),
-            {
-                "model": model_config.to_dict(),
-                "vocab_size": model_config.vocab_size,
-                "tokenizer": data.tokenizer,
-                "eos_id": data.eos_id,
-                "seq_len": config.seq_len,
-                "final_step": config.num_train_steps,
-                "checkpoints": "checkpoints",
-            },
-        )
-    return result
+        write_outputs(config, output, log, losses, data.tokenizer, data.eos_id)
+    return summary(config, start, losses, last, clock, peak, (data_size, expert_size))

@@ -1,67 +1,70 @@
 """The optimizer: AdamW, or Muon for hidden matrices with AdamW for the rest.
 
 Model: one optax transformation over the model's `nnx.Param` state. Each weight gets
-a group from its path and rank (`param_group`):
-- `adamw`: token embedding, output head, norms, router, biases (and, with
-  `name: adamw`, everything);
-- `muon` (only with `name: muon`): hidden 2-D matrices (attention and dense
-  feed-forward projections, [in, out]) and stacked expert weights ([E, in, out]:
-  the leading axes are batch axes, orthogonalised one matrix at a time).
-Weight decay is decoupled and skips norms, biases and the router. Both groups follow
-the same schedule shape: linear warmup from 0 to the peak over `warmup_steps`, then
-cosine decay to `peak * min_lr_ratio` at `num_train_steps`. Gradients are clipped
-by their global norm first. Gradient accumulation happens in the train step (the
-optimizer sees one averaged gradient per step), and the quantile router bias is
-not a parameter, so it never reaches the optimizer.
+its group from its declared role (`marin_rules/model/roles.py`), never from a name
+pattern, so a new weight without a role is refused instead of silently switching
+optimizer:
+- `muon` (only with `name: muon`): role `matrix`, i.e. hidden projections [in, out]
+  and stacked expert weights [E, in, out] (the leading axes are batch axes,
+  orthogonalised one matrix at a time);
+- `adamw`: roles `embedding`, `head`, `norm`, `router` (and, with `name: adamw`,
+  everything).
+Weight decay is decoupled and applies to roles `matrix`, `embedding` and `head` (not
+to norms or the router).
+
+Schedule (both groups, peak = `learning_rate` or `muon_lr`, W = `warmup_steps`,
+N = `num_train_steps`, r = `min_lr_ratio`): update s = 0, 1, ... uses
+    lr(s) = peak * (s + 1) / W                                  for s < W
+    lr(s) = peak * (r + (1 - r) * (1 + cos(pi * (s - W) / (N - W))) / 2)   for s >= W
+so the first update already moves the weights (peak / W, never 0), the peak is
+reached at update W - 1, and the cosine falls towards r * peak, which it reaches
+at s = N, one past the last update. Gradients are clipped by their global norm
+first. Gradient accumulation happens in the train step (the optimizer sees one
+averaged gradient per step), and the quantile router bias is not a parameter, so it
+never reaches the optimizer.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import optax
 
+from marin_rules.model.roles import EMBEDDING, HEAD, MATRIX, param_roles
 from marin_rules.train.config import OptimizerConfig
 
-ADAMW_ONLY = ("embed", "head", "norm", "router", "bias", "scale")
-NO_DECAY = ("norm", "router", "bias", "scale")
+MUON_ROLES = (MATRIX,)
+DECAY_ROLES = (MATRIX, EMBEDDING, HEAD)
 
 
-def path_names(path: tuple) -> tuple[str, ...]:
-    """Lower-cased names of a pytree path (`DictKey`, `GetAttrKey`, `SequenceKey`)."""
-    names = []
-    for key in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(key, attr):
-                names.append(str(getattr(key, attr)).lower())
-                break
-    return tuple(n for n in names if n != "value")
+def param_groups(params: Any, optimizer: str) -> Any:
+    """A pytree shaped like `params` of `muon` or `adamw` (see the module docstring)."""
+    muon = optimizer == "muon"
+    return jax.tree.map(lambda role: "muon" if muon and role in MUON_ROLES else "adamw", param_roles(params))
 
 
-def param_group(path: tuple, leaf: Any, optimizer: str) -> str:
-    """`muon` or `adamw` for one weight (see the module docstring)."""
-    if optimizer != "muon":
-        return "adamw"
-    names = path_names(path)
-    if any(word in name for name in names for word in ADAMW_ONLY):
-        return "adamw"
-    return "muon" if leaf.ndim in (2, 3) else "adamw"
-
-
-def decays(path: tuple, leaf: Any) -> bool:
-    names = path_names(path)
-    return leaf.ndim >= 2 and not any(word in name for name in names for word in NO_DECAY)
+def decay_mask(params: Any) -> Any:
+    """True where weight decay applies (roles in `DECAY_ROLES`)."""
+    return jax.tree.map(lambda role: role in DECAY_ROLES, param_roles(params))
 
 
 def schedule(peak: float, config: OptimizerConfig, num_train_steps: int) -> Callable[[Any], Any]:
-    """Linear warmup to `peak`, then cosine to `peak * min_lr_ratio` at the last step."""
+    """The learning rate of update `s` (0-based), as the module docstring states."""
     warmup = config.warmup_steps
     decay_steps = max(1, num_train_steps - warmup)
-    cosine = optax.cosine_decay_schedule(peak, decay_steps, alpha=config.min_lr_ratio)
-    if warmup == 0:
-        return cosine
-    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), cosine], [warmup])
+    floor = config.min_lr_ratio
+
+    def lr(step):
+        s = jnp.asarray(step, jnp.float32)
+        warm = peak * (s + 1.0) / max(warmup, 1)
+        progress = jnp.clip((s - warmup) / decay_steps, 0.0, 1.0)
+        cosine = peak * (floor + (1.0 - floor) * 0.5 * (1.0 + jnp.cos(math.pi * progress)))
+        return jnp.where(s < warmup, warm, cosine)
+
+    return lr
 
 
 def _muon_dims(params: Any) -> Any:
@@ -80,7 +83,7 @@ def make_optimizer(config: OptimizerConfig, num_train_steps: int) -> optax.Gradi
         b1=b1,
         b2=b2,
         weight_decay=config.weight_decay,
-        mask=lambda params: jax.tree_util.tree_map_with_path(decays, params),
+        mask=decay_mask,
     )
     if config.name == "muon":
         muon = optax.contrib.muon(
@@ -89,12 +92,7 @@ def make_optimizer(config: OptimizerConfig, num_train_steps: int) -> optax.Gradi
             weight_decay=config.weight_decay,
             muon_weight_dimension_numbers=_muon_dims,
         )
-        inner = optax.partition(
-            {"adamw": adamw, "muon": muon},
-            lambda params: jax.tree_util.tree_map_with_path(
-                lambda p, x: param_group(p, x, config.name), params
-            ),
-        )
+        inner = optax.partition({"adamw": adamw, "muon": muon}, lambda params: param_groups(params, "muon"))
     else:
         inner = adamw
     if config.grad_clip > 0:

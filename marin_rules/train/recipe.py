@@ -2,8 +2,9 @@
 
 Model: `{output}/checkpoints/recipe.json` holds `{"config": ..., "deps": ...}`, the
 train step's `config` as the experiment gave it (canonical JSON data) and its deps'
-locations (local paths made absolute with `file://` stripped, so one folder spelled
-two ways is one location). Only the writer process writes it, atomically, when a
+locations RELATIVE to the run's folder (`data/relative.py`: one folder spelled two
+ways is one location, and moving the whole prefix, e.g. to another folder or a
+bucket, leaves the recipe valid: a stopped run resumes there). Only the writer process writes it, atomically, when a
 run starts with no checkpoint, before the first checkpoint is saved; deleting
 `checkpoints/` removes it with them. A run about to resume from a checkpoint
 compares it with its own recipe and refuses with a `StepError` when they differ:
@@ -30,6 +31,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.canonical import canonical_value
 from marin_rules.artifacts.drift import MAX_DIFF_LINES, recipe_diff
 from marin_rules.artifacts.errors import StepError
+from marin_rules.data.relative import relative_location
 
 RECIPE_FILE = "recipe.json"
 FREE_KEYS = ("log_every", "checkpoint_every", "eval_every")
@@ -50,15 +52,35 @@ def normalize_location(location: str) -> str:
     return os.path.abspath(storage.local_path(location))
 
 
-def make_recipe(config: Mapping[str, Any], deps: Mapping[str, Any]) -> dict[str, Any]:
-    """The recipe of a train step: its config and its deps' (normalized) locations."""
+def _relative_deps(deps: Mapping[str, Any], output: str) -> dict[str, Any]:
+    """Each dep location (or mixture of locations) as seen from `output`; a location
+    already relative (a stored recipe) is kept."""
+
+    def rel(location: str) -> str:
+        if storage.is_remote(location) or os.path.isabs(storage.local_path(location)) or location.startswith("file:"):
+            return relative_location(output, normalize_location(location))
+        return location
+
     located: dict[str, Any] = {}
     for role, value in deps.items():
         if isinstance(value, Mapping):  # a mixture: location -> weight
-            located[role] = {normalize_location(loc): weight for loc, weight in value.items()}
+            located[role] = {rel(loc): weight for loc, weight in value.items()}
         else:
-            located[role] = normalize_location(value)
+            located[role] = rel(value)
+    return located
+
+
+def make_recipe(config: Mapping[str, Any], deps: Mapping[str, Any], output: str) -> dict[str, Any]:
+    """The recipe of the train step writing to `output`: its config and its deps'
+    locations relative to `output` (relative deps are taken from the working directory)."""
+    located = _relative_deps({r: _absolute(v) for r, v in deps.items()}, output)
     return {"config": canonical_value(config, "config"), "deps": canonical_value(located, "deps")}
+
+
+def _absolute(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {normalize_location(loc): weight for loc, weight in value.items()}
+    return normalize_location(value)
 
 
 def _binding(recipe: Mapping[str, Any]) -> dict[str, Any]:
@@ -112,6 +134,8 @@ def check_recipe(output: str, recipe: Mapping[str, Any]) -> None:
     stored = read_recipe(output)
     if stored is None:
         return
+    # older code stored absolute locations: compare them as seen from `output` too
+    stored = {**stored, "deps": _relative_deps(stored.get("deps", {}), output)}
     changes = recipe_changes(stored, recipe)
     if changes:
         raise StepError(mismatch_message(output, changes))

@@ -31,7 +31,7 @@ def train(ctx: StepContext) -> dict:
     first = parse_train_config(ctx.config)  # fail fast, before any data is opened
     if "data" not in ctx.deps:
         raise StepError("deps.data: missing; the train step needs its token data")
-    recipe = make_recipe(ctx.config, ctx.deps)
+    recipe = make_recipe(ctx.config, ctx.deps, ctx.output)
     sources = ctx.deps["data"]
     seed = first.seed
     train_loader = make_loader(

@@ -25,12 +25,16 @@ TINY_MODEL = {
 }  # fmt: skip
 
 
+PEAK_FLOPS = 1e11  # injected MFU ceiling (FLOP/s of the whole run): no matmul is measured
+
+
 def tiny_config(**overrides) -> dict:
     config = {
         "model": dict(TINY_MODEL),
         "optimizer": {"name": "adamw", "learning_rate": 0.01, "warmup_steps": 2},
         "num_train_steps": 20,
-        "batch_size": 8,
+        "batch_size": 16,
+        "grad_accum_steps": 2,  # 2 micro-batches of 8 rows: one row per device on 8 devices
         "seq_len": 32,
         "checkpoint_every": 10,
         "log_every": 5,
@@ -47,7 +51,7 @@ def write_spec(path: Path, *, output: str, config: dict, data: str, runtime: dic
         "output": output,
         "config": config,
         "deps": {"data": data},
-        "runtime": {"peak_flops": 1e11, **(runtime or {})},
+        "runtime": {"peak_flops": PEAK_FLOPS, **(runtime or {})},
         "compile_cache": compile_cache,
     }
     path.write_text(json.dumps(spec))
