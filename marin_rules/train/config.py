@@ -54,8 +54,8 @@ class OptimizerConfig:
         tuple[float, float], ListOf(Number(ge=0, lt=1), "two numbers in [0, 1)", length=2), "AdamW's beta1, beta2"
     ] = (0.9, 0.95)
     muon_lr: Annotated[float, Number(gt=0), "peak learning rate of the Muon group (only with name: muon)"] = 0.02
-    warmup_steps: Annotated[int, Int(min=0), "linear warmup to the peak (at most num_train_steps)"] = 0
-    min_lr_ratio: Annotated[float, Number(ge=0, le=1), "cosine decays to peak * min_lr_ratio at the last step"] = 0.1
+    warmup_steps: Annotated[int, Int(min=0), "linear warmup: update s uses peak * (s+1) / warmup_steps (at most num_train_steps)"] = 0
+    min_lr_ratio: Annotated[float, Number(ge=0, le=1), "cosine decays to peak * min_lr_ratio, reached one step after the last update"] = 0.1
     grad_clip: Annotated[float, Number(ge=0), "global-norm clipping; 0 turns it off"] = 1.0
 
 
