@@ -67,23 +67,6 @@ def parent(location: str) -> str:
     return os.path.dirname(os.path.abspath(location))
 
 
-def relative_to(location: str, base: str) -> str | None:
-    """`location` as a `/`-separated path relative to `base` (for files that must stay
-    valid when a prefix is moved or copied to a bucket: store this, `join(base, it)` on
-    reading), or None when it does not lie under `base` (keep it as it is then)."""
-    if is_remote(location) != is_remote(base):
-        return None
-    if is_remote(location):
-        loc, root = location.rstrip("/"), base.rstrip("/")
-    else:
-        loc, root = os.path.abspath(local_path(location)), os.path.abspath(local_path(base))
-    if loc == root:
-        return "."
-    if not loc.startswith(root.rstrip("/") + "/"):
-        return None
-    return loc[len(root.rstrip("/")) + 1 :].replace(os.sep, "/")
-
-
 def read_bytes(location: str) -> bytes:
     if not is_remote(location):  # the common case on a laptop: skip fsspec's resolution
         with open(local_path(location), "rb") as f:
