@@ -136,14 +136,3 @@ def test_failure_records_stay_readable_history_of_any_schema(tmp_path):
     assert [f["schema"] for f in failures] == [1, 2]
     assert failures[1]["error"]["message"] == "bad" and failures[1]["path"] == "tokenized/x/v1"
     assert first.endswith(".json") and read_record(location) is None
-
-
-def test_relative_to_gives_prefix_relative_paths_and_none_outside(tmp_path):
-    prefix = str(tmp_path / "art")
-    assert storage.relative_to(f"{prefix}/tok/x/v1", prefix) == "tok/x/v1"
-    assert storage.relative_to(f"file://{prefix}/tok/x/v1/", prefix + "/") == "tok/x/v1"
-    assert storage.relative_to("gs://b/p/tok/x/v1", "gs://b/p") == "tok/x/v1"
-    assert storage.relative_to("gs://b/px/tok", "gs://b/p") is None
-    assert storage.relative_to(str(tmp_path / "elsewhere"), prefix) is None
-    assert storage.relative_to("gs://b/p/x", prefix) is None
-    assert storage.join("gs://b/q", storage.relative_to("gs://b/p/tok/x/v1", "gs://b/p")) == "gs://b/q/tok/x/v1"
