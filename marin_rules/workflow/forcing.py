@@ -21,7 +21,8 @@ from typing import Any
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE
 from marin_rules.artifacts.lease import LEASE_FILE
-from marin_rules.artifacts.records import HISTORY_DIR, iso, utc_now
+from marin_rules.artifacts.files import HISTORY_DIR
+from marin_rules.artifacts.provenance import iso, utc_now
 
 MARKER = ".forced-record"  # not *.json: not an earlier record for readers of .history/
 KEEP = {HISTORY_DIR, FAILURES_DIR, LEASE_FILE, LEASE_FILE + ".lock"}
