@@ -11,9 +11,11 @@ both are scored by exactly the same tokenization, batching and tasks.
   becomes a prefix: requests are sorted so that equal prefixes sit together, and each
   batch of `batch_size` rows runs every distinct prefix once into a key/value cache,
   then the rows' own tokens after it. The output head runs only at scored
-  positions. Rows are right-padded to bucketed lengths (powers of two, capped at
-  `max_length`) and the key/value cache has one length per call, so a whole
-  evaluation compiles a handful of shapes.
+  positions. Every batch of one `loglikelihood` call (one task: lm-eval sends a
+  task's requests together) has the same padded shape, the bucketed maximum over
+  the call's batches (powers of two, capped at `max_length`), so a whole task
+  compiles one program: a compile costs about 4 s on 2 CPU cores, far more than
+  the padding it saves.
 - `loglikelihood_rolling`: lm-eval's `get_rolling_token_windows` over the model's
   context: every token of a document is predicted exactly once, each window seeing
   at least `rolling_context` tokens of history (default half the context); the
@@ -65,6 +67,18 @@ class Piece:
     suffix: list[int]
     targets: list[int]
     scored: int
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The padded sizes of a ScoreBatch (see scoring.py): prefix rows and length,
+    suffix length (rows are always `batch_size`), scored positions, cache length."""
+
+    groups: int
+    prefix_length: int
+    suffix_length: int
+    scored: int
+    cache_length: int
 
 
 @dataclass(frozen=True)
@@ -247,13 +261,13 @@ class MarinLM(TemplateLM):
         """Score each (cache key, context tokens, continuation tokens), batched."""
         pieces = self._split(requests)
         order = sorted(range(len(pieces)), key=lambda p: (-len(pieces[p].prefix), pieces[p].prefix, -len(pieces[p].suffix)))
-        cache_length = bucket_length(max((len(p.prefix) + len(p.suffix) for p in pieces), default=1), self.max_length)
+        chunks = [[pieces[p] for p in order[start : start + self.batch_size]] for start in range(0, len(order), self.batch_size)]
+        shape = self._batch_shape(chunks)
         logps = np.zeros(len(requests), np.float64)
         greedy = np.ones(len(requests), bool)
         with tqdm(total=len(order), desc="marin loglikelihood", disable=disable_tqdm, leave=False) as bar:
-            for start in range(0, len(order), self.batch_size):
-                chunk = [pieces[p] for p in order[start : start + self.batch_size]]
-                row_logp, row_greedy = self.scorer.score(self._score_batch(chunk, cache_length))
+            for chunk in chunks:
+                row_logp, row_greedy = self.scorer.score(self._score_batch(chunk, shape))
                 for row, piece in enumerate(chunk):
                     scored = slice(len(piece.suffix) - piece.scored, len(piece.suffix))
                     logps[piece.request] += np.sum(row_logp[row, scored], dtype=np.float64)
@@ -278,16 +292,30 @@ class MarinLM(TemplateLM):
             pieces.append(Piece(i, history if split else (), seq[split:-1], seq[split + 1 :], n))
         return pieces
 
-    def _score_batch(self, chunk: list[Piece], cache_length: int) -> ScoreBatch:
-        """Padded arrays for up to `batch_size` pieces: each distinct prefix once."""
+    def _batch_shape(self, chunks: list[list[Piece]]) -> BatchShape:
+        """The one padded shape of every batch in `chunks`: each size bucketed from
+        its maximum over the batches."""
+        L, B = self.max_length, self.batch_size
+        if not chunks:
+            return BatchShape(1, MIN_BUCKET, MIN_SUFFIX_BUCKET, MIN_SUFFIX_BUCKET, MIN_BUCKET)
+        Tk = bucket_length(max(len(p.suffix) for chunk in chunks for p in chunk), L, MIN_SUFFIX_BUCKET, halves=True)
+        return BatchShape(
+            groups=bucket_rows(max(len({p.prefix for p in chunk}) for chunk in chunks), B),
+            prefix_length=bucket_length(max(len(p.prefix) for chunk in chunks for p in chunk), L),
+            suffix_length=Tk,
+            scored=bucket_length(max(sum(p.scored for p in chunk) for chunk in chunks), B * Tk, MIN_SUFFIX_BUCKET),
+            cache_length=bucket_length(max(len(p.prefix) + len(p.suffix) for chunk in chunks for p in chunk), L),
+        )
+
+    def _score_batch(self, chunk: list[Piece], shape: BatchShape) -> ScoreBatch:
+        """Padded arrays of `shape` for up to `batch_size` pieces: each distinct prefix once."""
         groups: dict[tuple[int, ...], int] = {}
         for piece in chunk:
             groups.setdefault(piece.prefix, len(groups))
-        pad, L = self.special.pad, self.max_length
-        prefixes = np.full((bucket_rows(len(groups), self.batch_size), bucket_length(max(map(len, groups)), L)), pad, np.int32)
+        pad, Tk = self.special.pad, shape.suffix_length
+        prefixes = np.full((shape.groups, shape.prefix_length), pad, np.int32)
         for prefix, g in groups.items():
             prefixes[g, : len(prefix)] = prefix
-        Tk = bucket_length(max(len(piece.suffix) for piece in chunk), L, MIN_SUFFIX_BUCKET, halves=True)
         suffixes = np.full((self.batch_size, Tk), pad, np.int32)
         targets = np.zeros((self.batch_size, Tk), np.int32)
         group = np.zeros(self.batch_size, np.int32)
@@ -298,9 +326,9 @@ class MarinLM(TemplateLM):
             targets[row, : len(piece.targets)] = piece.targets
             group[row], start[row] = groups[piece.prefix], len(piece.prefix)
             real.extend(range(row * Tk + len(piece.suffix) - piece.scored, row * Tk + len(piece.suffix)))
-        scored = np.full(bucket_length(len(real), self.batch_size * Tk, MIN_SUFFIX_BUCKET), real[0] if real else 0, np.int32)
+        scored = np.full(shape.scored, real[0] if real else 0, np.int32)
         scored[: len(real)] = real
-        return ScoreBatch(prefixes, suffixes, targets, group, start, cache_length, scored)
+        return ScoreBatch(prefixes, suffixes, targets, group, start, shape.cache_length, scored)
 
     def _pieces(self, context: list[int], continuation: list[int]) -> list[tuple[list[int], int]]:
         """(token sequence of at most max_length + 1, number of final targets scored)
