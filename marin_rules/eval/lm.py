@@ -13,7 +13,7 @@ both are scored by exactly the same tokenization, batching and tasks.
   then the rows' own tokens after it. The output head runs only at scored
   positions. Every batch of one `loglikelihood` call (one task: lm-eval sends a
   task's requests together) has the same padded shape, the bucketed maximum over
-  the call's batches (powers of two, capped at `max_length`), so a whole task
+  the call's batches (powers of two and 1.5 times one, capped), so a whole task
   compiles one program: a compile costs about 4 s on 2 CPU cores, far more than
   the padding it saves.
 - `loglikelihood_rolling`: lm-eval's `get_rolling_token_windows` over the model's
@@ -301,9 +301,9 @@ class MarinLM(TemplateLM):
         Tk = bucket_length(max(len(p.suffix) for chunk in chunks for p in chunk), L, MIN_SUFFIX_BUCKET, halves=True)
         return BatchShape(
             groups=bucket_rows(max(len({p.prefix for p in chunk}) for chunk in chunks), B),
-            prefix_length=bucket_length(max(len(p.prefix) for chunk in chunks for p in chunk), L),
+            prefix_length=bucket_length(max(len(p.prefix) for chunk in chunks for p in chunk), L, halves=True),
             suffix_length=Tk,
-            scored=bucket_length(max(sum(p.scored for p in chunk) for chunk in chunks), B * Tk, MIN_SUFFIX_BUCKET),
+            scored=bucket_length(max(sum(p.scored for p in chunk) for chunk in chunks), B * Tk, MIN_SUFFIX_BUCKET, halves=True),
             cache_length=bucket_length(max(len(p.prefix) + len(p.suffix) for chunk in chunks for p in chunk), L),
         )
 
