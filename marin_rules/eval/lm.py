@@ -11,11 +11,11 @@ both are scored by exactly the same tokenization, batching and tasks.
   becomes a prefix: requests are sorted so that equal prefixes sit together, and each
   batch of `batch_size` rows runs every distinct prefix once into a key/value cache,
   then the rows' own tokens after it. The output head runs only at scored
-  positions. Every batch of one `loglikelihood` call (one task: lm-eval sends a
-  task's requests together) has the same padded shape, the bucketed maximum over
-  the call's batches (powers of two and 1.5 times one, capped), so a whole task
-  compiles one program: a compile costs about 4 s on 2 CPU cores, far more than
-  the padding it saves.
+  positions. Each batch is padded to bucketed sizes (powers of two and 1.5 times
+  one, capped at `max_length`), or to a larger shape already used in the same
+  `loglikelihood` call (one task: lm-eval sends a task's requests together) while
+  that costs at most MAX_PADDING_COST times its own: a compile costs about 4 s on 2
+  CPU cores, so a task compiles a few programs, not one per batch.
 - `loglikelihood_rolling`: lm-eval's `get_rolling_token_windows` over the model's
   context: every token of a document is predicted exactly once, each window seeing
   at least `rolling_context` tokens of history (default half the context); the
@@ -54,6 +54,7 @@ MIN_BUCKET = 16  # the shortest padded history
 MIN_SUFFIX_BUCKET = 8  # the fewest padded scored positions
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_MAX_GEN_TOKS = 256
+MAX_PADDING_COST = 2.0  # a batch reuses a larger shape compiled in the same call while it costs at most 2x its own
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,15 @@ class BatchShape:
     suffix_length: int
     scored: int
     cache_length: int
+
+    def holds(self, other: "BatchShape") -> bool:
+        return all(getattr(self, f) >= getattr(other, f) for f in ("groups", "prefix_length", "suffix_length", "scored")) and (
+            self.cache_length == other.cache_length
+        )
+
+    def cost(self, rows: int) -> int:
+        """Positions run through the model: prefix rows, suffix rows, head positions."""
+        return self.groups * self.prefix_length + rows * self.suffix_length + self.scored
 
 
 @dataclass(frozen=True)
@@ -262,11 +272,10 @@ class MarinLM(TemplateLM):
         pieces = self._split(requests)
         order = sorted(range(len(pieces)), key=lambda p: (-len(pieces[p].prefix), pieces[p].prefix, -len(pieces[p].suffix)))
         chunks = [[pieces[p] for p in order[start : start + self.batch_size]] for start in range(0, len(order), self.batch_size)]
-        shape = self._batch_shape(chunks)
         logps = np.zeros(len(requests), np.float64)
         greedy = np.ones(len(requests), bool)
         with tqdm(total=len(order), desc="marin loglikelihood", disable=disable_tqdm, leave=False) as bar:
-            for chunk in chunks:
+            for chunk, shape in zip(chunks, self._batch_shapes(chunks)):
                 row_logp, row_greedy = self.scorer.score(self._score_batch(chunk, shape))
                 for row, piece in enumerate(chunk):
                     scored = slice(len(piece.suffix) - piece.scored, len(piece.suffix))
@@ -292,19 +301,31 @@ class MarinLM(TemplateLM):
             pieces.append(Piece(i, history if split else (), seq[split:-1], seq[split + 1 :], n))
         return pieces
 
-    def _batch_shape(self, chunks: list[list[Piece]]) -> BatchShape:
-        """The one padded shape of every batch in `chunks`: each size bucketed from
-        its maximum over the batches."""
-        L, B = self.max_length, self.batch_size
+    def _batch_shapes(self, chunks: list[list[Piece]]) -> list[BatchShape]:
+        """A padded shape per batch: its own bucketed sizes, or a shape already chosen
+        in this call that holds them at most MAX_PADDING_COST times the work."""
         if not chunks:
-            return BatchShape(1, MIN_BUCKET, MIN_SUFFIX_BUCKET, MIN_SUFFIX_BUCKET, MIN_BUCKET)
-        Tk = bucket_length(max(len(p.suffix) for chunk in chunks for p in chunk), L, MIN_SUFFIX_BUCKET, halves=True)
+            return []
+        cache_length = bucket_length(max(len(p.prefix) + len(p.suffix) for chunk in chunks for p in chunk), self.max_length)
+        chosen: list[BatchShape] = []
+        shapes = []
+        for chunk in chunks:
+            own = self._own_shape(chunk, cache_length)
+            fit = next((c for c in chosen if c.holds(own) and c.cost(self.batch_size) <= MAX_PADDING_COST * own.cost(self.batch_size)), None)
+            if fit is None:
+                chosen.append(own)
+            shapes.append(fit or own)
+        return shapes
+
+    def _own_shape(self, chunk: list[Piece], cache_length: int) -> BatchShape:
+        L, B = self.max_length, self.batch_size
+        Tk = bucket_length(max(len(p.suffix) for p in chunk), L, MIN_SUFFIX_BUCKET, halves=True)
         return BatchShape(
-            groups=bucket_rows(max(len({p.prefix for p in chunk}) for chunk in chunks), B),
-            prefix_length=bucket_length(max(len(p.prefix) for chunk in chunks for p in chunk), L, halves=True),
+            groups=bucket_rows(len({p.prefix for p in chunk}), B),
+            prefix_length=bucket_length(max(len(p.prefix) for p in chunk), L, halves=True),
             suffix_length=Tk,
-            scored=bucket_length(max(sum(p.scored for p in chunk) for chunk in chunks), B * Tk, MIN_SUFFIX_BUCKET, halves=True),
-            cache_length=bucket_length(max(len(p.prefix) + len(p.suffix) for chunk in chunks for p in chunk), L),
+            scored=bucket_length(sum(p.scored for p in chunk), B * Tk, MIN_SUFFIX_BUCKET, halves=True),
+            cache_length=cache_length,
         )
 
     def _score_batch(self, chunk: list[Piece], shape: BatchShape) -> ScoreBatch:
