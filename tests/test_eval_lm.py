@@ -29,7 +29,7 @@ from marin_rules.artifacts.context import StepContext
 from marin_rules.eval.baseline import UnigramLM, training_texts, unigram_counts
 from marin_rules.eval.config import BPB_TASK, CLOZE_TASK, ClozeOptions
 from marin_rules.eval.lm import MarinLM, load_tokenizer
-from marin_rules.eval.tasks import build_local_tasks, cloze_docs, read_heldout
+from marin_rules.eval.tasks import build_local_tasks, cloze_docs, read_heldout, task_configs
 from marin_rules.train.load import load_trained
 
 HELDOUT = "macbeth"
@@ -260,7 +260,7 @@ def test_local_tasks_run_end_to_end_through_simple_evaluate(artifacts, lm, tmp_p
     assert set(manager.all_tasks) == {BPB_TASK, CLOZE_TASK}
     scores = {}
     for name, model in (("model", lm), ("unigram", unigram)):
-        out = simple_evaluate(model=model, tasks=[BPB_TASK, CLOZE_TASK], limit=4, task_manager=manager,
+        out = simple_evaluate(model=model, tasks=task_configs(built.folder, [BPB_TASK, CLOZE_TASK]), limit=4, task_manager=manager,
                               log_samples=False, bootstrap_iters=0)  # fmt: skip
         scores[name] = out["results"]
     for results in scores.values():

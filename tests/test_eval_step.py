@@ -18,7 +18,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import ConfigError
 from marin_rules.eval.config import BPB_TASK, CLOZE_TASK, check_evaluate, parse_evaluate
-from marin_rules.eval.step import results_table
+from marin_rules.eval.report import results_table
 from test_eval_lm import tiny_artifacts
 
 DEPS = {"model": "checkpoints/m@v1", "data": "raw/shakespeare@v1"}
@@ -94,11 +94,36 @@ def test_evaluate_writes_results_table_and_headline_metrics(artifacts, tmp_path)
     assert model_results["results"][BPB_TASK]["bits_per_byte,none"] == pytest.approx(bpb["bits_per_byte"])
     baseline = json.loads(open(os.path.join(out, "baseline_results.json")).read())
     assert baseline["results"][CLOZE_TASK]["acc,none"] == pytest.approx(cloze["baseline_acc"])
+    # every headline metric has a standard error: lm-eval's for acc, ours for the ratios
+    assert cloze["acc_stderr"] == pytest.approx(model_results["results"][CLOZE_TASK]["acc_stderr,none"])
+    assert 0 < bpb["bits_per_byte_stderr"] < 1 and 0 < bpb["baseline_bits_per_byte_stderr"] < 1
     table = open(os.path.join(out, "results.md")).read()
-    assert "| marin_shakespeare_bpb | bits_per_byte |" in table and "unigram baseline" in table
+    assert f"| marin_shakespeare_bpb | bits_per_byte | {bpb['bits_per_byte']:.4f} ± {bpb['bits_per_byte_stderr']:.4f} |" in table
+    assert "unigram baseline" in table
     assert os.path.getsize(os.path.join(out, "results.png")) > 1000
-    task_yaml = open(os.path.join(out, "tasks", f"{BPB_TASK}.yaml")).read()
-    assert os.path.join(out, "tasks", f"{BPB_TASK}.jsonl") in task_yaml  # absolute data path
+
+
+def test_evaluate_artifact_holds_no_absolute_path_and_reads_back_after_a_move(artifacts, tmp_path):
+    from marin_rules.eval.step import evaluate
+    from marin_rules.eval.tasks import task_configs
+
+    out = str(tmp_path / "built-here" / "eval")
+    config = {"tasks": [BPB_TASK, CLOZE_TASK], "limit": 2, "batch_size": 4}
+    evaluate(StepContext("evaluations/r", "v1", config, {"model": artifacts["model"], "data": artifacts["raw"]}, output=out))
+    written = [os.path.join(folder, name) for folder, _, names in os.walk(out) for name in names]
+    assert {os.path.join(out, "results.json"), os.path.join(out, "tasks", f"{BPB_TASK}.yaml")} <= set(written)
+    for path in written:
+        if path.endswith((".json", ".yaml", ".md")):
+            text = open(path, encoding="utf-8").read()
+            assert str(tmp_path) not in text, f"{os.path.relpath(path, out)} names the building machine's folder"
+    results = json.loads(open(os.path.join(out, "results.json")).read())
+    data_files = results["configs"][BPB_TASK]["dataset_kwargs"]["data_files"]
+    assert data_files == {"test": os.path.join("tasks", f"{BPB_TASK}.jsonl")}  # relative to the artifact
+    moved = str(tmp_path / "moved" / "eval")
+    os.renames(out, moved)
+    (bpb_task,) = task_configs(os.path.join(moved, "tasks"), [BPB_TASK])
+    assert bpb_task["dataset_kwargs"]["data_files"] == {"test": os.path.join(moved, "tasks", f"{BPB_TASK}.jsonl")}
+    assert os.path.exists(bpb_task["dataset_kwargs"]["data_files"]["test"])
 
 
 def test_evaluate_reads_and_writes_gcs(artifacts, gcs_prefix):
@@ -144,4 +169,4 @@ def test_results_table_says_which_side_is_better_and_calls_equal_scores_a_tie():
     table = results_table({"t": {"bits_per_byte": 2.5, "baseline_bits_per_byte": 3.1, "acc": 0.29, "baseline_acc": 0.29,
                                  "acc_norm": 0.2, "baseline_acc_norm": 0.3}}, "evals/x@v1")  # fmt: skip
     rows = {line.split("|")[2].strip(): line.split("|")[5].strip() for line in table.splitlines() if line.startswith("| t ")}
-    assert rows == {"bits_per_byte": "model", "acc": "tie", "acc_norm": "baseline"}
+    assert rows == {"bits_per_byte": "model", "acc": "tie", "acc_norm": "baseline"}  # no stderr: only equal ties

@@ -4,6 +4,7 @@ Modules, in the order data flows: `config.py` (the step's options and checker; n
 JAX, no lm-eval), `tasks.py` (local task YAML + JSONL from held-out plays),
 `scoring.py` (the array-level Scorer interface, and the JAX model behind it),
 `lm.py` (the lm-eval model `marin`), `baseline.py` (the unigram baseline,
-`marin-unigram`), `step.py` (`evaluate(ctx)`), `cli.py` (`lm_eval` with our models
+`marin-unigram`), `report.py` (headline metrics, standard errors, the results table
+and chart), `step.py` (`evaluate(ctx)`), `cli.py` (`lm_eval` with our models
 registered). This package's top level imports nothing heavy.
 """

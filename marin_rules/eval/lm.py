@@ -11,9 +11,11 @@ both are scored by exactly the same tokenization, batching and tasks.
   becomes a prefix: requests are sorted so that equal prefixes sit together, and each
   batch of `batch_size` rows runs every distinct prefix once into a key/value cache,
   then the rows' own tokens after it. The output head runs only at scored
-  positions. Rows are right-padded to bucketed lengths (powers of two, capped at
-  `max_length`) and the key/value cache has one length per call, so a whole
-  evaluation compiles a handful of shapes.
+  positions. Each batch is padded to bucketed sizes (powers of two and 1.5 times
+  one, capped at `max_length`), or to a larger shape already used in the same
+  `loglikelihood` call (one task: lm-eval sends a task's requests together) while
+  that costs at most MAX_PADDING_COST times its own: a compile costs about 4 s on 2
+  CPU cores, so a task compiles a few programs, not one per batch.
 - `loglikelihood_rolling`: lm-eval's `get_rolling_token_windows` over the model's
   context: every token of a document is predicted exactly once, each window seeing
   at least `rolling_context` tokens of history (default half the context); the
@@ -52,6 +54,7 @@ MIN_BUCKET = 16  # the shortest padded history
 MIN_SUFFIX_BUCKET = 8  # the fewest padded scored positions
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_MAX_GEN_TOKS = 256
+MAX_PADDING_COST = 2.0  # a batch reuses a larger shape compiled in the same call while it costs at most 2x its own
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,27 @@ class Piece:
     suffix: list[int]
     targets: list[int]
     scored: int
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The padded sizes of a ScoreBatch (see scoring.py): prefix rows and length,
+    suffix length (rows are always `batch_size`), scored positions, cache length."""
+
+    groups: int
+    prefix_length: int
+    suffix_length: int
+    scored: int
+    cache_length: int
+
+    def holds(self, other: "BatchShape") -> bool:
+        return all(getattr(self, f) >= getattr(other, f) for f in ("groups", "prefix_length", "suffix_length", "scored")) and (
+            self.cache_length == other.cache_length
+        )
+
+    def cost(self, rows: int) -> int:
+        """Positions run through the model: prefix rows, suffix rows, head positions."""
+        return self.groups * self.prefix_length + rows * self.suffix_length + self.scored
 
 
 @dataclass(frozen=True)
@@ -247,13 +271,12 @@ class MarinLM(TemplateLM):
         """Score each (cache key, context tokens, continuation tokens), batched."""
         pieces = self._split(requests)
         order = sorted(range(len(pieces)), key=lambda p: (-len(pieces[p].prefix), pieces[p].prefix, -len(pieces[p].suffix)))
-        cache_length = bucket_length(max((len(p.prefix) + len(p.suffix) for p in pieces), default=1), self.max_length)
+        chunks = [[pieces[p] for p in order[start : start + self.batch_size]] for start in range(0, len(order), self.batch_size)]
         logps = np.zeros(len(requests), np.float64)
         greedy = np.ones(len(requests), bool)
         with tqdm(total=len(order), desc="marin loglikelihood", disable=disable_tqdm, leave=False) as bar:
-            for start in range(0, len(order), self.batch_size):
-                chunk = [pieces[p] for p in order[start : start + self.batch_size]]
-                row_logp, row_greedy = self.scorer.score(self._score_batch(chunk, cache_length))
+            for chunk, shape in zip(chunks, self._batch_shapes(chunks)):
+                row_logp, row_greedy = self.scorer.score(self._score_batch(chunk, shape))
                 for row, piece in enumerate(chunk):
                     scored = slice(len(piece.suffix) - piece.scored, len(piece.suffix))
                     logps[piece.request] += np.sum(row_logp[row, scored], dtype=np.float64)
@@ -278,16 +301,42 @@ class MarinLM(TemplateLM):
             pieces.append(Piece(i, history if split else (), seq[split:-1], seq[split + 1 :], n))
         return pieces
 
-    def _score_batch(self, chunk: list[Piece], cache_length: int) -> ScoreBatch:
-        """Padded arrays for up to `batch_size` pieces: each distinct prefix once."""
+    def _batch_shapes(self, chunks: list[list[Piece]]) -> list[BatchShape]:
+        """A padded shape per batch: its own bucketed sizes, or a shape already chosen
+        in this call that holds them at most MAX_PADDING_COST times the work."""
+        if not chunks:
+            return []
+        cache_length = bucket_length(max(len(p.prefix) + len(p.suffix) for chunk in chunks for p in chunk), self.max_length)
+        chosen: list[BatchShape] = []
+        shapes = []
+        for chunk in chunks:
+            own = self._own_shape(chunk, cache_length)
+            fit = next((c for c in chosen if c.holds(own) and c.cost(self.batch_size) <= MAX_PADDING_COST * own.cost(self.batch_size)), None)
+            if fit is None:
+                chosen.append(own)
+            shapes.append(fit or own)
+        return shapes
+
+    def _own_shape(self, chunk: list[Piece], cache_length: int) -> BatchShape:
+        L, B = self.max_length, self.batch_size
+        Tk = bucket_length(max(len(p.suffix) for p in chunk), L, MIN_SUFFIX_BUCKET, halves=True)
+        return BatchShape(
+            groups=bucket_rows(len({p.prefix for p in chunk}), B),
+            prefix_length=bucket_length(max(len(p.prefix) for p in chunk), L, halves=True),
+            suffix_length=Tk,
+            scored=bucket_length(sum(p.scored for p in chunk), B * Tk, MIN_SUFFIX_BUCKET, halves=True),
+            cache_length=cache_length,
+        )
+
+    def _score_batch(self, chunk: list[Piece], shape: BatchShape) -> ScoreBatch:
+        """Padded arrays of `shape` for up to `batch_size` pieces: each distinct prefix once."""
         groups: dict[tuple[int, ...], int] = {}
         for piece in chunk:
             groups.setdefault(piece.prefix, len(groups))
-        pad, L = self.special.pad, self.max_length
-        prefixes = np.full((bucket_rows(len(groups), self.batch_size), bucket_length(max(map(len, groups)), L)), pad, np.int32)
+        pad, Tk = self.special.pad, shape.suffix_length
+        prefixes = np.full((shape.groups, shape.prefix_length), pad, np.int32)
         for prefix, g in groups.items():
             prefixes[g, : len(prefix)] = prefix
-        Tk = bucket_length(max(len(piece.suffix) for piece in chunk), L, MIN_SUFFIX_BUCKET, halves=True)
         suffixes = np.full((self.batch_size, Tk), pad, np.int32)
         targets = np.zeros((self.batch_size, Tk), np.int32)
         group = np.zeros(self.batch_size, np.int32)
@@ -298,9 +347,9 @@ class MarinLM(TemplateLM):
             targets[row, : len(piece.targets)] = piece.targets
             group[row], start[row] = groups[piece.prefix], len(piece.prefix)
             real.extend(range(row * Tk + len(piece.suffix) - piece.scored, row * Tk + len(piece.suffix)))
-        scored = np.full(bucket_length(len(real), self.batch_size * Tk, MIN_SUFFIX_BUCKET), real[0] if real else 0, np.int32)
+        scored = np.full(shape.scored, real[0] if real else 0, np.int32)
         scored[: len(real)] = real
-        return ScoreBatch(prefixes, suffixes, targets, group, start, cache_length, scored)
+        return ScoreBatch(prefixes, suffixes, targets, group, start, shape.cache_length, scored)
 
     def _pieces(self, context: list[int], continuation: list[int]) -> list[tuple[list[int], int]]:
         """(token sequence of at most max_length + 1, number of final targets scored)

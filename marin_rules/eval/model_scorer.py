@@ -4,13 +4,16 @@ Model: `score` runs the batch's distinct prefixes into a fresh key/value cache (
 output head), then every suffix row against its prefix's cache, with the head only at
 the scored positions; `prefill` + `decode` are cached greedy decoding. Padding is on
 the right: a causal model's outputs at real positions do not depend on the padding
-after them, and the project's default MoE dispatch (`ragged`) is dropless, so a
-token's score does not depend on the other rows of its batch either (the `capacity`
-dispatch drops tokens per batch: evaluate such a model with moe_impl=ragged).
+after them. A request's score must not depend on the other rows of its batch either,
+so the scorer always runs a dropless MoE dispatch (`dropless`): a model trained
+with `moe_impl: capacity` (which drops assignments ranked over the whole batch, so
+later tokens can change earlier outputs) is rebuilt with `ragged` around the same
+weights; `dense` and `ragged` are kept as they are.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import Any
 
@@ -20,7 +23,21 @@ import numpy as np
 from flax import nnx
 
 from marin_rules.eval.scoring import ScoreBatch
-from marin_rules.model.transformer import empty_cache
+from marin_rules.model.moe import dropless as dropless_impl
+from marin_rules.model.transformer import MoETransformer, empty_cache
+
+def dropless(model: nnx.Module) -> nnx.Module:
+    """`model` with a dropless MoE dispatch (`moe.dropless`): itself when its
+    `moe_impl` drops nothing, else the same weights in a module built with the dropless
+    backend (dispatch backends lay out the same computation and share every parameter)."""
+    config = model.config
+    impl = dropless_impl(config.moe_impl)
+    if impl == config.moe_impl:
+        return model
+    evaluated = dataclasses.replace(config, moe_impl=impl)
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: MoETransformer(evaluated, rngs=nnx.Rngs(0))))
+    _, state = nnx.split(model)
+    return nnx.merge(graphdef, state)
 
 
 def _positions(start: jax.Array, length: int) -> jax.Array:
@@ -64,11 +81,12 @@ def _decode(graphdef, state, cache, tokens, positions):
 
 class ModelScorer:
     """A flax nnx `MoETransformer` (anything with `trunk`, `logits` and `config`) as
-    a Scorer. Each distinct input shape compiles once."""
+    a Scorer, through a dropless dispatch. Each distinct input shape compiles once."""
 
     def __init__(self, model: nnx.Module, max_length: int):
         self.max_length = max_length
-        self._graphdef, self._state = nnx.split(model)
+        self.model = dropless(model)
+        self._graphdef, self._state = nnx.split(self.model)
 
     def score(self, batch: ScoreBatch) -> tuple[np.ndarray, np.ndarray]:
         i32 = partial(jnp.asarray, dtype=jnp.int32)

@@ -13,10 +13,18 @@ needs the hub.
 Output (`ctx.output`, local or gs://):
   results.json           lm-eval's results for the model (results, configs, n-shot, ...)
   baseline_results.json  the same for the unigram baseline
-  results.md             one table: task, metric, model, baseline
+  results.md             one table: task, metric, model and baseline with standard
+                         errors, which is better (a tie within two stderr; report.py)
   results.png            bar chart of each task's headline metric, model vs baseline
-  tasks/                 the task YAMLs + JSONL (paths inside are those used at run time)
-The record's `result` maps task -> {metric: model value, baseline_<metric>: value}.
+  tasks/                 the task YAMLs + JSONL
+No file holds an absolute path of the building machine: the task YAMLs name their
+JSONL relative to their folder, and paths under the output in results.json are
+written relative to the artifact (`tasks/<task>.jsonl`), so the artifact can move.
+The record's `result` maps task -> {metric: model value, metric_stderr,
+baseline_<metric>, baseline_<metric>_stderr}.
+
+Scoring runs a dropless MoE dispatch whatever the model trained with
+(model_scorer.py), so a request's score never depends on the rest of its batch.
 """
 
 from __future__ import annotations
@@ -31,9 +39,9 @@ from typing import Any, Iterator
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
-from marin_rules.eval.config import BPB_TASK, CLOZE_TASK, EvaluateConfig, TaskSpec, parse_evaluate
+from marin_rules.eval.config import EvaluateConfig, TaskSpec, parse_evaluate
+from marin_rules.eval.report import fill_ratio_stderrs, headline_metrics, plot_results, results_table
 
-HEADLINE = {BPB_TASK: "bits_per_byte", CLOZE_TASK: "acc"}
 RESULT_SECTIONS = ("results", "configs", "versions", "n-shot", "higher_is_better", "n-samples")
 BOOTSTRAP_ITERS = 100  # lm-eval bootstraps only a few metrics (perplexity, f1, ...); acc has a closed form
 
@@ -47,7 +55,7 @@ def evaluate(ctx: StepContext) -> dict[str, Any]:
 
     started = time.time()
     with _local_workdir(ctx.output) as work:
-        include_path = None
+        task_folder = None
         counts: dict[str, int] = {}
         if config.local_tasks:
             built = build_local_tasks(
@@ -58,12 +66,12 @@ def evaluate(ctx: StepContext) -> dict[str, Any]:
                 cloze=config.cloze,
                 bpb=config.bpb,
             )
-            include_path, counts = built.folder, built.counts
+            task_folder, counts = built.folder, built.counts
         trained = load_trained(ctx.deps["model"])
         model_lm = MarinLM.from_trained(trained, batch_size=config.batch_size)
         _log(f"evaluate: model on {', '.join(t.name for t in config.tasks)}")
-        model_results = run_tasks(model_lm, config, include_path)
-        storage.write_json_atomic(os.path.join(work, "results.json"), model_results)
+        model_results = run_tasks(model_lm, config, task_folder)
+        storage.write_json_atomic(os.path.join(work, "results.json"), relative_paths(model_results, work))
         baseline_results = None
         if config.baseline == "unigram":
             _log("evaluate: unigram baseline (counting the training split)")
@@ -73,8 +81,8 @@ def evaluate(ctx: StepContext) -> dict[str, Any]:
                 model_lm.special,
                 batch_size=config.batch_size,
             )
-            baseline_results = run_tasks(unigram, config, include_path)
-            storage.write_json_atomic(os.path.join(work, "baseline_results.json"), baseline_results)
+            baseline_results = run_tasks(unigram, config, task_folder)
+            storage.write_json_atomic(os.path.join(work, "baseline_results.json"), relative_paths(baseline_results, work))
         summary = headline_metrics(model_results, baseline_results)
         with open(os.path.join(work, "results.md"), "w", encoding="utf-8") as f:
             f.write(results_table(summary, ctx.key))
@@ -87,100 +95,51 @@ def evaluate(ctx: StepContext) -> dict[str, Any]:
     }
 
 
-def run_tasks(lm: Any, config: EvaluateConfig, include_path: str | None) -> dict[str, Any]:
+def run_tasks(lm: Any, config: EvaluateConfig, task_folder: str | None) -> dict[str, Any]:
     """lm-eval once per task (own few-shot count and limit), merged into one results
-    dict shaped like lm-eval's own."""
+    dict shaped like lm-eval's own. Local tasks are read from `task_folder` (with
+    their data paths resolved now); ratio metrics get standard errors (report.py)."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=include_path, include_defaults=not config.only_local)
+    from marin_rules.eval.tasks import task_configs
+
+    manager = TaskManager(include_path=task_folder, include_defaults=not config.only_local)
     merged: dict[str, Any] = {section: {} for section in RESULT_SECTIONS}
     for spec in config.tasks:
+        task = task_configs(task_folder, [spec.name])[0] if spec.is_local and task_folder else spec.name
         with _hf_offline(config.only_local):
             out = simple_evaluate(
                 model=lm,
-                tasks=[spec.name],
+                tasks=[task],
                 num_fewshot=spec.num_fewshot,
                 limit=spec.limit,
                 task_manager=manager,
-                log_samples=False,
+                log_samples=True,  # per-document values: the ratio metrics' stderr
                 bootstrap_iters=BOOTSTRAP_ITERS,
                 random_seed=config.seed,
                 numpy_random_seed=config.seed,
                 torch_random_seed=config.seed,
                 fewshot_random_seed=config.seed,
             )
+        out = out or {}
+        fill_ratio_stderrs(out.get("results", {}), out.get("samples", {}))
         for section in RESULT_SECTIONS:
-            merged[section].update((out or {}).get(section, {}))
+            merged[section].update(out.get(section, {}))
     merged["tasks"] = [_spec_dict(s) for s in config.tasks]
     return _jsonable(merged)
 
 
-def headline_metrics(model: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, dict[str, float]]:
-    """task -> {metric: model value, baseline_<metric>: baseline value}; lm-eval's
-    `metric,filter` keys lose a `none` filter and stderr entries are left out."""
-    summary: dict[str, dict[str, float]] = {}
-    for task, values in model.get("results", {}).items():
-        row = _metrics(values)
-        if baseline is not None:
-            row.update({f"baseline_{k}": v for k, v in _metrics(baseline["results"].get(task, {})).items()})
-        summary[task] = row
-    return summary
-
-
-def _metrics(values: dict[str, Any]) -> dict[str, float]:
-    out = {}
-    for key, value in values.items():
-        metric, _, filt = key.partition(",")
-        if "stderr" in metric or metric == "sample_len" or not isinstance(value, (int, float)) or isinstance(value, bool):
-            continue
-        out[metric if filt in ("", "none") else f"{metric}_{filt}"] = float(value)
-    return out
-
-
-def results_table(summary: dict[str, dict[str, float]], title: str) -> str:
-    lines = [
-        f"# Evaluation of {title}",
-        "",
-        "| task | metric | model | unigram baseline | better |",
-        "|---|---|---:|---:|---|",
-    ]
-    for task, row in summary.items():
-        for metric, value in row.items():
-            if metric.startswith("baseline_"):
-                continue
-            base = row.get(f"baseline_{metric}")
-            better = ""
-            if base is not None:
-                lower = "perplexity" in metric or metric == "bits_per_byte"
-                if value == base:
-                    better = "tie"
-                else:
-                    better = "model" if (value < base if lower else value > base) else "baseline"
-            lines.append(f"| {task} | {metric} | {value:.4f} | {'' if base is None else f'{base:.4f}'} | {better} |")
-    return "\n".join(lines) + "\n"
-
-
-def plot_results(summary: dict[str, dict[str, float]], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = list(summary)
-    if not tasks:
-        return
-    fig, axes = plt.subplots(1, len(tasks), figsize=(3.2 * len(tasks), 3.2), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
-        row = summary[task]
-        metric = HEADLINE.get(task) or next(k for k in row if not k.startswith("baseline_"))
-        names = ["model"] + (["unigram"] if f"baseline_{metric}" in row else [])
-        values = [row[metric]] + ([row[f"baseline_{metric}"]] if len(names) == 2 else [])
-        ax.bar(names, values, color=["tab:blue", "tab:gray"][: len(names)])
-        ax.set_title(f"{task}\n{metric}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+def relative_paths(value: Any, root: str) -> Any:
+    """`value` (JSON-like) with every string naming a path under the local folder
+    `root` rewritten relative to it (the artifact's own files, e.g. a task's data)."""
+    if isinstance(value, dict):
+        return {k: relative_paths(v, root) for k, v in value.items()}
+    if isinstance(value, list):
+        return [relative_paths(v, root) for v in value]
+    if isinstance(value, str) and value.startswith(root.rstrip(os.sep) + os.sep):
+        return os.path.relpath(value, root)
+    return value
 
 
 @contextlib.contextmanager

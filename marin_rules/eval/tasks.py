@@ -14,9 +14,14 @@ given a seed, we write into one folder (an lm-eval `--include_path`):
   much the preceding lines help, where a context-blind model such as the unigram
   baseline sits at chance).
 
-The YAMLs name their JSONL by absolute path (`dataset_path: json`), so the folder
-works offline with `HF_DATASETS_OFFLINE=1`. Command line, for use with `lm_eval`:
+Inside an artifact the YAMLs name their JSONL relative to the YAML's folder
+(`dataset_path: json`, `data_files: {test: <task>.jsonl}`), so a moved or copied
+artifact stays valid; `task_configs(folder)` reads them back as lm-eval task dicts
+with the data path resolved at read time (what the evaluate step hands lm-eval).
+The command line writes a folder for `lm_eval --include_path` (whose YAML paths lm-eval
+reads relative to the working directory), so there they are absolute:
 `python -m marin_rules.eval.tasks <download artifact> <out dir> [--seed N]`.
+Either way the folder works offline with `HF_DATASETS_OFFLINE=1`.
 """
 
 from __future__ import annotations
@@ -138,7 +143,8 @@ def cloze_docs(plays: Sequence[Play], options: ClozeOptions, seed: int) -> list[
 
 
 def task_yaml(name: str, data_file: str) -> dict:
-    """The lm-eval task config of a local task reading `data_file` (absolute path)."""
+    """The lm-eval task config of a local task reading `data_file` (a path relative to
+    the YAML's folder, or absolute)."""
     common = {
         "task": name,
         "dataset_path": "json",
@@ -184,9 +190,11 @@ def build_local_tasks(
     seed: int = 0,
     cloze: ClozeOptions = ClozeOptions(),
     bpb: BpbOptions = BpbOptions(),
+    absolute_paths: bool = False,
 ) -> BuiltTasks:
     """Write `<folder>/<task>.yaml` and `<folder>/<task>.jsonl` for each local task
-    in `names` (a local directory: lm-eval reads it) and a `manifest.json`."""
+    in `names` (a local directory) and a `manifest.json`. The YAMLs name their data
+    file relative to `folder` unless `absolute_paths` (for `lm_eval --include_path`)."""
     folder = os.path.abspath(folder)
     os.makedirs(folder, exist_ok=True)
     counts = {}
@@ -196,8 +204,9 @@ def build_local_tasks(
             raise StepError(f"deps.data: the held-out plays give no documents for {name}")
         data_file = os.path.join(folder, f"{name}.jsonl")
         _write_jsonl(data_file, docs)
+        named = data_file if absolute_paths else os.path.basename(data_file)
         with open(os.path.join(folder, f"{name}.yaml"), "w", encoding="utf-8") as f:
-            yaml.safe_dump(task_yaml(name, data_file), f, sort_keys=False, allow_unicode=True)
+            yaml.safe_dump(task_yaml(name, named), f, sort_keys=False, allow_unicode=True)
         counts[name] = len(docs)
     manifest = {
         "seed": seed,
@@ -208,6 +217,21 @@ def build_local_tasks(
     }
     storage.write_json_atomic(os.path.join(folder, "manifest.json"), manifest)
     return BuiltTasks(folder, counts, tuple(p.name for p in plays))
+
+
+def task_configs(folder: str, names: Iterable[str]) -> list[dict]:
+    """The tasks `names` of a folder written by `build_local_tasks`, as lm-eval task
+    dicts whose data files are absolute paths under `folder` as it is now."""
+    configs = []
+    for name in names:
+        with open(os.path.join(folder, f"{name}.yaml"), encoding="utf-8") as f:
+            config = yaml.safe_load(f)
+        files = config["dataset_kwargs"]["data_files"]
+        config["dataset_kwargs"]["data_files"] = {
+            split: os.path.join(os.path.abspath(folder), path) for split, path in files.items()
+        }  # os.path.join keeps a path that is already absolute
+        configs.append(config)
+    return configs
 
 
 def _write_jsonl(path: str, docs: list[dict]) -> None:
@@ -223,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("out", help="local folder to write the task YAMLs and JSONL into")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    built = build_local_tasks(read_heldout(args.data), args.out, seed=args.seed)
+    built = build_local_tasks(read_heldout(args.data), args.out, seed=args.seed, absolute_paths=True)
     print(json.dumps({"include_path": built.folder, "counts": built.counts}))
 
 
