@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from marin_rules.artifacts import storage
-from marin_rules.cluster.local_pod import free_port
+from snakemake_executor_plugin_tpu.local_pod import free_port
 from marin_rules.model.config import ModelConfig
 from marin_rules.model.flops import flops_per_token
 from train_helpers import runs
