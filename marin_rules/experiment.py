@@ -11,6 +11,13 @@ layer), the canonical form of every recipe, and pinned fingerprints. Every error
 one line that names the file, or the artifact and the field. The result is an
 `Experiment`: artifacts in dependency order, each with its fingerprint.
 
+An entry may declare existing data instead of a step: `adopt: {source: <folder or
+gs:// path>, kind: corpus|tokenizer|tokenized|train, copy: false}` (marin_rules/adopt.py);
+it becomes the built-in step `adopt` and counts as the kind's step for consumers.
+Dev versions (`name@dev`, `name@x-dev`) are mutable and stored per user: each gets
+`ArtifactId.owner` = the path-safe `dev_user` (default: the login name); a fixed
+version that depends on a dev version is refused (Marin's rule).
+
     sweeps:
       checkpoints/moe-lr{lr}-e{experts}@v1:
         step: train
@@ -22,12 +29,12 @@ one line that names the file, or the artifact and the field. The result is an
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping
 
 from marin_rules.artifacts.canonical import canonical_value, fingerprint, fingerprint_payload
 from marin_rules.artifacts.errors import ConfigError, ExperimentError, got
-from marin_rules.artifacts.identity import ArtifactId, parse_key
+from marin_rules.artifacts.identity import ArtifactId, parse_key, path_safe_user
 from marin_rules.steps import (
     BUILTIN_STEPS, check_dep_kinds, check_step_config, check_upstream_configs, check_user_step, is_valid_step,
 )
@@ -38,9 +45,10 @@ from marin_rules.yaml_file import load_yaml_file
 __all__ = ["DEFAULT_EXPERIMENT", "Artifact", "Experiment", "build_experiment", "load_experiment", "suggest_key"]
 
 DEFAULT_EXPERIMENT = "experiments/default.yaml"  # relative to the workflow (repository) folder
-ENTRY_FIELDS = {"step", "deps", "config", "runtime", "expect_fingerprint", "description"}
+ENTRY_FIELDS = {"step", "adopt", "deps", "config", "runtime", "expect_fingerprint", "description"}
 TOP_FIELDS = {"artifacts", "sweeps", "description"}
 ROLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ADOPT = "adopt"  # the built-in step of an entry's `adopt:` (marin_rules.adopt.STEP)
 
 
 @dataclass(frozen=True)
@@ -80,13 +88,41 @@ class Experiment:
         return self.artifacts[key]
 
 
-def load_experiment(path: str) -> Experiment:
+def load_experiment(path: str, dev_user: str | None = None) -> Experiment:
     """Read and validate an experiment file (raises MarinError subclasses). Duplicate
-    keys and YAML errors are refused with file:line:column."""
-    return build_experiment(load_yaml_file(path), path)
+    keys and YAML errors are refused with file:line:column. `dev_user` owns the dev
+    versions (default: this login name), made path-safe."""
+    return build_experiment(load_yaml_file(path), path, dev_user)
 
 
-def build_experiment(data: Any, path: str = "<experiment>") -> Experiment:
+def default_dev_user() -> str:
+    from marin_rules.artifacts.provenance import user
+
+    return path_safe_user(user())
+
+
+def owned_by(experiment: Experiment, dev_user: str) -> Experiment:
+    """The same experiment with its dev versions owned by `dev_user` (path-safe)."""
+    owner = path_safe_user(dev_user)
+    artifacts = {
+        key: replace(a, id=replace(a.id, owner=owner)) if a.id.is_dev else a for key, a in experiment.artifacts.items()
+    }
+    return Experiment(experiment.path, artifacts, {a.id.path: a for a in artifacts.values()})
+
+
+def dev_user_in_path(experiment: Experiment, path: str) -> str | None:
+    """The owner a stored dev path `name/version-owner` names (the longest matching
+    dev version of that name wins); None when no dev artifact matches."""
+    best: tuple[int, str] | None = None
+    for a in experiment.artifacts.values():
+        start = f"{a.id.name}/{a.id.version}-"
+        if a.id.is_dev and path.startswith(start) and len(path) > len(start):
+            if best is None or len(start) > best[0]:
+                best = (len(start), path[len(start) :])
+    return None if best is None else best[1]
+
+
+def build_experiment(data: Any, path: str = "<experiment>", dev_user: str | None = None) -> Experiment:
     if not isinstance(data, Mapping):
         raise ExperimentError(f"{path}: expected a mapping with an 'artifacts:' section")
     unknown = sorted(set(data) - TOP_FIELDS, key=str)
@@ -128,7 +164,8 @@ def build_experiment(data: Any, path: str = "<experiment>") -> Experiment:
                         f"{suggest_key(upstream, entries)}; add an entry for it or fix the name@version"
                     )
     order = _dependency_order(entries)
-    step_of = {key: entry[0] for key, entry in entries.items()}
+    _refuse_fixed_on_dev(entries)
+    step_of = {key: _kind_step(entry[0], entry[1]) for key, entry in entries.items()}
     config_of = {key: entry[1] for key, entry in entries.items()}
     artifacts: dict[str, Artifact] = {}
     for key in order:
@@ -147,7 +184,32 @@ def build_experiment(data: Any, path: str = "<experiment>") -> Experiment:
                 "or bump the version and update expect_fingerprint",
             )
         artifacts[key] = Artifact(parse_key(key), step, config, deps, runtime, fp, pin)
-    return Experiment(path, artifacts, {a.id.path: a for a in artifacts.values()})
+    return owned_by(Experiment(path, artifacts), dev_user or default_dev_user())
+
+
+def _kind_step(step: str, config: Mapping[str, Any]) -> str:
+    """The step kind consumers see: adopted data counts as its kind's step."""
+    if step == ADOPT:
+        from marin_rules.adopt import KINDS
+
+        kind = KINDS.get(config.get("kind"))
+        return kind.step if kind else step
+    return step
+
+
+def _refuse_fixed_on_dev(entries: Mapping[str, tuple]) -> None:
+    for key, (_, _, deps, _, _) in entries.items():
+        if parse_key(key).is_dev:
+            continue
+        for role, dep in deps.items():
+            for upstream in [dep] if isinstance(dep, str) else dep:
+                if parse_key(upstream).is_dev:
+                    name = key.rpartition("@")[0]
+                    raise ConfigError(
+                        f"{key}: deps.{role}",
+                        f"{upstream} is a dev version (mutable, rebuilt every run) and a fixed version cannot "
+                        f"depend on it; make this one a dev version too ({name}@dev) or depend on a fixed version",
+                    )
 
 
 def _checked_key(key: Any, seen: Mapping[str, Any], where: str) -> str:
@@ -174,10 +236,20 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
             unknown[0], f"unknown field{suggest_key(unknown[0], ENTRY_FIELDS)}; expected one of {', '.join(sorted(ENTRY_FIELDS))}"
         )
     step = entry.get("step")
+    if "adopt" in entry:
+        if "step" in entry or "config" in entry or "deps" in entry:
+            extra = next(f for f in ("step", "config", "deps") if f in entry)
+            raise fail(extra, "an entry with 'adopt:' declares existing data: it takes no step, config or deps")
+        if not isinstance(entry["adopt"], Mapping):
+            raise fail("adopt", f"expected a mapping such as {{source: /data/x, kind: tokenized}}, got {got(entry['adopt'])}")
+        step = ADOPT
+        entry = {**entry, "config": dict(entry["adopt"])}
+    elif step == ADOPT:
+        raise fail("step", "write existing data as 'adopt: {source: ..., kind: ...}' instead of 'step: adopt'")
     if not is_valid_step(step):
         raise fail(
             "step",
-            f"expected a built-in step ({', '.join(BUILTIN_STEPS)}) "
+            f"expected a built-in step ({', '.join(s for s in BUILTIN_STEPS if s != ADOPT)}), 'adopt:' "
             f"or 'pkg.module:function', got {step!r}{suggest_key(step, BUILTIN_STEPS) if isinstance(step, str) else ''}",
         )
     if not isinstance(entry.get("description", ""), str):
