@@ -14,7 +14,7 @@ The job command itself gets every value it needs as a quoted parameter (`job_par
 
 Dev versions (`name@dev`, `*-dev`) count as forced on every run: they are never drift-
 checked, and in the main process each gets the input `.snakemake/marin-dev/run`, touched
-once per invocation, so Snakemake's mtime trigger rebuilds them (and shows them in `-n`).
+rewritten once per invocation, so Snakemake's mtime trigger rebuilds them (and shows them in `-n`).
 Adopted data (`adopt:`) has its source's layout checked while planning, unless it is
 already recorded (a copied source may be gone since).
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,9 +164,8 @@ class Session:
         """The run stamp, touched at the first dev artifact of this invocation."""
         if not self._stamped:
             os.makedirs(os.path.dirname(DEV_STAMP), exist_ok=True)
-            with open(DEV_STAMP, "a", encoding="utf-8"):
-                pass
-            os.utime(DEV_STAMP)
+            with open(DEV_STAMP, "w", encoding="utf-8") as f:  # new content: Snakemake skips
+                f.write(f"{time.time_ns()} {os.getpid()}\n")  # newer inputs with an unchanged checksum
             self._stamped = True
         return DEV_STAMP
 
