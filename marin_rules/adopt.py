@@ -143,7 +143,7 @@ def check_layout(key: str, config: Mapping[str, Any]) -> dict[str, int]:
     if missing is not None:
         raise ConfigError(
             f"{key}: adopt.source",
-            f"{source} is not a {config['kind']!r} layout: missing {missing}; a {config['kind']} has {kind.layout}",
+            f"{source} is not a {config['kind']!r} layout: missing {missing}; {config['kind']!r} data has {kind.layout}",
         )
     return listing
 

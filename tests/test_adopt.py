@@ -158,3 +158,18 @@ def test_adopted_kind_fits_where_its_step_fits_and_nowhere_else():
         build_experiment({"artifacts": arts})
     arts["t@v1"]["adopt"]["kind"] = "corpus"
     assert build_experiment({"artifacts": arts})["t@v1"].step == "adopt"
+
+
+def test_schema_accepts_adopt_entries_and_refuses_what_the_loader_refuses():
+    import jsonschema
+
+    from marin_rules.schema import experiment_schema
+
+    validator = jsonschema.Draft7Validator(experiment_schema())
+    good = {"adopt": {"source": "gs://b/x", "kind": "tokenized", "copy": True}}
+    assert not list(validator.iter_errors({"artifacts": {"x@v1": good}}))
+    build_experiment({"artifacts": {"x@v1": good}})
+    for bad in ({**good, "step": "download"}, {"adopt": {"source": "/x", "kind": "corpos"}}, {"step": "adopt"}):
+        assert list(validator.iter_errors({"artifacts": {"x@v1": bad}})), bad
+        with pytest.raises(ConfigError):
+            build_experiment({"artifacts": {"x@v1": bad}})
