@@ -29,12 +29,13 @@ version that depends on a dev version is refused (Marin's rule).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from marin_rules.artifacts.canonical import canonical_value, fingerprint, fingerprint_payload
 from marin_rules.artifacts.errors import ConfigError, ExperimentError, got
-from marin_rules.artifacts.identity import ArtifactId, parse_key, path_safe_user
+from marin_rules.artifacts.identity import ArtifactId, parse_key
+from marin_rules.dev_versions import default_dev_user, dev_user_in_path, owned_by, refuse_fixed_on_dev
 from marin_rules.steps import (
     BUILTIN_STEPS, check_dep_kinds, check_step_config, check_upstream_configs, check_user_step, is_valid_step,
 )
@@ -42,7 +43,10 @@ from marin_rules.sweeps import expand_sweep
 from marin_rules.validation import suggest_key
 from marin_rules.yaml_file import load_yaml_file
 
-__all__ = ["DEFAULT_EXPERIMENT", "Artifact", "Experiment", "build_experiment", "load_experiment", "suggest_key"]
+__all__ = [
+    "DEFAULT_EXPERIMENT", "Artifact", "Experiment", "build_experiment", "load_experiment", "suggest_key",
+    "default_dev_user", "dev_user_in_path", "owned_by",
+]  # fmt: skip
 
 DEFAULT_EXPERIMENT = "experiments/default.yaml"  # relative to the workflow (repository) folder
 ENTRY_FIELDS = {"step", "adopt", "deps", "config", "runtime", "expect_fingerprint", "description"}
@@ -95,33 +99,6 @@ def load_experiment(path: str, dev_user: str | None = None) -> Experiment:
     return build_experiment(load_yaml_file(path), path, dev_user)
 
 
-def default_dev_user() -> str:
-    from marin_rules.artifacts.provenance import user
-
-    return path_safe_user(user())
-
-
-def owned_by(experiment: Experiment, dev_user: str) -> Experiment:
-    """The same experiment with its dev versions owned by `dev_user` (path-safe)."""
-    owner = path_safe_user(dev_user)
-    artifacts = {
-        key: replace(a, id=replace(a.id, owner=owner)) if a.id.is_dev else a for key, a in experiment.artifacts.items()
-    }
-    return Experiment(experiment.path, artifacts, {a.id.path: a for a in artifacts.values()})
-
-
-def dev_user_in_path(experiment: Experiment, path: str) -> str | None:
-    """The owner a stored dev path `name/version-owner` names (the longest matching
-    dev version of that name wins); None when no dev artifact matches."""
-    best: tuple[int, str] | None = None
-    for a in experiment.artifacts.values():
-        start = f"{a.id.name}/{a.id.version}-"
-        if a.id.is_dev and path.startswith(start) and len(path) > len(start):
-            if best is None or len(start) > best[0]:
-                best = (len(start), path[len(start) :])
-    return None if best is None else best[1]
-
-
 def build_experiment(data: Any, path: str = "<experiment>", dev_user: str | None = None) -> Experiment:
     if not isinstance(data, Mapping):
         raise ExperimentError(f"{path}: expected a mapping with an 'artifacts:' section")
@@ -164,7 +141,7 @@ def build_experiment(data: Any, path: str = "<experiment>", dev_user: str | None
                         f"{suggest_key(upstream, entries)}; add an entry for it or fix the name@version"
                     )
     order = _dependency_order(entries)
-    _refuse_fixed_on_dev(entries)
+    refuse_fixed_on_dev({key: entry[2] for key, entry in entries.items()})
     step_of = {key: _kind_step(entry[0], entry[1]) for key, entry in entries.items()}
     config_of = {key: entry[1] for key, entry in entries.items()}
     artifacts: dict[str, Artifact] = {}
@@ -195,21 +172,6 @@ def _kind_step(step: str, config: Mapping[str, Any]) -> str:
         kind = KINDS.get(config.get("kind"))
         return kind.step if kind else step
     return step
-
-
-def _refuse_fixed_on_dev(entries: Mapping[str, tuple]) -> None:
-    for key, (_, _, deps, _, _) in entries.items():
-        if parse_key(key).is_dev:
-            continue
-        for role, dep in deps.items():
-            for upstream in [dep] if isinstance(dep, str) else dep:
-                if parse_key(upstream).is_dev:
-                    name = key.rpartition("@")[0]
-                    raise ConfigError(
-                        f"{key}: deps.{role}",
-                        f"{upstream} is a dev version (mutable, rebuilt every run) and a fixed version cannot "
-                        f"depend on it; make this one a dev version too ({name}@dev) or depend on a fixed version",
-                    )
 
 
 def _checked_key(key: Any, seen: Mapping[str, Any], where: str) -> str:
