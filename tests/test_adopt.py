@@ -173,3 +173,22 @@ def test_schema_accepts_adopt_entries_and_refuses_what_the_loader_refuses():
         assert list(validator.iter_errors({"artifacts": {"x@v1": bad}})), bad
         with pytest.raises(ConfigError):
             build_experiment({"artifacts": {"x@v1": bad}})
+
+
+def test_a_bucket_folder_is_adopted_in_place_or_copied(tmp_path, snakemake_cmd, gcs_prefix, gcs_env):
+    from marin_rules.artifacts import storage
+
+    source = f"{gcs_prefix}/their/tokenizer"
+    storage.write_text_atomic(f"{source}/tokenizer.json", '{"model": {}}')
+    storage.write_text_atomic(f"{source}/special_tokens.json", "{}")
+    experiment = {
+        "tok/in-place@v1": {"adopt": {"source": source, "kind": "tokenizer"}},
+        "tok/copied@v1": {"adopt": {"source": source, "kind": "tokenizer", "copy": True}},
+    }
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump({"artifacts": experiment}))
+    snakemake_cmd("--configfile", "exp.yaml", "--config", f"prefix={tmp_path / 'art'}", cwd=tmp_path, env=gcs_env)
+    listing = {"special_tokens.json": 2, "tokenizer.json": 13}
+    in_place, copied = record(tmp_path, "tok/in-place/v1"), record(tmp_path, "tok/copied/v1")
+    assert in_place["result"]["source"] == source and in_place["result"]["listing"] == listing
+    assert in_place["files"] == {} and copied["files"] == listing
+    assert (tmp_path / "art/tok/copied/v1/tokenizer.json").read_text() == '{"model": {}}'

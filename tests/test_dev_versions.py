@@ -15,11 +15,11 @@ from marin_rules.artifacts.identity import ArtifactId, parse_key, path_safe_user
 from marin_rules.experiment import build_experiment, default_dev_user, dev_user_in_path
 
 STEP = '''
-import os
+from marin_rules.artifacts import storage
 
 def make(ctx):
-    with open(os.path.join(ctx.output, "out.txt"), "w") as f:
-        f.write(ctx.config.get("text", "") + "|" + ",".join(sorted(ctx.deps.values())))
+    text = ctx.config.get("text", "") + "|" + ",".join(sorted(ctx.deps.values()))
+    storage.write_text_atomic(storage.join(ctx.output, "out.txt"), text)
     return {"text": ctx.config.get("text")}
 '''
 
@@ -108,3 +108,16 @@ def test_owner_enters_the_path_of_dev_versions_only_and_is_found_again():
     e = build_experiment({"artifacts": {"a@dev": {"step": "json:dumps"}, "a@dev-dev": {"step": "json:dumps"}}}, dev_user="x")
     assert dev_user_in_path(e, "a/dev-dev-x") == "x" and dev_user_in_path(e, "a/dev-mary-ann") == "mary-ann"
     assert e.by_path["a/dev-x"].key == "a@dev"
+
+
+def test_dev_version_on_a_bucket_prefix_rebuilds_in_its_owners_folder(tmp_path, snakemake_cmd, gcs_prefix, gcs_env):
+    from marin_rules.artifacts import storage
+
+    (tmp_path / "devsteps.py").write_text(STEP)
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump({"artifacts": {"raw/a@dev": {"step": "devsteps:make"}}}))
+    args = ("--configfile", "exp.yaml", "--config", f"prefix={gcs_prefix}", "dev_user=carol")
+    started = []
+    for _ in range(2):
+        snakemake_cmd(*args, cwd=tmp_path, env=gcs_env)
+        started.append(storage.read_json(f"{gcs_prefix}/raw/a/dev-carol/.artifact.json")["provenance"]["started"])
+    assert started[1] > started[0]
