@@ -85,6 +85,7 @@ def test_adopted_corpus_is_tokenized_in_place_through_a_real_run(tmp_path, snake
         proc = run(snakemake_cmd, tmp_path, experiment, "--forcerun", "tokenize", check=False)
         assert proc.returncode != 0
         assert f"upstream corpus/adopted@v1: changed train/{shard.name}" in proc.stdout + proc.stderr
+        assert f"corpus/adopted@v1: the adopted source {built_corpus} changed since it was adopted (changed train/" in proc.stderr
     finally:
         shard.write_bytes(saved)
 

@@ -16,7 +16,8 @@ Dev versions (`name@dev`, `*-dev`) count as forced on every run: they are never 
 checked, and in the main process each gets the input `.snakemake/marin-dev/run`, touched
 rewritten once per invocation, so Snakemake's mtime trigger rebuilds them (and shows them in `-n`).
 Adopted data (`adopt:`) has its source's layout checked while planning, unless it is
-already recorded (a copied source may be gone since).
+already recorded (a copied source may be gone since); a recorded one adopted in place
+gets a warning when its source's files changed since.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from marin_rules.adopt import STEP as ADOPT_STEP, check_layout
+from marin_rules.adopt import STEP as ADOPT_STEP, check_layout, source_problems
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.records import Record, read_record_file
@@ -175,6 +176,15 @@ class Session:
                 check_layout(artifact.key, artifact.config)
             except MarinError as e:
                 raise stop(e) from None
+        elif artifact.step == ADOPT_STEP and not forced:
+            problems = source_problems(artifact, record.result)
+            if problems:
+                print(
+                    f"{artifact.key}: the adopted source {artifact.config['source']} changed since it was adopted "
+                    f"({problems[0]}{f' and {len(problems) - 1} more' if len(problems) > 1 else ''}); consumers "
+                    "will refuse it: restore it, or adopt it under a new version",
+                    file=sys.stderr,
+                )
         if forced:
             if not getattr(self.workflow, "dryrun", False):
                 forcing.mark_forced(self.location(artifact.key))
