@@ -31,7 +31,16 @@ def owned_by(experiment: Any, dev_user: str) -> Any:
     artifacts = {
         key: replace(a, id=replace(a.id, owner=owner)) if a.id.is_dev else a for key, a in experiment.artifacts.items()
     }
-    return replace(experiment, artifacts=artifacts, by_path={a.id.path: a for a in artifacts.values()})
+    by_path: dict[str, Any] = {}
+    for a in artifacts.values():
+        other = by_path.setdefault(a.id.path, a)
+        if other is not a:
+            dev, fixed = (a, other) if a.id.is_dev else (other, a)
+            raise ConfigError(
+                f"{fixed.key}: version",
+                f"{dev.key} of user {owner!r} is stored at {a.id.path}, where this fixed version lives; rename one",
+            )
+    return replace(experiment, artifacts=artifacts, by_path=by_path)
 
 
 def dev_user_in_path(experiment: Any, path: str) -> str | None:

@@ -121,3 +121,10 @@ def test_dev_version_on_a_bucket_prefix_rebuilds_in_its_owners_folder(tmp_path, 
         snakemake_cmd(*args, cwd=tmp_path, env=gcs_env)
         started.append(storage.read_json(f"{gcs_prefix}/raw/a/dev-carol/.artifact.json")["provenance"]["started"])
     assert started[1] > started[0]
+
+
+def test_a_fixed_version_named_like_a_users_dev_folder_is_refused():
+    arts = {"a@dev": {"step": "json:dumps"}, "a@dev-al": {"step": "json:dumps"}}
+    with pytest.raises(ConfigError, match=r"^a@dev-al: version: a@dev of user 'al' is stored at a/dev-al"):
+        build_experiment({"artifacts": arts}, dev_user="al")
+    assert build_experiment({"artifacts": arts}, dev_user="bo").by_path["a/dev-bo"].key == "a@dev"
