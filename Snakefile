@@ -28,6 +28,7 @@ rule all:
         M.targets(),
 
 
+include: "rules/adopt.smk"
 include: "rules/data.smk"
 include: "rules/dedup.smk"
 include: "rules/train.smk"

@@ -11,6 +11,13 @@ layer), the canonical form of every recipe, and pinned fingerprints. Every error
 one line that names the file, or the artifact and the field. The result is an
 `Experiment`: artifacts in dependency order, each with its fingerprint.
 
+An entry may declare existing data instead of a step: `adopt: {source: <folder or
+gs:// path>, kind: corpus|tokenizer|tokenized|train, copy: false}` (marin_rules/adopt.py);
+it becomes the built-in step `adopt` and counts as the kind's step for consumers.
+Dev versions (`name@dev`, `name@x-dev`) are mutable and stored per user: each gets
+`ArtifactId.owner` = the path-safe `dev_user` (default: the login name); a fixed
+version that depends on a dev version is refused (Marin's rule).
+
     sweeps:
       checkpoints/moe-lr{lr}-e{experts}@v1:
         step: train
@@ -28,6 +35,7 @@ from typing import Any, Callable, Iterator, Mapping
 from marin_rules.artifacts.canonical import canonical_value, fingerprint, fingerprint_payload
 from marin_rules.artifacts.errors import ConfigError, ExperimentError, got
 from marin_rules.artifacts.identity import ArtifactId, parse_key
+from marin_rules.dev_versions import default_dev_user, dev_user_in_path, owned_by, refuse_fixed_on_dev
 from marin_rules.steps import (
     BUILTIN_STEPS, check_dep_kinds, check_step_config, check_upstream_configs, check_user_step, is_valid_step,
 )
@@ -35,12 +43,16 @@ from marin_rules.sweeps import expand_sweep
 from marin_rules.validation import suggest_key
 from marin_rules.yaml_file import load_yaml_file
 
-__all__ = ["DEFAULT_EXPERIMENT", "Artifact", "Experiment", "build_experiment", "load_experiment", "suggest_key"]
+__all__ = [
+    "DEFAULT_EXPERIMENT", "Artifact", "Experiment", "build_experiment", "load_experiment", "suggest_key",
+    "default_dev_user", "dev_user_in_path", "owned_by",
+]  # fmt: skip
 
 DEFAULT_EXPERIMENT = "experiments/default.yaml"  # relative to the workflow (repository) folder
-ENTRY_FIELDS = {"step", "deps", "config", "runtime", "expect_fingerprint", "description"}
+ENTRY_FIELDS = {"step", "adopt", "deps", "config", "runtime", "expect_fingerprint", "description"}
 TOP_FIELDS = {"artifacts", "sweeps", "description"}
 ROLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ADOPT = "adopt"  # the built-in step of an entry's `adopt:` (marin_rules.adopt.STEP)
 
 
 @dataclass(frozen=True)
@@ -80,13 +92,14 @@ class Experiment:
         return self.artifacts[key]
 
 
-def load_experiment(path: str) -> Experiment:
+def load_experiment(path: str, dev_user: str | None = None) -> Experiment:
     """Read and validate an experiment file (raises MarinError subclasses). Duplicate
-    keys and YAML errors are refused with file:line:column."""
-    return build_experiment(load_yaml_file(path), path)
+    keys and YAML errors are refused with file:line:column. `dev_user` owns the dev
+    versions (default: this login name), made path-safe."""
+    return build_experiment(load_yaml_file(path), path, dev_user)
 
 
-def build_experiment(data: Any, path: str = "<experiment>") -> Experiment:
+def build_experiment(data: Any, path: str = "<experiment>", dev_user: str | None = None) -> Experiment:
     if not isinstance(data, Mapping):
         raise ExperimentError(f"{path}: expected a mapping with an 'artifacts:' section")
     unknown = sorted(set(data) - TOP_FIELDS, key=str)
@@ -128,7 +141,8 @@ def build_experiment(data: Any, path: str = "<experiment>") -> Experiment:
                         f"{suggest_key(upstream, entries)}; add an entry for it or fix the name@version"
                     )
     order = _dependency_order(entries)
-    step_of = {key: entry[0] for key, entry in entries.items()}
+    refuse_fixed_on_dev({key: entry[2] for key, entry in entries.items()})
+    step_of = {key: _kind_step(entry[0], entry[1]) for key, entry in entries.items()}
     config_of = {key: entry[1] for key, entry in entries.items()}
     artifacts: dict[str, Artifact] = {}
     for key in order:
@@ -147,7 +161,17 @@ def build_experiment(data: Any, path: str = "<experiment>") -> Experiment:
                 "or bump the version and update expect_fingerprint",
             )
         artifacts[key] = Artifact(parse_key(key), step, config, deps, runtime, fp, pin)
-    return Experiment(path, artifacts, {a.id.path: a for a in artifacts.values()})
+    return owned_by(Experiment(path, artifacts), dev_user or default_dev_user())
+
+
+def _kind_step(step: str, config: Mapping[str, Any]) -> str:
+    """The step kind consumers see: adopted data counts as its kind's step."""
+    if step == ADOPT:
+        from marin_rules.adopt import KINDS
+
+        kind = KINDS.get(config.get("kind"))
+        return kind.step if kind else step
+    return step
 
 
 def _checked_key(key: Any, seen: Mapping[str, Any], where: str) -> str:
@@ -174,10 +198,20 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
             unknown[0], f"unknown field{suggest_key(unknown[0], ENTRY_FIELDS)}; expected one of {', '.join(sorted(ENTRY_FIELDS))}"
         )
     step = entry.get("step")
+    if "adopt" in entry:
+        if "step" in entry or "config" in entry or "deps" in entry:
+            extra = next(f for f in ("step", "config", "deps") if f in entry)
+            raise fail(extra, "an entry with 'adopt:' declares existing data: it takes no step, config or deps")
+        if not isinstance(entry["adopt"], Mapping):
+            raise fail("adopt", f"expected a mapping such as {{source: /data/x, kind: tokenized}}, got {got(entry['adopt'])}")
+        step = ADOPT
+        entry = {**entry, "config": dict(entry["adopt"])}
+    elif step == ADOPT:
+        raise fail("step", "write existing data as 'adopt: {source: ..., kind: ...}' instead of 'step: adopt'")
     if not is_valid_step(step):
         raise fail(
             "step",
-            f"expected a built-in step ({', '.join(BUILTIN_STEPS)}) "
+            f"expected a built-in step ({', '.join(s for s in BUILTIN_STEPS if s != ADOPT)}), 'adopt:' "
             f"or 'pkg.module:function', got {step!r}{suggest_key(step, BUILTIN_STEPS) if isinstance(step, str) else ''}",
         )
     if not isinstance(entry.get("description", ""), str):

@@ -1,7 +1,8 @@
 """JSON Schema of experiment files, for editors: completion, hover text, checking as you type.
 
 Model: the schema is generated, never written by hand: entry fields and key
-patterns come from the loader (experiment.py, identity.py), and each built-in
+patterns come from the loader (experiment.py, identity.py; an entry has either
+`step:` or `adopt:`, whose fields come from marin_rules.adopt.AdoptConfig), and each built-in
 step's `config:` from the validation rules of its config dataclass
 (`BuiltinStep.settings`), so the editor checks what `load_experiment` checks. The
 loader still has the last word (relations between fields, findable user steps,
@@ -19,6 +20,7 @@ import os
 import sys
 from typing import Any
 
+from marin_rules.experiment import ADOPT
 from marin_rules.steps import BUILTIN_STEPS, USER_STEP, import_function
 from marin_rules.validation import json_schema
 
@@ -39,7 +41,11 @@ def experiment_schema() -> dict[str, Any]:
     entry_props: dict[str, Any] = {
         "step": {
             "description": "a built-in step, or a user step 'pkg.module:function'",
-            "anyOf": [{"enum": sorted(BUILTIN_STEPS)}, {"type": "string", "pattern": USER_STEP.pattern}],
+            "anyOf": [{"enum": sorted(set(BUILTIN_STEPS) - {ADOPT})}, {"type": "string", "pattern": USER_STEP.pattern}],
+        },
+        "adopt": {
+            "description": "instead of step: existing data (a folder or gs:// path) of a kind; its layout is checked, nothing copied unless copy: true",
+            **json_schema(import_function(BUILTIN_STEPS[ADOPT].settings), title="adopted data"),
         },
         "deps": {
             "description": "role -> upstream name@version, or role -> {name@version: weight} (a mixture)",
@@ -54,6 +60,10 @@ def experiment_schema() -> dict[str, Any]:
     }
     per_step = []
     for name, builtin in sorted(BUILTIN_STEPS.items()):
+        if name == ADOPT:  # written as `adopt:`; the loader refuses `step: adopt`
+            refused = {"properties": {"config": entry_props["adopt"]}, "not": {}}  # `not: {}` refuses all
+            per_step.append({"if": {"properties": {"step": {"const": name}}, "required": ["step"]}, "then": refused})
+            continue
         deps = {"type": "object", "properties": {role: dep for role in sorted(builtin.deps)}, "additionalProperties": False}
         if name in REQUIRED_ROLES:
             deps["required"] = REQUIRED_ROLES[name]
@@ -88,9 +98,11 @@ def experiment_schema() -> dict[str, Any]:
                         "additionalProperties": {"type": "number", "minimum": 0}},
             "range": {"type": "object", "properties": {"range": {"type": "array", "items": {"type": "integer"}}},
                       "required": ["range"], "additionalProperties": False},
-            "entry": {"type": "object", "properties": entry_props, "required": ["step"],
-                      "additionalProperties": False, "allOf": per_step},
-            "sweep": {"type": "object", "properties": sweep_props, "required": ["step"], "additionalProperties": False},
+            "entry": {"type": "object", "properties": entry_props, "additionalProperties": False, "allOf": per_step,
+                      "oneOf": [{"required": ["step"], "not": {"required": ["adopt"]}},
+                                {"required": ["adopt"], "not": {"anyOf": [{"required": [f]} for f in ("step", "config", "deps")]}}]},
+            "sweep": {"type": "object", "properties": sweep_props, "additionalProperties": False,
+                      "oneOf": [{"required": ["step"]}, {"required": ["adopt"]}]},
         },  # fmt: skip
     }
 

@@ -8,6 +8,9 @@ an experiment (dry runs, `--dag`) never imports JAX. A checker is
 `check(config: dict, deps: dict) -> None` raising `ConfigError(field, message)` with
 `field` relative to the artifact entry (`config.vocab_size`, `deps.corpus`).
 
+`adopt` is the step of adopted data (an entry's `adopt:`, marin_rules/adopt.py);
+its artifacts count as the kind of step whose output they hold.
+
 Each built-in also declares, per dependency role, the step kinds its upstream may be
 (`BuiltinStep.deps`): the loader refuses a `download` artifact wired in as a train
 step's `data`; a corpus may be a `download` or a `dedup` artifact (same layout). An upstream that is a user step is accepted for any role (what it
@@ -93,6 +96,9 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
         "marin_rules.scaling.step:scaling_fit", "marin_rules.scaling.checks:check_scaling_fit",
         "marin_rules.scaling.checks:ScalingFitConfig",
         {"runs": "train"},
+    ),
+    "adopt": BuiltinStep(  # written as `adopt: {source, kind}` in an entry (marin_rules.adopt)
+        "marin_rules.adopt:adopt", "marin_rules.adopt:check_adopt", "marin_rules.adopt:AdoptConfig"
     ),
     "scaling_check": BuiltinStep(
         "marin_rules.scaling.step:scaling_check", "marin_rules.scaling.checks:check_scaling_check",

@@ -101,10 +101,12 @@ def lease_settings(text: str) -> dict[str, Any]:
 def build(args: argparse.Namespace) -> int:
     from marin_rules.artifacts import lease as leases
     from marin_rules.cluster.pod import pod_process_from_env
-    from marin_rules.experiment import load_experiment
+    from marin_rules.experiment import dev_user_in_path, load_experiment, owned_by
     from marin_rules.workflow.forcing import MARKER, move_old_build
 
     experiment = load_experiment(args.experiment)
+    if args.artifact not in experiment.by_path:  # a dev version: its path names its owner
+        experiment = owned_by(experiment, dev_user_in_path(experiment, args.artifact) or "")
     artifact = experiment.by_path[args.artifact]
     location = artifact_location(args.prefix, artifact.id)
     print(f"marin job: {artifact.key} (rule {args.rule}, job {args.jobid}): {args.command}", flush=True)
@@ -130,7 +132,7 @@ def build(args: argparse.Namespace) -> int:
             return serve(artifact, location, args)
         held.start_heartbeat(stop_for_lost_lease)
     try:
-        moved = move_old_build(location) if not process else None
+        moved = move_old_build(location, keep=not artifact.id.is_dev) if not process else None
         if moved:
             print(f"{artifact.key}: forced: the old build moved to {moved}", file=sys.stderr, flush=True)
         return run(artifact, experiment, location, args, process, held)
@@ -153,6 +155,7 @@ def _mirror(record: Any, artifact: Any, args: argparse.Namespace) -> None:
 
 
 def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace, process: int | None, held: Any) -> int:
+    from marin_rules.adopt import data_location
     from marin_rules.artifacts.context import StepContext
     from marin_rules.cluster.pod import pod_process_from_env
     from marin_rules.steps import step_function
@@ -161,15 +164,15 @@ def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace,
     deps_record: dict[str, Any] = {}
     for role, dep in artifact.deps.items():
         if isinstance(dep, str):
-            deps_ctx[role] = artifact_location(args.prefix, experiment[dep].id)
+            deps_ctx[role] = data_location(args.prefix, experiment[dep])
             deps_record[role] = _dep_name(experiment, dep)
         else:
-            deps_ctx[role] = {artifact_location(args.prefix, experiment[k].id): w for k, w in dep.items()}
+            deps_ctx[role] = {data_location(args.prefix, experiment[k]): w for k, w in dep.items()}
             deps_record[role] = [{**_dep_name(experiment, k), "weight": w} for k, w in dep.items()]
     entry = {
         "name": artifact.id.name, "version": artifact.id.version, "step": artifact.step,
         "fingerprint": artifact.fingerprint, "config": artifact.config, "deps": deps_record,
-        "runtime": artifact.runtime, "path": artifact.id.path,
+        "runtime": artifact.runtime, "path": f"{artifact.id.name}/{artifact.id.version}",
     }  # fmt: skip
     runtime = dict(artifact.runtime)
     pod = pod_process_from_env(os.environ)
@@ -196,7 +199,10 @@ def _dep_name(experiment: Any, key: str) -> dict[str, Any]:
 
 def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: dict) -> None:
     """Every upstream is built and complete: its record valid, its files there with their
-    sizes. Records what was seen (fingerprint, build time) into `deps_record`."""
+    sizes (data adopted in place: its source as adopted). Records what was seen
+    (fingerprint, build time) into `deps_record`."""
+    from marin_rules.adopt import source_problems
+
     seen = {}
     for key in artifact.upstream_keys():
         upstream = experiment[key]
@@ -205,7 +211,7 @@ def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: di
         how = f"rebuild it with: snakemake --forcerun {storage.join(location, RECORD_FILE)}"
         if record is None:
             raise MarinError(f"{artifact.key}: upstream {key} has no success record at {location}; {how}")
-        problems = verify_files(location, record)
+        problems = verify_files(location, record) + source_problems(upstream, record.result)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise MarinError(f"{artifact.key}: upstream {key}: {problems[0]}{more}; {how}")

@@ -10,7 +10,8 @@ build left (data, checkpoints, the saved record) into `.history/<UTC time>/`
 (`move_old_build`): the new build starts from an empty folder with the current recipe,
 and nothing is lost. A job without the marker is a first build, or a stopped one that
 resumes from what it left (its checkpoints). `.failures/`, `.history/` and the lease
-stay where they are.
+stay where they are. A dev version (rebuilt on every run) keeps no history: its old
+build is deleted instead (`keep=False`), so iterating does not pile up copies.
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ def mark_forced(location: str) -> None:
     storage.write_bytes_atomic(storage.join(location, HISTORY_DIR, MARKER), data)
 
 
-def move_old_build(location: str) -> str | None:
+def move_old_build(location: str, keep: bool = True) -> str | None:
     """In the job, under the lease: if the main process marked this build forced, move
-    what the old build left into `.history/<UTC time>/`; returns that folder or None."""
+    what the old build left into `.history/<UTC time>/`; returns that folder or None.
+    With `keep=False` (dev versions) the old build is deleted; returns None."""
     marker = storage.join(location, HISTORY_DIR, MARKER)
     try:
         saved = storage.read_bytes(marker)
@@ -78,19 +80,22 @@ def move_old_build(location: str) -> str | None:
         entries = fs.ls(root, detail=False)
     except FileNotFoundError:
         entries = []
-    storage.makedirs(target)
+    if keep:
+        storage.makedirs(target)
     target_root = storage.filesystem(target)[1].rstrip("/")
     for entry in entries:
         entry = entry.rstrip("/")
         name = entry.rsplit("/", 1)[-1]
         if name in KEEP or name.startswith(LEASE_FILE):
             continue
-        if storage.is_remote(location):  # copy, then delete: gcsfs's mv retries a move API buckets lack
+        if not keep:
+            fs.rm(entry, recursive=True)
+        elif storage.is_remote(location):  # copy, then delete: gcsfs's mv retries a move API buckets lack
             fs.copy(entry, f"{target_root}/{name}", recursive=True)
             fs.rm(entry, recursive=True)
         else:
             os.replace(entry, f"{target_root}/{name}")
-    if saved.strip() not in (b"", b"null"):
+    if keep and saved.strip() not in (b"", b"null"):
         storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
     fs.rm(storage.filesystem(marker)[1])
-    return target
+    return target if keep else None

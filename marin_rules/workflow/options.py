@@ -10,6 +10,7 @@ Snakemake re-quotes config values with `repr()` on the command lines of spawned 
 remote jobs, where a shell would expand them. Spaces and `;` work literally (every
 value reaches the job command through Snakemake's `:q` quoting). The command line kept
 in provenance redacts the values of `--config` keys and options named like secrets.
+`--config dev_user=NAME` names the owner of dev versions (their per-user folders).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from marin_rules.validation import suggest_key as suggestion
 DEFAULT_PREFIX = "artifacts"
 CUSTOM_RULE = "custom"
 LEASE_KEYS = {"lease_wait", "lease_heartbeat_s", "lease_stale_s", "lease_poll_s"}
-GLUE_KEYS = {"experiment", "prefix", "target"} | LEASE_KEYS
+GLUE_KEYS = {"experiment", "prefix", "target", "dev_user"} | LEASE_KEYS
 UNSAFE = re.compile(r"['\"$`\\\x00-\x1f\x7f]")
 SECRET = re.compile(r"token|secret|password|passwd|key", re.IGNORECASE)
 REDACTED = "<redacted>"
@@ -51,7 +52,7 @@ def check_config(config: dict, configfiles: list[str]) -> None:
                 f"--config {key}=...: unknown key{suggestion(key, known)}; "
                 f"marin-rules reads {', '.join(sorted(GLUE_KEYS))}"
             )
-    for key in ("experiment", "prefix", "target"):
+    for key in ("experiment", "prefix", "target", "dev_user"):
         value = config.get(key)
         if value is None:
             continue
@@ -66,6 +67,13 @@ def check_config(config: dict, configfiles: list[str]) -> None:
             raise MarinError(f"--config {key}={config[key]}: expected a number of seconds > 0")
     if "lease_wait" in config and _flag(config["lease_wait"]) is None:
         raise MarinError(f"--config lease_wait={config['lease_wait']}: expected true or false")
+
+
+def dev_user(config: dict) -> str | None:
+    """`--config dev_user=NAME`: who owns the dev versions (default: the login name);
+    stored as one path-safe segment (`path_safe_user`)."""
+    value = config.get("dev_user")
+    return None if value in (None, "") else str(value)
 
 
 def _flag(value: Any) -> bool | None:

@@ -11,15 +11,24 @@ invocation with its one-line message, never served), drift is reported, forced j
 get their old record saved (`forcing.mark_forced`), and edges are `ancient()` unless
 their upstream is forced, so newer upstream files never rebuild a finished artifact.
 The job command itself gets every value it needs as a quoted parameter (`job_params`).
+
+Dev versions (`name@dev`, `*-dev`) count as forced on every run: they are never drift-
+checked, and in the main process each gets the input `.snakemake/marin-dev/run`, touched
+rewritten once per invocation, so Snakemake's mtime trigger rebuilds them (and shows them in `-n`).
+Adopted data (`adopt:`) has its source's layout checked while planning, unless it is
+already recorded (a copied source may be gone since); a recorded one adopted in place
+gets a warning when its source's files changed since.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from marin_rules.adopt import STEP as ADOPT_STEP, check_layout, source_problems
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.records import Record, read_record_file
@@ -28,6 +37,7 @@ from marin_rules.workflow import advisory, forcing
 from marin_rules.workflow.options import rule_of, target_keys
 
 LOG_ROOT = ".snakemake/marin-logs"
+DEV_STAMP = ".snakemake/marin-dev/run"  # touched once per invocation: newer than every dev record
 
 
 class Stop(SystemExit):
@@ -56,6 +66,7 @@ class Session:
     warned: set[str] = field(default_factory=set)
     _forced: dict[str, bool] = field(default_factory=dict)
     _records: dict[str, Record | None] = field(default_factory=dict)
+    _stamped: bool = False
 
     # ---- paths -------------------------------------------------------------------
     def location(self, key: str) -> str:
@@ -120,7 +131,9 @@ class Session:
             records = {
                 forcing.normalized(self.record_path(key)), forcing.normalized(self.location(key) + "/" + RECORD_FILE)
             }
-            direct = forcing.forced_directly(self.workflow.dag_settings, rule_of(artifact.step), records)
+            direct = artifact.id.is_dev or forcing.forced_directly(
+                self.workflow.dag_settings, rule_of(artifact.step), records
+            )
             self._forced[key] = direct or any(self.is_forced(u) for u in artifact.upstream_keys())
         return self._forced[key]
 
@@ -136,6 +149,8 @@ class Session:
             self.warned.add(artifact.key)
             self._plan(artifact, record, forced)
         inputs: dict[str, Any] = {}
+        if artifact.id.is_dev and self.main_process:
+            inputs["marin_dev_run"] = self._dev_stamp()
         for role, dep in artifact.deps.items():
             upstreams = [dep] if isinstance(dep, str) else list(dep)
             for i, upstream in enumerate(upstreams):
@@ -146,7 +161,30 @@ class Session:
                 inputs[name] = path if self.is_forced(upstream) else ancient(path)
         return inputs
 
+    def _dev_stamp(self) -> str:
+        """The run stamp, touched at the first dev artifact of this invocation."""
+        if not self._stamped:
+            os.makedirs(os.path.dirname(DEV_STAMP), exist_ok=True)
+            with open(DEV_STAMP, "w", encoding="utf-8") as f:  # new content: Snakemake skips
+                f.write(f"{time.time_ns()} {os.getpid()}\n")  # newer inputs with an unchanged checksum
+            self._stamped = True
+        return DEV_STAMP
+
     def _plan(self, artifact: Artifact, record: Record | None, forced: bool) -> None:
+        if artifact.step == ADOPT_STEP and record is None:
+            try:
+                check_layout(artifact.key, artifact.config)
+            except MarinError as e:
+                raise stop(e) from None
+        elif artifact.step == ADOPT_STEP and not forced:
+            problems = source_problems(artifact, record.result)
+            if problems:
+                print(
+                    f"{artifact.key}: the adopted source {artifact.config['source']} changed since it was adopted "
+                    f"({problems[0]}{f' and {len(problems) - 1} more' if len(problems) > 1 else ''}); consumers "
+                    "will refuse it: restore it, or adopt it under a new version",
+                    file=sys.stderr,
+                )
         if forced:
             if not getattr(self.workflow, "dryrun", False):
                 forcing.mark_forced(self.location(artifact.key))

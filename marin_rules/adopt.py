@@ -1,0 +1,189 @@
+"""Adopted data: existing files declared as a managed `name@version` of a known kind.
+
+Model: an experiment entry `adopt: {source: <folder or gs:// path>, kind: <kind>}`
+(optionally `copy: true`) instead of `step:` declares data that already exists. The
+loader turns it into the built-in step `adopt` with that config (fingerprinted like
+any recipe; relative local sources are taken from the working directory). The kind
+says which built-in step's output it stands for, so consumers accept it where they
+accept that step (`KINDS`): `corpus` (the `download` layout), `tokenizer`,
+`tokenized`, `train` (a trained model). Its layout is checked against the kind
+(`check_layout`): while planning, before anything runs, and again when the step
+runs; a bad layout or a missing source is refused in one line naming the artifact,
+the field and what is missing. The step writes the usual success record at
+`{prefix}/{name}/{version}`; its result holds the source, the listing of the source's
+files with their sizes and a digest of that listing (names and sizes; the bytes are
+not read). Nothing is copied unless `copy: true`; consumers get the source itself as
+their `ctx.deps` location (`data_location`), and before each consumer runs the
+source's listing is compared with the adopted one (`source_problems`), so data that
+changed under a version is refused, not read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, Mapping
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import ConfigError
+from marin_rules.artifacts.files import file_problems, list_data_files
+from marin_rules.artifacts.identity import artifact_location
+from marin_rules.validation import Bool, OneOf, Text, check_fields
+
+STEP = "adopt"
+
+
+@dataclass(frozen=True)
+class Kind:
+    step: str  # the built-in step whose output this kind has
+    layout: str  # what the layout is, for error messages
+    check: Callable[[str, Mapping[str, int]], str | None]  # (source, listing) -> what is missing, or None
+
+
+def _json(source: str, name: str, listing: Mapping[str, int]) -> Any:
+    if name not in listing:
+        return None
+    try:
+        return storage.read_json(storage.join(source, name))
+    except (OSError, ValueError):
+        return None
+
+
+def _corpus(source: str, listing: Mapping[str, int]) -> str | None:
+    manifest = _json(source, "manifest.json", listing)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), dict):
+        return "manifest.json (a readable JSON object with 'shards')"
+    if "train_documents" not in manifest:
+        return "train_documents in manifest.json"
+    for split, names in manifest["shards"].items():
+        for name in names if isinstance(names, list) else []:
+            if f"{split}/{name}" not in listing:
+                return f"{split}/{name} (listed in manifest.json)"
+    return None
+
+
+def _tokenized(source: str, listing: Mapping[str, int]) -> str | None:
+    index = _json(source, "index.json", listing)
+    if not isinstance(index, dict) or not isinstance(index.get("splits"), dict):
+        return "index.json (a readable JSON object with 'splits')"
+    for key in ("vocab_size", "dtype", "eos_id"):
+        if key not in index:
+            return f"{key} in index.json"
+    for split in index["splits"].values():
+        for shard in split.get("shards", []) if isinstance(split, dict) else []:
+            path = shard.get("path") if isinstance(shard, dict) else None
+            if path not in listing:
+                return f"{path} (listed in index.json)"
+    return None
+
+
+def _tokenizer(source: str, listing: Mapping[str, int]) -> str | None:
+    for name in ("tokenizer.json", "special_tokens.json"):
+        if name not in listing:
+            return name
+    return None
+
+
+def _train(source: str, listing: Mapping[str, int]) -> str | None:
+    if "model.json" not in listing:
+        return "model.json"
+    if not any(path.startswith("checkpoints/") for path in listing):
+        return "checkpoints/ (no checkpoint files)"
+    return None
+
+
+KINDS: dict[str, Kind] = {
+    "corpus": Kind("download", "Dolma shards {split}/shard-*.jsonl.gz listed by manifest.json", _corpus),
+    "tokenizer": Kind("train_tokenizer", "tokenizer.json and special_tokens.json", _tokenizer),
+    "tokenized": Kind("tokenize", "token shards {split}/tokens-*.npy listed by index.json", _tokenized),
+    "train": Kind("train", "model.json and checkpoints/", _train),
+}
+
+
+@dataclass(frozen=True)
+class AdoptConfig:
+    source: Annotated[str, Text("a folder or gs:// path"), "the existing data (local paths relative to the working directory)"]
+    kind: Annotated[str, OneOf(tuple(KINDS)), "what the data is: the layout it must have"]
+    copy: Annotated[bool, Bool(), "copy the data under the artifact's own folder (default: read it in place)"] = False
+
+
+def check_adopt(config: Mapping[str, Any], deps: Mapping[str, Any]) -> None:
+    """`adopt`: `source`, `kind` (one of KINDS), `copy`; no dependencies. Fields are
+    reported as `adopt.<field>`."""
+    try:
+        check_fields(AdoptConfig, config, "adopt")
+    except ConfigError as e:
+        raise ConfigError(e.field.replace("config.", "adopt.", 1), e.message) from None
+    if deps:
+        raise ConfigError("deps", f"adopted data takes no dependencies, got {sorted(deps)}")
+
+
+def source_location(config: Mapping[str, Any]) -> str:
+    """The source as a location: a URL as given, a local path made absolute."""
+    source = str(config["source"])
+    return source if storage.is_remote(source) else os.path.abspath(storage.local_path(source))
+
+
+def check_layout(key: str, config: Mapping[str, Any]) -> dict[str, int]:
+    """The source's listing (relative path -> size); ConfigError (field `adopt.source`)
+    when nothing is there or the layout lacks what its kind needs."""
+    source = source_location(config)
+    kind = KINDS[config["kind"]]
+    listing = list_data_files(source)
+    if not listing:
+        there = "an empty folder" if storage.exists(source) else "nothing"
+        raise ConfigError(
+            f"{key}: adopt.source",
+            f"{there} at {source}; adopt declares data that exists (check the path, or build it with a step)",
+        )
+    missing = kind.check(source, listing)
+    if missing is not None:
+        raise ConfigError(
+            f"{key}: adopt.source",
+            f"{source} is not a {config['kind']!r} layout: missing {missing}; {config['kind']!r} data has {kind.layout}",
+        )
+    return listing
+
+
+def listing_digest(listing: Mapping[str, int]) -> str:
+    text = json.dumps(dict(sorted(listing.items())), separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def adopt(ctx: Any) -> dict[str, Any]:
+    """The step: check the layout, copy if asked, return what the record keeps."""
+    listing = check_layout(ctx.key, ctx.config)
+    source = source_location(ctx.config)
+    if ctx.config.get("copy"):
+        for rel in listing:
+            target = storage.join(ctx.output, rel)
+            storage.makedirs(storage.parent(target))
+            with storage.open_file(storage.join(source, rel), "rb") as src, storage.open_file(target, "wb") as dst:
+                shutil.copyfileobj(src, dst, 2**20)
+    return {
+        "kind": ctx.config["kind"], "source": source, "copied": bool(ctx.config.get("copy")),
+        "file_count": len(listing), "bytes": sum(listing.values()),
+        "listing_digest": listing_digest(listing), "listing": listing,
+    }  # fmt: skip
+
+
+def is_adopted_in_place(artifact: Any) -> bool:
+    return artifact.step == STEP and not artifact.config.get("copy")
+
+
+def data_location(prefix: str, artifact: Any) -> str:
+    """Where a consumer reads an artifact: the source of data adopted in place, else
+    `{prefix}/{name}/{version}`."""
+    if is_adopted_in_place(artifact):
+        return source_location(artifact.config)
+    return artifact_location(prefix, artifact.id)
+
+
+def source_problems(artifact: Any, result: Any) -> list[str]:
+    """For data adopted in place: how its source differs from the adopted listing."""
+    if not is_adopted_in_place(artifact) or not isinstance(result, dict):
+        return []
+    return file_problems(source_location(artifact.config), result.get("listing") or {})

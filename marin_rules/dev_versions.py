@@ -1,0 +1,71 @@
+"""Dev versions: mutable `name@dev` / `name@*-dev` artifacts, one copy per user.
+
+Model: a dev version is rebuilt on every run (the glue forces it, marin_rules/workflow/
+session.py), never drift-checked, and stored at `{prefix}/{name}/{version}-{owner}`
+(`ArtifactId.owner`): the owner is `--config dev_user=NAME`, else the login name
+(`getpass.getuser()`), made one path-safe segment by `path_safe_user` (lowercase,
+runs of other characters -> `-`). A job process finds the owner again in the path
+it was given (`dev_user_in_path`), so a remote worker's login name never matters.
+A fixed version may not depend on a dev version (`refuse_fixed_on_dev`): its
+recipe would change under it with every run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Mapping
+
+from marin_rules.artifacts.errors import ConfigError
+from marin_rules.artifacts.identity import parse_key, path_safe_user
+
+
+def default_dev_user() -> str:
+    from marin_rules.artifacts.provenance import user
+
+    return path_safe_user(user())
+
+
+def owned_by(experiment: Any, dev_user: str) -> Any:
+    """The same experiment with its dev versions owned by `dev_user` (path-safe)."""
+    owner = path_safe_user(dev_user)
+    artifacts = {
+        key: replace(a, id=replace(a.id, owner=owner)) if a.id.is_dev else a for key, a in experiment.artifacts.items()
+    }
+    by_path: dict[str, Any] = {}
+    for a in artifacts.values():
+        other = by_path.setdefault(a.id.path, a)
+        if other is not a:
+            dev, fixed = (a, other) if a.id.is_dev else (other, a)
+            raise ConfigError(
+                f"{fixed.key}: version",
+                f"{dev.key} of user {owner!r} is stored at {a.id.path}, where this fixed version lives; rename one",
+            )
+    return replace(experiment, artifacts=artifacts, by_path=by_path)
+
+
+def dev_user_in_path(experiment: Any, path: str) -> str | None:
+    """The owner a stored dev path `name/version-owner` names (the longest matching
+    dev version of that name wins); None when no dev artifact matches."""
+    best: tuple[int, str] | None = None
+    for a in experiment.artifacts.values():
+        start = f"{a.id.name}/{a.id.version}-"
+        if a.id.is_dev and path.startswith(start) and len(path) > len(start):
+            if best is None or len(start) > best[0]:
+                best = (len(start), path[len(start) :])
+    return None if best is None else best[1]
+
+
+def refuse_fixed_on_dev(deps_of: Mapping[str, Mapping[str, Any]]) -> None:
+    """Marin's rule: a fixed version may not depend on a dev version (`deps_of`: key -> deps)."""
+    for key, deps in deps_of.items():
+        if parse_key(key).is_dev:
+            continue
+        for role, dep in deps.items():
+            for upstream in [dep] if isinstance(dep, str) else dep:
+                if parse_key(upstream).is_dev:
+                    name = key.rpartition("@")[0]
+                    raise ConfigError(
+                        f"{key}: deps.{role}",
+                        f"{upstream} is a dev version (mutable, rebuilt every run) and a fixed version cannot "
+                        f"depend on it; make this one a dev version too ({name}@dev) or depend on a fixed version",
+                    )

@@ -1,0 +1,195 @@
+"""Adopted data: existing folders declared as `name@version` of a kind (marin_rules/adopt.py).
+
+Real Snakemake runs: a corpus built by `download` in one workspace is adopted in
+another and tokenized from there; bad layouts and missing sources are refused while
+planning (`snakemake -n`), one line, nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from marin_rules.adopt import check_layout, listing_digest
+from marin_rules.artifacts.errors import ConfigError
+from marin_rules.artifacts.files import list_data_files
+from marin_rules.experiment import build_experiment
+
+WORDS = "the king queen castle sword river night morning ghost crown love war peace letter ship storm".split()
+
+
+def write_texts(folder: Path, n: int = 24) -> Path:
+    rng = random.Random(0)
+    folder.mkdir(parents=True)
+    for i in range(n):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(12)) + "." for _ in range(30)]
+        (folder / f"doc{i:02d}.txt").write_text("\n".join(lines))
+    return folder
+
+
+def run(snakemake, cwd: Path, experiment: dict, *args: str, check: bool = True):
+    (cwd / "exp.yaml").write_text(yaml.safe_dump({"artifacts": experiment}, sort_keys=False))
+    return snakemake("--configfile", "exp.yaml", "--config", f"prefix={cwd / 'art'}", "--cores", "2", *args,
+                     cwd=cwd, check=check)  # fmt: skip
+
+
+def record(cwd: Path, path: str) -> dict:
+    return json.loads((cwd / "art" / path / ".artifact.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def built_corpus(tmp_path_factory):
+    """A corpus folder built by a real `download` run (a colleague's, elsewhere)."""
+    from conftest import run_snakemake
+
+    root = tmp_path_factory.mktemp("colleague")
+    texts = write_texts(root / "texts")
+    run(run_snakemake, root, {"raw/src@v1": {"step": "download", "config": {"source": f"{texts}/*.txt"}}})
+    return root / "art" / "raw" / "src" / "v1"
+
+
+def test_adopted_corpus_is_tokenized_in_place_through_a_real_run(tmp_path, snakemake_cmd, built_corpus):
+    experiment = {
+        "corpus/adopted@v1": {"adopt": {"source": str(built_corpus), "kind": "corpus"}},
+        "tok/bpe@v1": {"step": "train_tokenizer", "deps": {"corpus": "corpus/adopted@v1"}, "config": {"vocab_size": 400}},
+        "tokenized/x@v1": {
+            "step": "tokenize", "deps": {"corpus": "corpus/adopted@v1", "tokenizer": "tok/bpe@v1"},
+            "config": {"validation_fraction": 0.1},
+        },
+    }  # fmt: skip
+    run(snakemake_cmd, tmp_path, experiment)
+    adopted = record(tmp_path, "corpus/adopted/v1")
+    listing = list_data_files(str(built_corpus))
+    assert adopted["step"] == "adopt" and adopted["files"] == {}  # nothing copied
+    assert adopted["result"]["source"] == str(built_corpus)
+    assert adopted["result"]["listing"] == listing and "manifest.json" in listing
+    assert adopted["result"]["listing_digest"] == listing_digest(listing)
+    assert sorted(p.name for p in (tmp_path / "art/corpus/adopted/v1").iterdir() if not p.name.startswith(".lease")) == [
+        ".artifact.json"
+    ]
+    index = json.loads((tmp_path / "art/tokenized/x/v1/index.json").read_text())
+    assert (tmp_path / "art/tokenized/x/v1" / index["corpus"]).resolve() == built_corpus.resolve()
+    manifest = json.loads((built_corpus / "manifest.json").read_text())
+    assert record(tmp_path, "tokenized/x/v1")["result"]["documents"] == manifest["train_documents"]
+    assert record(tmp_path, "tokenized/x/v1")["deps"]["corpus"]["fingerprint"] == adopted["fingerprint"]
+
+    # the source changes under the adopted version: a consumer is refused, not fed
+    shard = sorted(built_corpus.glob("train/shard-*.jsonl.gz"))[0]
+    saved = shard.read_bytes()
+    try:
+        shard.write_bytes(saved + b"x")
+        proc = run(snakemake_cmd, tmp_path, experiment, "--forcerun", "tokenize", check=False)
+        assert proc.returncode != 0
+        assert f"upstream corpus/adopted@v1: changed train/{shard.name}" in proc.stdout + proc.stderr
+        assert f"corpus/adopted@v1: the adopted source {built_corpus} changed since it was adopted (changed train/" in proc.stderr
+    finally:
+        shard.write_bytes(saved)
+
+
+def test_copy_true_copies_the_source_and_records_the_copy(tmp_path, snakemake_cmd, built_corpus):
+    run(snakemake_cmd, tmp_path, {"corpus/copied@v1": {"adopt": {"source": str(built_corpus), "kind": "corpus", "copy": True}}})
+    copied = record(tmp_path, "corpus/copied/v1")
+    assert copied["result"]["copied"] is True
+    assert copied["files"] == list_data_files(str(built_corpus)) == copied["result"]["listing"]
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: (d / "train").mkdir(parents=True) or (d / "train" / "shard-00000.jsonl.gz").write_bytes(b"x"),
+         "is not a 'corpus' layout: missing manifest.json"),
+        (lambda d: None, "nothing at"),
+    ],
+    ids=["bad-layout", "missing-source"],
+)  # fmt: skip
+def test_bad_layout_or_missing_source_is_refused_while_planning_in_one_line(tmp_path, snakemake_cmd, make, message):
+    source = tmp_path / "data" / "x"
+    make(source)
+    experiment = {
+        "corpus/bad@v1": {"adopt": {"source": str(source), "kind": "corpus"}},
+        "tok/bpe@v1": {"step": "train_tokenizer", "deps": {"corpus": "corpus/bad@v1"}, "config": {"vocab_size": 400}},
+    }
+    proc = run(snakemake_cmd, tmp_path, experiment, "-n", check=False)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("marin-rules:")]
+    assert len(lines) == 1 and lines[0].startswith("marin-rules: corpus/bad@v1: adopt.source: ") and message in lines[0]
+    assert not (tmp_path / "art").exists()
+
+
+def test_tokenized_layout_names_the_shard_its_index_lists_but_lacks(tmp_path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "tokens-00000.npy").write_bytes(b"0" * 10)
+    index = {"vocab_size": 400, "dtype": "uint16", "eos_id": 1,
+             "splits": {"train": {"shards": [{"path": "train/tokens-00000.npy"}, {"path": "train/tokens-00001.npy"}]}}}  # fmt: skip
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    with pytest.raises(ConfigError, match=r"d@v1: adopt.source: .* missing train/tokens-00001.npy \(listed in index.json\)"):
+        check_layout("d@v1", {"source": str(tmp_path), "kind": "tokenized"})
+    (tmp_path / "train" / "tokens-00001.npy").write_bytes(b"0")
+    assert set(check_layout("d@v1", {"source": str(tmp_path), "kind": "tokenized"})) == {
+        "index.json", "train/tokens-00000.npy", "train/tokens-00001.npy"
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"adopt": {"source": "/x", "kind": "corpus"}, "step": "download"}, "x@v1: step: an entry with 'adopt:'"),
+        ({"adopt": {"source": "/x", "kind": "corpos"}}, "x@v1: adopt.kind:"),
+        ({"adopt": {"kind": "corpus"}}, "x@v1: adopt.source:"),
+        ({"adopt": "/x"}, "x@v1: adopt: expected a mapping"),
+        ({"step": "adopt"}, "x@v1: step: write existing data as 'adopt:"),
+    ],
+)
+def test_malformed_adopt_entries_are_refused_at_load(entry, message):
+    with pytest.raises(ConfigError) as e:
+        build_experiment({"artifacts": {"x@v1": entry}})
+    assert str(e.value).startswith(message)
+
+
+def test_adopted_kind_fits_where_its_step_fits_and_nowhere_else():
+    arts = {
+        "t@v1": {"adopt": {"source": "/x", "kind": "tokenized"}},
+        "tok@v1": {"step": "train_tokenizer", "deps": {"corpus": "t@v1"}, "config": {"vocab_size": 400}},
+    }
+    with pytest.raises(ConfigError, match=r"tok@v1: deps.corpus: expected a 'download' or 'dedup' artifact, got t@v1"):
+        build_experiment({"artifacts": arts})
+    arts["t@v1"]["adopt"]["kind"] = "corpus"
+    assert build_experiment({"artifacts": arts})["t@v1"].step == "adopt"
+
+
+def test_schema_accepts_adopt_entries_and_refuses_what_the_loader_refuses():
+    import jsonschema
+
+    from marin_rules.schema import experiment_schema
+
+    validator = jsonschema.Draft7Validator(experiment_schema())
+    good = {"adopt": {"source": "gs://b/x", "kind": "tokenized", "copy": True}}
+    assert not list(validator.iter_errors({"artifacts": {"x@v1": good}}))
+    build_experiment({"artifacts": {"x@v1": good}})
+    for bad in ({**good, "step": "download"}, {"adopt": {"source": "/x", "kind": "corpos"}}, {"step": "adopt"}):
+        assert list(validator.iter_errors({"artifacts": {"x@v1": bad}})), bad
+        with pytest.raises(ConfigError):
+            build_experiment({"artifacts": {"x@v1": bad}})
+
+
+def test_a_bucket_folder_is_adopted_in_place_or_copied(tmp_path, snakemake_cmd, gcs_prefix, gcs_env):
+    from marin_rules.artifacts import storage
+
+    source = f"{gcs_prefix}/their/tokenizer"
+    storage.write_text_atomic(f"{source}/tokenizer.json", '{"model": {}}')
+    storage.write_text_atomic(f"{source}/special_tokens.json", "{}")
+    experiment = {
+        "tok/in-place@v1": {"adopt": {"source": source, "kind": "tokenizer"}},
+        "tok/copied@v1": {"adopt": {"source": source, "kind": "tokenizer", "copy": True}},
+    }
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump({"artifacts": experiment}))
+    snakemake_cmd("--configfile", "exp.yaml", "--config", f"prefix={tmp_path / 'art'}", cwd=tmp_path, env=gcs_env)
+    listing = {"special_tokens.json": 2, "tokenizer.json": 13}
+    in_place, copied = record(tmp_path, "tok/in-place/v1"), record(tmp_path, "tok/copied/v1")
+    assert in_place["result"]["source"] == source and in_place["result"]["listing"] == listing
+    assert in_place["files"] == {} and copied["files"] == listing
+    assert (tmp_path / "art/tok/copied/v1/tokenizer.json").read_text() == '{"model": {}}'

@@ -1,0 +1,130 @@
+"""Dev versions (`name@dev`, `*-dev`): rebuilt every run, per-user folders, no drift,
+and a fixed version may not depend on one. Real Snakemake runs of small user steps.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from marin_rules.artifacts.errors import ConfigError
+from marin_rules.artifacts.identity import ArtifactId, parse_key, path_safe_user
+from marin_rules.experiment import build_experiment, default_dev_user, dev_user_in_path
+
+STEP = '''
+from marin_rules.artifacts import storage
+
+def make(ctx):
+    text = ctx.config.get("text", "") + "|" + ",".join(sorted(ctx.deps.values()))
+    storage.write_text_atomic(storage.join(ctx.output, "out.txt"), text)
+    return {"text": ctx.config.get("text")}
+'''
+
+
+def experiment(text_a: str = "a", b_version: str = "dev") -> dict:
+    return {
+        "raw/a@dev": {"step": "devsteps:make", "config": {"text": text_a}},
+        f"top/b@{b_version}": {"step": "devsteps:make", "deps": {"src": "raw/a@dev"}, "config": {"text": "b"}},
+        "side/c@v1": {"step": "devsteps:make", "config": {"text": "c"}},
+    }
+
+
+@pytest.fixture
+def ws(tmp_path, snakemake_cmd):
+    (tmp_path / "devsteps.py").write_text(STEP)
+
+    def run(arts: dict, *args: str, user: str | None = "alice", check: bool = True):
+        (tmp_path / "exp.yaml").write_text(yaml.safe_dump({"artifacts": arts}, sort_keys=False))
+        config = [f"prefix={tmp_path / 'art'}"] + ([f"dev_user={user}"] if user is not None else [])
+        return snakemake_cmd("--configfile", "exp.yaml", "--cores", "1", *args, "--config", *config,
+                             cwd=tmp_path, check=check)  # fmt: skip
+
+    run.root = tmp_path
+    return run
+
+
+def record(ws, path: str) -> dict:
+    return json.loads((ws.root / "art" / path / ".artifact.json").read_text())
+
+
+def test_dev_versions_rebuild_every_run_per_user_without_drift_warnings(ws):
+    ws(experiment())
+    first = {p: record(ws, p)["provenance"]["started"] for p in ("raw/a/dev-alice", "top/b/dev-alice", "side/c/v1")}
+    assert not (ws.root / "art/raw/a/dev").exists()
+    out = (ws.root / "art/top/b/dev-alice/out.txt").read_text()
+    assert out == f"b|{ws.root / 'art/raw/a/dev-alice'}"  # the consumer reads its owner's upstream
+
+    plan = ws(experiment(), "-n")  # the plan shows both dev artifacts, not the fixed one
+    planned = [line.split("artifact=")[1] for line in plan.stdout.splitlines() if "wildcards: artifact=" in line]
+    assert sorted(planned) == ["raw/a/dev-alice", "top/b/dev-alice"]
+
+    proc = ws(experiment(text_a="changed"))  # a new recipe on a dev version: rebuilt, never drift
+    assert "drift" not in proc.stderr
+    again = {p: record(ws, p)["provenance"]["started"] for p in first}
+    assert again["raw/a/dev-alice"] > first["raw/a/dev-alice"] and again["top/b/dev-alice"] > first["top/b/dev-alice"]
+    assert again["side/c/v1"] == first["side/c/v1"]
+    assert record(ws, "raw/a/dev-alice")["config"] == {"text": "changed"}
+    assert record(ws, "raw/a/dev-alice")["path"] == "raw/a/dev"
+    assert not list((ws.root / "art/raw/a/dev-alice/.history").glob("2*"))  # dev keeps no old builds
+
+    ws(experiment(text_a="bob's"), user="Bob Smith")  # a colleague: own folders, alice's untouched
+    assert record(ws, "raw/a/dev-bob-smith")["config"] == {"text": "bob's"}
+    assert record(ws, "raw/a/dev-alice")["provenance"]["started"] == again["raw/a/dev-alice"]
+
+
+def test_default_owner_is_the_path_safe_login_name(ws):
+    ws({"raw/a@exp-dev": {"step": "devsteps:make"}}, user=None)
+    assert (ws.root / f"art/raw/a/exp-dev-{default_dev_user()}/.artifact.json").exists()
+
+
+def test_fixed_version_on_a_dev_version_is_refused_at_load_in_one_line(ws):
+    proc = ws(experiment(b_version="v1"), "-n", check=False)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("marin-rules:")]
+    assert len(lines) == 1
+    assert lines[0].startswith("marin-rules: top/b@v1: deps.src: raw/a@dev is a dev version")
+    assert not (ws.root / "art").exists()
+
+
+def test_fixed_on_dev_refused_in_mixtures_and_for_dash_dev_versions():
+    arts = {"a@x-dev": {"step": "json:dumps"}, "b@v1": {"step": "json:dumps"}, "c@v2": {"step": "json:dumps", "deps": {"mix": {"a@x-dev": 1, "b@v1": 1}}}}
+    with pytest.raises(ConfigError, match=r"^c@v2: deps.mix: a@x-dev is a dev version"):
+        build_experiment({"artifacts": arts})
+
+
+@pytest.mark.parametrize("user, safe", [("alice", "alice"), ("Bob Smith", "bob-smith"), ("DOMAIN\\jo", "domain-jo"),
+                                         ("../..", "unknown"), (None, "unknown"), ("é.ö", "unknown")])  # fmt: skip
+def test_path_safe_user_gives_one_safe_segment(user, safe):
+    assert path_safe_user(user) == safe
+
+
+def test_owner_enters_the_path_of_dev_versions_only_and_is_found_again():
+    assert ArtifactId("raw/a", "dev", "al").path == "raw/a/dev-al"
+    assert ArtifactId("raw/a", "v1", "al").path == "raw/a/v1"
+    assert ArtifactId("raw/a", "dev", "al") == parse_key("raw/a@dev")  # identity is name@version
+    e = build_experiment({"artifacts": {"a@dev": {"step": "json:dumps"}, "a@dev-dev": {"step": "json:dumps"}}}, dev_user="x")
+    assert dev_user_in_path(e, "a/dev-dev-x") == "x" and dev_user_in_path(e, "a/dev-mary-ann") == "mary-ann"
+    assert e.by_path["a/dev-x"].key == "a@dev"
+
+
+def test_dev_version_on_a_bucket_prefix_rebuilds_in_its_owners_folder(tmp_path, snakemake_cmd, gcs_prefix, gcs_env):
+    from marin_rules.artifacts import storage
+
+    (tmp_path / "devsteps.py").write_text(STEP)
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump({"artifacts": {"raw/a@dev": {"step": "devsteps:make"}}}))
+    args = ("--configfile", "exp.yaml", "--config", f"prefix={gcs_prefix}", "dev_user=carol")
+    started = []
+    for _ in range(2):
+        snakemake_cmd(*args, cwd=tmp_path, env=gcs_env)
+        started.append(storage.read_json(f"{gcs_prefix}/raw/a/dev-carol/.artifact.json")["provenance"]["started"])
+    assert started[1] > started[0]
+
+
+def test_a_fixed_version_named_like_a_users_dev_folder_is_refused():
+    arts = {"a@dev": {"step": "json:dumps"}, "a@dev-al": {"step": "json:dumps"}}
+    with pytest.raises(ConfigError, match=r"^a@dev-al: version: a@dev of user 'al' is stored at a/dev-al"):
+        build_experiment({"artifacts": arts}, dev_user="al")
+    assert build_experiment({"artifacts": arts}, dev_user="bo").by_path["a/dev-bo"].key == "a@dev"
