@@ -15,6 +15,7 @@ The job command itself gets every value it needs as a quoted parameter (`job_par
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ class Session:
     lease: str  # lease settings for the job command (options.lease_options)
     registry: str  # where job processes register for signal forwarding
     warned: set[str] = field(default_factory=set)
+    training: list[str] = field(default_factory=list)  # train jobs that will run: the priced plan's
     _forced: dict[str, bool] = field(default_factory=dict)
     _records: dict[str, Record | None] = field(default_factory=dict)
 
@@ -147,6 +149,10 @@ class Session:
         return inputs
 
     def _plan(self, artifact: Artifact, record: Record | None, forced: bool) -> None:
+        if artifact.step == "train" and (forced or record is None):
+            self.training.append(artifact.key)
+            if len(self.training) == 1 and getattr(self.workflow, "dryrun", False):
+                atexit.register(self.print_plan)  # `onstart:` does not run in dry runs
         if forced:
             if not getattr(self.workflow, "dryrun", False):
                 forcing.mark_forced(self.location(artifact.key))
@@ -156,6 +162,12 @@ class Session:
                 advisory.report(artifact, record, self.recorded, self.record_path(artifact.key))
             except MarinError as e:
                 raise stop(e) from None
+
+
+    def print_plan(self) -> None:
+        """The priced plan of the training jobs that will run, once (main process)."""
+        keys, self.training = self.training, []
+        advisory.print_plan(self.experiment, self.prefix, keys)
 
 
 def trie_regex(words: list[str]) -> str:
