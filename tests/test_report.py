@@ -127,3 +127,33 @@ def test_markdown_tables_become_html_tables_with_escaped_cells():
     assert "<h2>Title</h2>" in page and "<p>some &lt;b&gt;text&lt;/b&gt;</p>" in page
     assert "<tr><th>a</th><th>b</th></tr>" in page and "<tr><td>1</td><td>x&lt;y</td></tr>" in page
     assert "---" not in page
+
+
+def test_gather_files_scaling_plots_under_scaling_and_skips_unbuilt_artifacts(tmp_path):
+    """The scaling experiment's fit and check, as their steps leave their pictures
+    (written here: no sweep is trained); the train runs are not built."""
+    from marin_rules.artifacts.identity import artifact_location
+    from marin_rules.experiment import load_experiment
+    from marin_rules.inspect.gather import gather
+
+    from conftest import REPO
+
+    experiment = load_experiment(str(REPO / "experiments" / "scaling.yaml"))
+    prefix = str(tmp_path / "art")
+    files = {"scaling/fit@v1": {"scaling.png": b"\x89PNG fit", "table.md": "| a | b |\n|---|---|\n| 1 | 2 |\n"},
+             "scaling/check@v1": {"check.png": b"\x89PNG check"}}  # fmt: skip
+    for key, written in files.items():
+        location = artifact_location(prefix, experiment[key].id)
+        for name, data in written.items():
+            (storage.write_bytes_atomic if isinstance(data, bytes) else storage.write_text_atomic)(
+                storage.join(location, name), data
+            )
+    out = tmp_path / "marin-report"
+    done = gather(experiment, prefix, str(out), set(files))
+    assert sorted(done) == [
+        "Experiment/scaling/dag.svg", "Scaling/scaling/check@v1/check.png",
+        "Scaling/scaling/fit@v1/scaling.png", "Scaling/scaling/fit@v1/table.html",
+    ]  # fmt: skip
+    assert (out / "Scaling/scaling/check@v1/check.png").read_bytes() == b"\x89PNG check"
+    assert "<tr><td>1</td><td>2</td></tr>" in (out / "Scaling/scaling/fit@v1/table.html").read_text()
+    assert not (out / "Training").exists()  # no train run is built
