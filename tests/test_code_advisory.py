@@ -145,3 +145,18 @@ def test_dry_run_prices_the_training_jobs_that_will_run_forced_included(ws, monk
     assert proc.stderr.count("plan: 2 training job(s)") == 1, proc.stderr
     for args in (["--dag"], ["--config", "target=raw/a@v1", "-n"]):
         assert "plan:" not in ws.snakemake(*args).stderr  # nothing to train, or no plan asked
+
+
+def test_code_change_needs_a_recorded_hash_that_differs(tmp_path, monkeypatch):
+    (tmp_path / "mystep_mod.py").write_text("def run(ctx):\n    return {}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code.code_hash.cache_clear()
+    now = code.step_code("mystep_mod:run")
+    assert now["hash"] and now["version"] == "unversioned"  # not installed, not in git
+    assert code.code_change("mystep_mod:run", {}) is None  # a record from before code hashes
+    assert code.code_change("mystep_mod:run", {"code": {"hash": now["hash"]}}) is None
+    change = code.code_change("mystep_mod:run", {"code": {"hash": "0" * 16, "version": "v0"}})
+    assert change == ("0" * 16, now["hash"], "v0")
+    assert code.code_change("nosuchmodule_xyz:run", {"code": {"hash": "0" * 16}}) is None  # unknown now
+    assert code.code_version("yaml:safe_load").startswith("PyYAML ")  # an installed package: its version
+    code.code_hash.cache_clear()

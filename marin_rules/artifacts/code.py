@@ -85,14 +85,16 @@ def code_hash(step: str) -> str | None:
 
 def code_version(step: str) -> str:
     """`marin-rules 0.1.0, git 1a2b3c4d5e6f+dirty` for a built-in; for a user step its
-    distribution's version when installed, and its folder's commit when in git."""
+    distribution's version when installed (site-packages), else its folder's commit
+    when in git; "unversioned" when neither is known."""
     parts = []
     files = code_files(step)
+    installed = bool(files) and _installed(files[0][1])
     if step in BUILTIN_PACKAGES:
         parts.append(_distribution_version("marin-rules"))
-    elif files:
+    elif installed:
         parts.append(_distribution_of(step.partition(":")[0]))
-    if files:
+    if files and not installed:  # an installed package's folder is no checkout of it
         git = git_state(os.path.dirname(files[0][1]))
         if git.get("commit"):
             parts.append(f"git {git['commit'][:12]}{'+dirty' if git.get('dirty') else ''}")
@@ -104,6 +106,14 @@ def _distribution_version(name: str) -> str:
         return f"{name} {metadata.version(name)}"
     except metadata.PackageNotFoundError:
         return ""
+
+
+def _installed(path: str) -> bool:
+    """Is this file inside an installed package folder (site-packages)?"""
+    import sysconfig
+
+    roots = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
+    return any(os.path.realpath(path).startswith(root + os.sep) for root in roots)
 
 
 def _distribution_of(module_name: str) -> str:
