@@ -129,9 +129,11 @@ def test_markdown_tables_become_html_tables_with_escaped_cells():
     assert "---" not in page
 
 
-def test_gather_files_scaling_plots_under_scaling_and_skips_unbuilt_artifacts(tmp_path):
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_gather_files_scaling_plots_under_scaling_and_skips_unbuilt_artifacts(where, tmp_path, request):
     """The scaling experiment's fit and check, as their steps leave their pictures
-    (written here: no sweep is trained); the train runs are not built."""
+    (written here: no sweep is trained), on a local prefix and on gs:// (the local
+    GCS emulator); the train runs are not built."""
     from marin_rules.artifacts.identity import artifact_location
     from marin_rules.experiment import load_experiment
     from marin_rules.inspect.gather import gather
@@ -139,7 +141,7 @@ def test_gather_files_scaling_plots_under_scaling_and_skips_unbuilt_artifacts(tm
     from conftest import REPO
 
     experiment = load_experiment(str(REPO / "experiments" / "scaling.yaml"))
-    prefix = str(tmp_path / "art")
+    prefix = str(tmp_path / "art") if where == "local" else request.getfixturevalue("gcs_prefix")
     files = {"scaling/fit@v1": {"scaling.png": b"\x89PNG fit", "table.md": "| a | b |\n|---|---|\n| 1 | 2 |\n"},
              "scaling/check@v1": {"check.png": b"\x89PNG check"}}  # fmt: skip
     for key, written in files.items():
