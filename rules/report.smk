@@ -4,6 +4,9 @@
 # Snakemake embeds only local files a job declares with report(...): artifacts may live
 # on gs://, so this rule copies what a reader wants into one local folder (see
 # marin_rules/inspect/gather.py). Only built artifacts are shown; nothing is built for it.
+report: "../report/workflow.rst"
+
+
 import os as _os
 import sys as _sys
 from marin_rules.inspect.gather import built_keys as _built_keys

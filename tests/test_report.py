@@ -106,6 +106,8 @@ def test_report_holds_the_loss_curve_the_evaluation_table_and_the_dag(built, tmp
                                      ("Evaluation", "evals/nano@v1", "results.html"),
                                      ("Experiment", "exp", "dag.svg")]:  # fmt: skip
         assert f"category={category}, artifact={artifact}, file={name}" in html
+        assert f"{name} of artifact" in html  # its caption (report/artifact.rst)
+    assert "without the gathering target" in html  # the description (report/workflow.rst)
 
     built.snakemake("marin_report", "--report", str(tmp_path / "report.zip"))
     with zipfile.ZipFile(tmp_path / "report.zip") as z:
