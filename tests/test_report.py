@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import re
 import zipfile
+from html import escape
 
 import pytest
 
@@ -99,7 +100,7 @@ def test_report_holds_the_loss_curve_the_evaluation_table_and_the_dag(built, tmp
     assert "<th>model</th>" in table and "baseline" in table
     for row in [l for l in results_md.splitlines() if l.startswith("| marin_")]:  # every row, every value
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>" in table
+        assert "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>" in table
     [(mime, svg)] = files["dag.svg"]
     assert mime == "image/svg+xml" and b"checkpoints/nano@v1" in svg and b"evals/nano@v1" in svg
     for category, artifact, name in [("Training", "checkpoints/nano@v1", "loss.png"),

@@ -155,6 +155,7 @@ def location_status(
     fingerprint = str(record.get("fingerprint"))
     built, took = _times(record)
     state, reason = "built", "matches the recipe" if artifact is not None else "not in this experiment"
+    rebuilt = _rebuilt_upstreams(record, upstream_records) if artifact is not None and upstream_records else []
     if artifact is not None and record.get("fingerprint") != artifact.fingerprint:
         lines = recipe_diff(recorded_payload(record), artifact.payload())
         n = len(lines)
@@ -163,8 +164,7 @@ def location_status(
             f"{n} field{'s differ' if n != 1 else ' differs'} from the recipe ({lines[0] if lines else 'fingerprint'}"
             f"{', ...' if n > 1 else ''}); served as built, bump the version to build the new recipe"
         )
-    elif artifact is not None and upstream_records and _rebuilt_upstreams(record, upstream_records):
-        rebuilt = _rebuilt_upstreams(record, upstream_records)
+    elif rebuilt:
         state, reason = "upstream rebuilt", f"{rebuilt[0]}{' (and more)' if len(rebuilt) > 1 else ''}"
     change = code_change(artifact.step, record.get("provenance")) if artifact is not None else None
     if change is not None:
