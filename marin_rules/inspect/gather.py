@@ -30,7 +30,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.identity import artifact_location
 from marin_rules.experiment import Experiment, load_experiment
 
-# step kind -> (category, [(file in the artifact, how to copy it)])
+# step kind -> (category, files of the artifact to show; a .md file is shown as .html)
 WANTED: dict[str, tuple[str, list[str]]] = {
     "train": ("Training", ["loss.png"]),
     "evaluate": ("Evaluation", ["results.md", "results.png"]),
