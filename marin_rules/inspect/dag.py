@@ -16,7 +16,8 @@ from html import escape
 from marin_rules.experiment import Experiment
 
 COLORS = {
-    "built": "#b7e1b0", "drifted": "#ffe08a", "upstream rebuilt": "#ffe08a", "missing": "#e6e6e6",
+    "built": "#b7e1b0", "drifted": "#ffe08a", "upstream rebuilt": "#ffe08a", "code changed": "#d8ecb0",
+    "missing": "#e6e6e6",
     "failed": "#f4a6a6", "corrupt": "#e06666", "building": "#a9c8f0",
 }  # fmt: skip
 NODE_H, GAP_X, GAP_Y, MARGIN = 46, 70, 22, 20

