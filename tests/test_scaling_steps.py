@@ -116,11 +116,16 @@ def test_a_second_run_has_nothing_to_do(built):
 
 
 def fake_run(root, name: str, fpt: float, tokens: float, loss: float) -> str:
-    """A run folder with a train-shaped success record (no training)."""
-    folder = root / name
+    """A run folder with a train-shaped success record (no training), written by the
+    one record writer so it validates like a real one."""
+    from marin_rules.artifacts.records import write_success
+
+    folder = root / name / "v1"
     folder.mkdir(parents=True)
     result = {"flops_per_token": fpt, "tokens_seen": tokens, "final_val_loss": loss}
-    (folder / ".artifact.json").write_text(json.dumps({"name": name, "version": "v1", "result": result}))
+    entry = {"name": name, "version": "v1", "step": "train", "fingerprint": "0" * 16, "config": {}, "deps": {},
+             "runtime": {}, "path": f"{name}/v1"}  # fmt: skip
+    write_success(str(folder), entry, result, {"ended": "2026-12-03T00:00:00.000Z"})
     return str(folder)
 
 

@@ -50,20 +50,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     install_stop_handlers()
+    pod_stderr, log = None, None
     if args.log:
         from marin_rules.cluster.pod import pod_process_from_env
 
         pod = pod_process_from_env(os.environ)  # every process of a pod runs this command
-        _log_to(args.log if pod is None or pod.process_id == 0 else f"{args.log}.p{pod.process_id}")
+        log = args.log if pod is None or pod.process_id == 0 else f"{args.log}.p{pod.process_id}"
+        if pod is not None:  # the executor shows a pod process's own stderr: keep it for the cause
+            pod_stderr = os.dup(2)
+        _log_to(log)
     unregister = None
     if args.registry:
         from marin_rules.workflow.signals import register
 
         unregister = register(args.registry, os.getpid())
+    code = 1
     try:
-        return build(args)
+        code = build(args)
+        return code
     except JobTerminated as e:
-        return 128 + e.signum if e.signum else 1
+        code = 128 + e.signum if e.signum else 1
+        return code
     except MarinError as e:
         if not getattr(e, "reported", False):
             print(f"marin-rules: {e}", file=sys.stderr)
@@ -73,6 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if unregister is not None:
             unregister()
+        if pod_stderr is not None and code != 0:
+            _echo_tail(log, pod_stderr)
+
+
+def _echo_tail(log: str, fd: int, lines: int = 5) -> None:
+    """The last lines of a failed pod process's log on its own stderr (the executor's view)."""
+    sys.stderr.flush()
+    with open(log, encoding="utf-8", errors="replace") as f:
+        tail = [line for line in f.read().splitlines() if line.strip()][-lines:]
+    os.write(fd, ("\n".join(tail) + "\n").encode())
 
 
 def _log_to(path: str) -> None:

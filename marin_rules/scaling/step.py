@@ -32,8 +32,8 @@ def run_point(location: str, budgets: list[float] | None = None) -> F.Run:
     record = read_record(location)
     if record is None:
         raise StepError(f"{location}: no success record; build the run first")
-    key = f"{record['name']}@{record['version']}"
-    result = record.get("result") or {}
+    key = record.key
+    result = record.result if isinstance(record.result, dict) else {}
     try:
         fpt, tokens, loss = float(result["flops_per_token"]), float(result["tokens_seen"]), float(result["final_val_loss"])
     except (KeyError, TypeError, ValueError):

@@ -144,14 +144,16 @@ class ProcessGroup:
         for p in self.procs:
             p.wait()
 
-    def log_tail(self, chars: int = 2000) -> str:
-        """The end of the failing process's log (or of the first one)."""
+    def log_tail(self, lines: int = 30, width: int = 300) -> str:
+        """The end of the failing process's log (or of the first one): its last lines,
+        each cut to `width` characters (Snakemake's job command lines are long)."""
         index = self.first_failure[0] if self.first_failure else 0
         try:
             text = self.logs[index].read_text(errors="replace")
         except OSError:
             return ""
-        return text[-chars:]
+        tail = text.splitlines()[-lines:]
+        return "\n".join(line if len(line) <= width else line[:width] + " ..." for line in tail)
 
     def _signal_running(self, signum: int) -> None:
         for p in self.procs:
