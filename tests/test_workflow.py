@@ -296,15 +296,15 @@ def test_forced_rebuild_that_fails_keeps_previous_record_in_history(ws):
     assert len(list((folder / ".failures").glob("*.json"))) == 1
 
 
-def test_dag_labels_show_each_artifact_path(ws):
-    # Snakemake labels jobs by their wildcards and has no public hook for labels: the
-    # artifact shows as `artifact: name/version` (README, "Seeing the plan")
+def test_dag_labels_show_name_at_version(ws):
+    # Snakemake labels jobs by their wildcards; marin_rules/workflow/dag_labels.py turns
+    # `artifact: name/version` into `artifact: name@version` (tests/test_dag_labels.py)
     ws.write(chain())
     proc = ws.snakemake("--dag")
     assert proc.stdout.lstrip().startswith("digraph")
     labels = re.findall(r'label = "([^"]*)"', proc.stdout)
     for key in chain():
-        assert any(f"artifact: {key.replace('@', '/')}" in label for label in labels), (key, labels)
+        assert any(f"artifact: {key}" in label for label in labels), (key, labels)
     assert "marin" not in proc.stdout.lower().split("digraph", 1)[0]  # nothing printed before the graph
 
 

@@ -7,7 +7,8 @@ rules' input functions, output patterns and job parameters. Each step runs in it
 process, `python -m marin_rules.job` (see that package), started by the rules' `shell:`
 with every value quoted by `:q`. Forcing (`forcing`) rebuilds from scratch and keeps
 the old build under `.history/`; drift is reported while planning (`advisory`);
-SIGINT/SIGTERM to Snakemake reach the job processes (`signals`, from `onstart:`).
+SIGINT/SIGTERM to Snakemake reach the job processes (`signals`, from `onstart:`);
+`--dag` shows `name@version` (`dag_labels`, the one wrapped Snakemake internal).
 
 Remote prefixes (`gs://...`): Snakemake sees a local mirror of the records under
 `.snakemake/marin-mirror/` (`marin_rules.mirror`), refreshed from one listing of the
@@ -25,7 +26,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.experiment import load_experiment
 from marin_rules.mirror import mirror_root, refresh_mirror
-from marin_rules.workflow import options, signals
+from marin_rules.workflow import dag_labels, options, signals
 from marin_rules.workflow.session import Session, stop
 
 COMMAND_ENV = "MARIN_USER_COMMAND"  # set by remote executors: the user's command line on a worker
@@ -84,6 +85,9 @@ def begin(workflow: Any, config: dict) -> Session:
         lease=options.lease_options(config),
         registry=signals.registry_dir(),
     )
+    if main_process:
+        by_path = experiment.by_path
+        dag_labels.install(lambda path: by_path[path].key if path in by_path else None)
     return _session
 
 
