@@ -33,16 +33,21 @@ def record_dict(location: str, expected: ArtifactId | None = None) -> dict[str, 
     return None if record is None else record.to_json()
 
 
+def _history_listing(location: str) -> tuple[list[str], str]:
+    """Every file under the artifact's `.history/` (none when it has none), and the
+    prefix to strip from them to get paths relative to `.history/`."""
+    root = storage.join(location, HISTORY_DIR)
+    try:
+        return list(storage.walk_files(root)), _relative_base(root)
+    except FileNotFoundError:
+        return [], ""
+
+
 def history_files(location: str) -> list[str]:
     """Locations of earlier success records kept by forced rebuilds: `.history/<x>.json`,
     `.history/<time>/.artifact.json`, or the record a forced build saved before its job
     moved the old build away (`.history/.forced-record`, holding `null` when none)."""
-    root = storage.join(location, HISTORY_DIR)
-    try:
-        found = list(storage.walk_files(root))
-    except FileNotFoundError:
-        return []
-    base = _relative_base(root)
+    found, base = _history_listing(location)
     out = []
     for path in found:
         rel = path[len(base) :].lstrip("/") if path.startswith(base) else posixpath.basename(path)
@@ -55,12 +60,7 @@ def history_files(location: str) -> list[str]:
 
 def history_failure_files(location: str) -> list[str]:
     """Failure records moved under `.history/<time>/.failures/` by a forced rebuild."""
-    root = storage.join(location, HISTORY_DIR)
-    try:
-        found = list(storage.walk_files(root))
-    except FileNotFoundError:
-        return []
-    base = _relative_base(root)
+    found, base = _history_listing(location)
     return sorted(
         p for p in found if p.startswith(base) and p[len(base) :].lstrip("/").split("/")[1:2] == [FAILURES_DIR]
     )
