@@ -26,6 +26,7 @@ rule all:
     localrule: True
     input:
         M.targets(),
+        marin.report_inputs(),  # only under `snakemake --report`: see rules/report.smk
 
 
 include: "rules/adopt.smk"

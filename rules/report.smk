@@ -1,6 +1,6 @@
 # Snakemake's report: pictures and tables of every built artifact, browsable by category.
-#   snakemake marin_report                          gather them into marin-report/ (runs no step)
-#   snakemake marin_report --report report.html     write the report (or report.zip)
+#   snakemake --report report.html                  write the report (or report.zip): gathers first
+#   snakemake marin_report                          only gather them into marin-report/ (runs no step)
 # Snakemake embeds only local files a job declares with report(...): artifacts may live
 # on gs://, so this rule copies what a reader wants into one local folder (see
 # marin_rules/inspect/gather.py). Only built artifacts are shown; nothing is built for it.

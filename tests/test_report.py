@@ -108,7 +108,13 @@ def test_report_holds_the_loss_curve_the_evaluation_table_and_the_dag(built, tmp
                                      ("Experiment", "exp", "dag.svg")]:  # fmt: skip
         assert f"category={category}, artifact={artifact}, file={name}" in html
         assert f"{name} of artifact" in html  # its caption (report/artifact.rst)
-    assert "without the gathering target" in html  # the description (report/workflow.rst)
+    assert "Only built artifacts appear" in html  # the description (report/workflow.rst)
+
+    # the default target: `snakemake --report` gathers first, so the same files are in it
+    (built.root / "marin-report").rename(built.root / "gathered-before")
+    built.snakemake("--report", "plain.html")
+    plain = embedded((built.root / "plain.html").read_text())
+    assert plain["loss.png"] == [("image/png", loss)] and plain["results.html"] and plain["dag.svg"]
 
     built.snakemake("marin_report", "--report", str(tmp_path / "report.zip"))
     with zipfile.ZipFile(tmp_path / "report.zip") as z:

@@ -91,6 +91,25 @@ def begin(workflow: Any, config: dict) -> Session:
     return _session
 
 
+REPORT_FOLDER = "marin-report"  # rules/report.smk's output
+
+
+def report_inputs() -> list[str]:
+    """What the `all` rule adds under `snakemake --report FILE`: the pictures and tables
+    of the built artifacts, gathered now (main process, reading only) into
+    marin-report/, the `marin_report` rule's report() output, so the report holds them
+    with the default target too. [] in every other invocation: runs never gather."""
+    session = _session
+    if session is None or not session.main_process:
+        return []
+    if not any(a == "--report" or a.startswith("--report=") for a in sys.argv[1:]):
+        return []
+    from marin_rules.inspect.gather import built_keys, gather
+
+    gather(session.experiment, session.prefix, REPORT_FOLDER, set(built_keys(session.experiment, session.recorded)))
+    return [REPORT_FOLDER]
+
+
 def on_start() -> None:
     """From the Snakefile's `onstart:` (main process, scheduler running): forward
     SIGINT/SIGTERM to the job processes; print the priced plan of the training jobs."""
