@@ -189,8 +189,13 @@ def finish(proc: subprocess.Popen) -> tuple[int, str]:
     return proc.returncode, out
 
 
-def test_two_processes_contending_build_once_and_the_other_serves_it(place, tmp_path):
+@pytest.mark.parametrize("before", ["no lease", "a stale lease"])
+def test_two_processes_contending_build_once_and_the_other_serves_it(place, tmp_path, before):
     location, env = place
+    if before == "a stale lease":  # both race to take over the same dead holder
+        dead = {"user": "gone", "host": "old-host", "pid": 1, "since": "2026-01-01T00:00:00.000Z",
+                "renewed": "2026-01-01T00:00:00.000Z", "token": "dead"}  # fmt: skip
+        storage.write_bytes_atomic(location + "/.lease.json", json.dumps(dead).encode())
     go = tmp_path / "go-later"
     procs = [start(location, env, tmp_path, go=go) for _ in range(2)]
     go.touch()  # both race for the lease now

@@ -79,7 +79,8 @@ class LeaseHeld(MarinError):
 
 
 class LeaseLost(MarinError):
-    """The lease was taken over or deleted while its holder was building."""
+    """The lease was taken over or deleted while its holder was building (callers raise it
+    from on_lost), or could not be written at all."""
 
 
 def _encode(holder: LeaseHolder) -> bytes:
