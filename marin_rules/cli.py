@@ -27,7 +27,7 @@ from marin_rules.artifacts.identity import RECORD_FILE, ArtifactId, artifact_loc
 from marin_rules.artifacts.records import read_failures
 from marin_rules.experiment import DEFAULT_EXPERIMENT, Experiment, load_experiment
 from marin_rules.inspect import reading
-from marin_rules.mirror import mirror_root
+from marin_rules.mirror import records_root
 from marin_rules.workflow.options import DEFAULT_PREFIX
 
 EXPERIMENT_COMMANDS = ("status", "show", "path", "verify", "plan", "dag")
@@ -44,8 +44,7 @@ def _load(args, required: bool = True) -> Experiment | None:
 
 def record_path(prefix: str, artifact: ArtifactId) -> str:
     """The record as Snakemake sees it: on the prefix, or in the local mirror of a remote one."""
-    root = mirror_root(prefix) if storage.is_remote(prefix) else prefix
-    return f"{root}/{artifact.path}/{RECORD_FILE}"
+    return f"{records_root(prefix)}/{artifact.path}/{RECORD_FILE}"
 
 
 def _known_keys(experiment: Experiment | None, prefix: str, name: str) -> list[str]:

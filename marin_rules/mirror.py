@@ -28,6 +28,12 @@ def mirror_root(prefix: str) -> str:
     return f"{MIRROR_DIR}/{scheme}/{rest.strip('/')}"
 
 
+def records_root(prefix: str) -> str:
+    """Where Snakemake sees the records of `prefix`: the prefix itself, or the local
+    mirror of a remote one."""
+    return mirror_root(prefix) if storage.is_remote(prefix) else prefix
+
+
 def _signature(info: dict) -> str:
     """What changes whenever a remote object is rewritten: generation (GCS), else etag/
     md5, always with the size."""

@@ -64,24 +64,28 @@ def main(argv: list[str] | None = None) -> int:
         from marin_rules.workflow.signals import register
 
         unregister = register(args.registry, os.getpid())
-    code = 1
     try:
-        code = build(args)
-        return code
+        code = _exit_status(args)
+    finally:
+        if unregister is not None:
+            unregister()
+    if pod_stderr is not None and code != 0:
+        _echo_tail(log, pod_stderr)
+    return code
+
+
+def _exit_status(args: argparse.Namespace) -> int:
+    """Build; 0 built or served, 1 failed, 128+N stopped by signal N."""
+    try:
+        return build(args)
     except JobTerminated as e:
-        code = 128 + e.signum if e.signum else 1
-        return code
+        return 128 + e.signum if e.signum else 1
     except MarinError as e:
         if not getattr(e, "reported", False):
             print(f"marin-rules: {e}", file=sys.stderr)
         return 1
     except BaseException:  # noqa: BLE001 - the failure record and message are written already
         return 1
-    finally:
-        if unregister is not None:
-            unregister()
-        if pod_stderr is not None and code != 0:
-            _echo_tail(log, pod_stderr)
 
 
 def _echo_tail(log: str, fd: int, lines: int = 5) -> None:

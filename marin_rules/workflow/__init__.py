@@ -25,7 +25,7 @@ from typing import Any
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.experiment import load_experiment
-from marin_rules.mirror import mirror_root, refresh_mirror
+from marin_rules import mirror
 from marin_rules.workflow import dag_labels, options, signals
 from marin_rules.workflow.session import Session, stop
 
@@ -64,11 +64,9 @@ def begin(workflow: Any, config: dict) -> Session:
         options.target_keys(experiment, config.get("target"))
     except MarinError as e:
         raise stop(e) from None
-    records_root = prefix
-    if storage.is_remote(prefix):
-        records_root = mirror_root(prefix)
-        if main_process:
-            refresh_mirror(prefix, records_root)
+    records_root = mirror.records_root(prefix)
+    if main_process and storage.is_remote(prefix):
+        mirror.refresh_mirror(prefix, records_root)
     if main_process:
         command = shlex.join(options.redact_command(sys.argv))
     else:
