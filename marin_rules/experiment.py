@@ -35,9 +35,10 @@ from typing import Any, Callable, Iterator, Mapping
 from marin_rules.artifacts.canonical import canonical_value, fingerprint, fingerprint_payload
 from marin_rules.artifacts.errors import ConfigError, ExperimentError, got
 from marin_rules.artifacts.identity import ArtifactId, parse_key
+from marin_rules.artifacts.shards import MAX_SHARDS
 from marin_rules.dev_versions import default_dev_user, dev_user_in_path, owned_by, refuse_fixed_on_dev
 from marin_rules.steps import (
-    BUILTIN_STEPS, check_dep_kinds, check_step_config, check_upstream_configs, check_user_step, is_valid_step,
+    BUILTIN_STEPS, SHARDED_STEPS, check_dep_kinds, check_step_config, check_upstream_configs, check_user_step, is_valid_step,
 )
 from marin_rules.sweeps import expand_sweep
 from marin_rules.validation import suggest_key
@@ -248,6 +249,12 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
         runtime = canonical_value(runtime, "runtime")
     except ConfigError as e:
         raise fail(e.field, e.message) from None
+    if "shards" in runtime:
+        shards = runtime["shards"]
+        if step not in SHARDED_STEPS:
+            raise fail("runtime.shards", f"only {' and '.join(SHARDED_STEPS)} run in shards; remove it from this {step} step")
+        if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
+            raise fail("runtime.shards", f"expected a whole number of shard jobs from 1 to {MAX_SHARDS}, got {got(shards)}")
     return step, config, deps, runtime, pin
 
 

@@ -15,6 +15,8 @@ and a test fails when it is out of date. Point an editor at it with the first li
 
 from __future__ import annotations
 
+from marin_rules.artifacts.shards import MAX_SHARDS
+
 import json
 import os
 import sys
@@ -54,7 +56,16 @@ def experiment_schema() -> dict[str, Any]:
             "additionalProperties": dep,
         },
         "config": {"description": "the step's settings; fingerprinted", "type": "object"},
-        "runtime": {"description": "where and how it runs (tpu, distributed, ...); recorded, not fingerprinted", "type": "object"},
+        "runtime": {
+            "description": "where and how it runs (tpu, distributed, ...); recorded, not fingerprinted",
+            "type": "object",
+            "properties": {
+                "shards": {
+                    "description": "tokenize and dedup: how many shard jobs build it (any executor), then one gathers",
+                    "type": "integer", "minimum": 1, "maximum": MAX_SHARDS,
+                },
+            },
+        },
         "expect_fingerprint": {"description": "pin: loading fails if the recipe no longer fingerprints to this", "type": "string", "pattern": "^[0-9a-f]{16}$"},
         "description": {"type": "string"},
     }

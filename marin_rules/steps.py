@@ -45,6 +45,9 @@ class BuiltinStep:
     deps: Mapping[str, str | tuple[str, ...]] = field(default_factory=dict, hash=False)
     # "module:function" called as f(config, {role: the upstream entry's config}) at load
     check_upstream: str = ""
+    # "module:function" called as f(ctx, Shard) by each shard job of a sharded step
+    # (marin_rules.artifacts.shards); `run` is then the gather that writes the record
+    shard: str = ""
 
     def kinds(self, role: str) -> tuple[str, ...]:
         expected = self.deps.get(role, ())
@@ -59,10 +62,11 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
         "marin_rules.data.download:download", "marin_rules.data.checks:check_download", "marin_rules.data.checks:DownloadConfig"
     ),
     "dedup": BuiltinStep(
-        "marin_rules.data.dedup:dedup",
+        "marin_rules.data.dedup:gather_dedup",
         "marin_rules.data.dedup_config:check_dedup",
         "marin_rules.data.dedup_config:DedupConfig",
         {"corpus": CORPUS},
+        shard="marin_rules.data.dedup:sign_shard",
     ),
     "train_tokenizer": BuiltinStep(
         "marin_rules.data.tokenizer:train_tokenizer",
@@ -71,10 +75,11 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
         {"corpus": CORPUS},
     ),
     "tokenize": BuiltinStep(
-        "marin_rules.data.tokenize:tokenize",
+        "marin_rules.data.tokenize:gather_tokens",
         "marin_rules.data.checks:check_tokenize",
         "marin_rules.data.checks:TokenizeConfig",
         {"corpus": CORPUS, "tokenizer": "train_tokenizer"},
+        shard="marin_rules.data.tokenize:tokenize_shard",
     ),
     "train": BuiltinStep(
         "marin_rules.train.step:train", "marin_rules.train.config:check_train", "marin_rules.train.config:TrainConfig", {"data": "tokenize"}
@@ -243,9 +248,17 @@ def import_function(dotted: str) -> Callable[..., Any]:
 
 
 def step_function(step: str) -> Callable[..., Any]:
-    """The function that runs a step kind."""
+    """The function that runs a step kind (for a sharded one: its gather)."""
     builtin = BUILTIN_STEPS.get(step)
     return import_function(builtin.run if builtin else step)
+
+
+SHARDED_STEPS = tuple(name for name, builtin in BUILTIN_STEPS.items() if builtin.shard)
+
+
+def shard_function(step: str) -> Callable[..., Any]:
+    """The function each shard job of a sharded step calls as f(ctx, shard)."""
+    return import_function(BUILTIN_STEPS[step].shard)
 
 
 def check_upstream_configs(step: str, config: dict, deps: Mapping[str, Any], config_of: Mapping[str, Any]) -> None:

@@ -33,6 +33,25 @@ rule train_tokenizer:
         marin.JOB_SHELL
 
 
+# One job per shard of the artifact's runtime.shards (default 1): these go to whatever
+# executor runs the workflow; the `tokenize` job then gathers them and writes the record.
+rule tokenize_shard:
+    input:
+        unpack(M.inputs),
+    output:
+        M.shard_pattern(),
+    log:
+        M.shard_log_pattern(),
+    params:
+        **M.job_params(),
+    wildcard_constraints:
+        artifact=M.constraint("tokenize"),
+        shard=marin.SHARD_CONSTRAINT,
+    threads: M.shard_threads
+    shell:
+        marin.SHARD_SHELL
+
+
 rule tokenize:
     localrule: True
     input:
@@ -45,6 +64,5 @@ rule tokenize:
         **M.job_params(),
     wildcard_constraints:
         artifact=M.constraint("tokenize"),
-    threads: 2
     shell:
         marin.JOB_SHELL

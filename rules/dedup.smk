@@ -1,8 +1,26 @@
 # Near-duplicate removal: a corpus -> the same corpus less its near-duplicates. See marin_rules/data/dedup.py.
+# One signing job per shard of the artifact's runtime.shards (default 1), on whatever
+# executor runs the workflow; the `dedup` job then clusters and writes the corpus.
+
+
+rule dedup_shard:
+    input:
+        unpack(M.inputs),
+    output:
+        M.shard_pattern(),
+    log:
+        M.shard_log_pattern(),
+    params:
+        **M.job_params(),
+    wildcard_constraints:
+        artifact=M.constraint("dedup"),
+        shard=marin.SHARD_CONSTRAINT,
+    threads: M.shard_threads
+    shell:
+        marin.SHARD_SHELL
 
 
 rule dedup:
-    localrule: True
     input:
         unpack(M.inputs),
     output:

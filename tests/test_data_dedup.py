@@ -14,9 +14,9 @@ import yaml
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
-from marin_rules.artifacts.errors import ConfigError
+from marin_rules.artifacts.errors import ConfigError, StepError
 from marin_rules.data import dolma
-from marin_rules.data.dedup import dedup, stable_key
+from marin_rules.data.dedup import dedup, load_signatures, stable_key
 from marin_rules.data.dedup_config import candidate_probability, lsh_bands
 from marin_rules.data.dedup_lsh import UnionFind, shingles
 from marin_rules.data.download import download
@@ -188,6 +188,36 @@ def test_two_signing_processes_give_the_same_output(planted, tmp_path):
     assert result["num_workers"] == 2 and result["lsh"] == planted["result"]["lsh"]
     for split in dolma.SPLITS:
         assert (out / split / dolma.shard_name(0)).read_bytes() == (Path(planted["out"]) / split / dolma.shard_name(0)).read_bytes()
+
+
+def test_any_shard_count_gives_the_same_output(planted, tmp_path):
+    # 111 documents (train, then held-out) signed in 4 ranges; the held-out document is
+    # in the last range: the gather clusters them in the same order as one range
+    out = tmp_path / "four"
+    result = dedup(StepContext("dedup/planted", "v1", CONFIG, {"corpus": planted["raw"]}, {"shards": 4}, str(out)))
+    assert result["shards"] == 4
+    assert {k: v for k, v in result.items() if k not in ("seconds", "shards")} == {
+        k: v for k, v in planted["result"].items() if k not in ("seconds", "shards")
+    }
+    for split in dolma.SPLITS:
+        assert (out / split / dolma.shard_name(0)).read_bytes() == (Path(planted["out"]) / split / dolma.shard_name(0)).read_bytes()
+    assert sorted(p.name for p in (out / "shards").iterdir()) == [f"0000{k}-of-00004" for k in range(4)]
+
+
+def test_a_planted_signature_file_is_refused_not_unpickled(tmp_path):
+    import pickle
+
+    canary = tmp_path / "canary"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(canary), "w"))
+
+    with pytest.raises(StepError, match=r"^runtime\.shards: a signature file is damaged .*io\.open is not a MinHash signature"):
+        load_signatures(pickle.dumps([Evil()]))
+    assert not canary.exists()
+    with pytest.raises(StepError, match=r"^runtime\.shards: a signature file is damaged"):
+        load_signatures(b"not a pickle")
 
 
 @pytest.mark.parametrize(

@@ -39,8 +39,9 @@ def build_raw_and_tokenizer(src: Path, root: str) -> tuple[str, str]:
     return raw, tok
 
 
-def run_tokenize(output, raw: str, tok: str, **config) -> dict:
-    return tokenize(ctx("tokenized/slice", output, config, {"tokenizer": tok, "corpus": raw}))
+def run_tokenize(output, raw: str, tok: str, runtime=None, **config) -> dict:
+    context = StepContext("tokenized/slice", "v1", config, {"tokenizer": tok, "corpus": raw}, runtime or {}, str(output))
+    return tokenize(context)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,7 @@ def test_every_document_comes_back_from_its_tokens_followed_by_one_eos(built):
 
 def test_two_workers_write_exactly_what_one_worker_writes(built, tmp_path):
     run_tokenize(tmp_path / "two", built["raw"], built["tok"], validation_fraction=0.4, num_workers=2, batch_size=1)
-    for name in ("train/tokens-00000.npy", "validation/tokens-00000.npy"):
+    for name in ("shards/00000-of-00001/train/tokens-00000.npy", "shards/00000-of-00001/validation/tokens-00000.npy"):
         assert (tmp_path / "two" / name).read_bytes() == (built["tokens"] / name).read_bytes()
 
     def index(folder):  # references are relative to each artifact's own folder
@@ -96,6 +97,24 @@ def test_two_workers_write_exactly_what_one_worker_writes(built, tmp_path):
         return {**data, **{k: os.path.normpath(folder / data[k]) for k in ("tokenizer", "corpus")}}
 
     assert index(tmp_path / "two") == index(built["tokens"])
+
+
+@pytest.mark.parametrize("shards", [2, 4, 7])
+def test_any_shard_count_writes_the_same_token_streams(built, tmp_path, shards):
+    # 5 documents in `shards` contiguous ranges (7 > 5: some ranges are empty); which split
+    # a document goes to depends on its place in the whole corpus, not in its shard
+    result = run_tokenize(tmp_path / "sharded", built["raw"], built["tok"], {"shards": shards}, validation_fraction=0.4)
+    index = json.loads((tmp_path / "sharded" / "index.json").read_text())
+    for split in ("train", "validation"):
+        files = [s["path"] for s in index["splits"][split]["shards"]]
+        assert all(f.startswith("shards/") for f in files) and files == sorted(files)
+        assert [d.tobytes() for d in documents_of(tmp_path / "sharded", split, 1)] == [
+            d.tobytes() for d in documents_of(built["tokens"], split, 1)
+        ]  # bitwise
+    assert result["shards"] == shards
+    assert {k: v for k, v in result.items() if k not in ("shards", "seconds", "tokens_per_second")} == {
+        k: v for k, v in built["result"].items() if k not in ("shards", "seconds", "tokens_per_second")
+    }
 
 
 @pytest.mark.timeout(120)
@@ -150,7 +169,7 @@ def test_vocab_beyond_uint16_is_stored_as_uint32_and_uint16_is_refused(built, tm
     assert not (tmp_path / "narrow" / "index.json").exists()
     result = run_tokenize(tmp_path / "wide", built["raw"], tok, sample_count=2, validation_fraction=0)
     assert result["dtype"] == "uint32"
-    assert np.load(tmp_path / "wide" / "train" / "tokens-00000.npy").dtype == np.uint32
+    assert np.load(tmp_path / "wide" / "shards" / "00000-of-00001" / "train" / "tokens-00000.npy").dtype == np.uint32
 
 
 def test_a_run_that_dies_before_its_index_leaves_nothing_that_looks_done(built, tmp_path, monkeypatch):
@@ -158,7 +177,7 @@ def test_a_run_that_dies_before_its_index_leaves_nothing_that_looks_done(built, 
     run_tokenize(out, built["raw"], built["tok"], validation_fraction=0.4)
     assert (out / "index.json").exists()
 
-    def crash(self):
+    def crash(self, prefix=""):
         raise KeyboardInterrupt("killed while writing shards")
 
     monkeypatch.setattr(tokenize_module.ShardWriter, "close", crash)

@@ -2,7 +2,8 @@
 
 Model: an artifact's data is every file under its folder except the bookkeeping: the
 success record (and its temporary siblings), `.failures/`, `.history/` and the lease
-(`.lease.json` and its `.lock`, `.tmp-*` siblings). The success record lists them with
+(`.lease.json` and its `.lock`, `.tmp-*` siblings), at the top and in shard folders
+(`shards/*/`, which hold their own lease and `.failures/`). The success record lists them with
 their sizes (one listing, local or remote); `file_problems` compares a listing made now
 against that list.
 """
@@ -28,8 +29,14 @@ def list_data_files(location: str) -> dict[str, int]:
     files = {}
     for path, info in found.items():
         rel = path[len(root) + 1 :] if path.startswith(root + "/") else path
-        top = rel.split("/", 1)[0]
-        if top in NOT_DATA or top.startswith((RECORD_FILE, LEASE_FILE)) or info.get("type") == "directory":
+        parts = rel.split("/")
+        if (
+            parts[0] in NOT_DATA
+            or parts[0].startswith(RECORD_FILE)
+            or parts[-1].startswith(LEASE_FILE)
+            or any(p in (FAILURES_DIR, HISTORY_DIR) for p in parts[:-1])
+            or info.get("type") == "directory"
+        ):
             continue
         files[rel] = int(info.get("size") or 0)
     return dict(sorted(files.items()))

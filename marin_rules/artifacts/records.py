@@ -217,6 +217,7 @@ def write_failure(
     record = {
         **identity_fields(entry),
         **({} if process is None else {"process": process}),
+        **({"shard": entry["shard"]} if "shard" in entry else {}),
         "status": "failed",
         "error": {
             "type": type(error).__name__,

@@ -14,6 +14,12 @@ as Dolma shards `train/` and `heldout/` with a `manifest.json` (written last) th
 has every field `download` writes, so `train_tokenizer`, `tokenize` and `evaluate`
 read it like a download.
 
+The signing (most of the work) is cut into `runtime.shards` (default 1) contiguous
+ranges of that document sequence (`marin_rules.artifacts.shards`): in a workflow run
+each is its own Snakemake job (`dedup_shard`) writing its signatures to
+`shards/{k}-of-{n}/signatures.pkl`, and the `dedup` job gathers them in order,
+clusters and writes the output; the result does not depend on the shard count.
+
 The result (the record's `result`): documents in and out, duplicates removed (and
 how many of them were training copies of held-out documents), the number of
 clusters, a histogram of cluster sizes, and the LSH parameters used.
@@ -22,6 +28,9 @@ clusters, a histogram of cluster sizes, and the LSH parameters used.
 from __future__ import annotations
 
 import collections
+import io
+import itertools
+import pickle
 import sys
 import time
 from importlib.metadata import version
@@ -33,12 +42,49 @@ from tqdm import tqdm
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.shards import Shard, all_shards, shard_count
 from marin_rules.data import dolma
 from marin_rules.data.dedup_config import candidate_probability, check_dedup, lsh_bands, settings
 from marin_rules.data.dedup_lsh import Clusterer, cluster, signatures
+from rensa import RMinHash
 
 
 def dedup(ctx: StepContext) -> dict[str, Any]:
+    """The whole step in this process: every shard's signatures, then the gather."""
+    return gather_dedup(ctx, [sign_shard(ctx, s) for s in all_shards(shard_count(ctx.runtime))])
+
+
+def sign_shard(ctx: StepContext, shard: Shard) -> dict[str, Any]:
+    """Sign this shard's range of the corpus's documents (training split, then held-out)."""
+    check_dedup(ctx.config, ctx.deps)
+    cfg = settings(ctx.config)
+    corpus = ctx.deps["corpus"]
+    started = time.perf_counter()
+    upstream = dolma.read_manifest(corpus)
+    n_train, n_heldout = upstream["train_documents"], upstream["heldout_documents"]
+    span = shard.document_range(n_train + n_heldout)
+    texts = itertools.chain(
+        dolma.read_range(corpus, "train", span.start, min(span.stop, n_train)),
+        dolma.read_range(corpus, "heldout", max(0, span.start - n_train), max(0, span.stop - n_train)),
+    )
+    bands, rows = lsh_bands(cfg.threshold, cfg.num_perm)
+    num_workers = int(ctx.runtime.get("num_workers") or cfg.num_workers or 1)
+    sigs = signatures(
+        (doc["text"] for doc in texts),
+        ngram=cfg.ngram, unit=cfg.ngram_unit, num_perm=bands * rows, seed=cfg.seed, num_workers=num_workers,
+    )  # fmt: skip
+    progress = tqdm(sigs, total=len(span), desc=f"dedup {shard.name}", unit="doc", file=sys.stderr, mininterval=1.0)
+    signed = list(progress)
+    if len(signed) != len(span):
+        raise StepError(f"deps.corpus: {corpus} lists {n_train + n_heldout} documents but holds fewer")
+    path = storage.join(shard.location(ctx.output), SIGNATURES)
+    storage.write_bytes_atomic(path, dump_signatures(signed))
+    return {"documents": len(signed), "signatures": f"{shard.folder}/{SIGNATURES}", "num_workers": num_workers,
+            "seconds": round(time.perf_counter() - started, 3)}  # fmt: skip
+
+
+def gather_dedup(ctx: StepContext, signed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Cluster every shard's signatures, in order; keep one document per cluster; write."""
     check_dedup(ctx.config, ctx.deps)
     cfg = settings(ctx.config)
     corpus = ctx.deps["corpus"]
@@ -55,14 +101,15 @@ def dedup(ctx: StepContext) -> dict[str, Any]:
     if not docs["train"]:
         raise StepError(f"deps.corpus: the training split of {corpus} is empty")
     bands, rows = lsh_bands(cfg.threshold, cfg.num_perm)
-    num_workers = int(ctx.runtime.get("num_workers") or cfg.num_workers or 1)
-    sigs = signatures(
-        (doc["text"] for _, doc in ordered),
-        ngram=cfg.ngram, unit=cfg.ngram_unit, num_perm=bands * rows, seed=cfg.seed, num_workers=num_workers,
-    )  # fmt: skip
-    progress = tqdm(sigs, total=len(ordered), desc="dedup", unit="doc", file=sys.stderr, mininterval=1.0)
+    sigs = itertools.chain.from_iterable(
+        load_signatures(storage.read_bytes(storage.join(ctx.output, s["signatures"]))) for s in signed
+    )
+    progress = tqdm(sigs, total=len(ordered), desc="dedup clusters", unit="doc", file=sys.stderr, mininterval=1.0)
     clusterer = Clusterer(cfg.threshold, bands * rows, bands)
     clusters = cluster(progress, clusterer)
+    if sum(len(c) for c in clusters) != len(ordered):
+        raise StepError(f"runtime.shards: the shards signed {sum(len(c) for c in clusters)} documents, "
+                        f"{corpus} holds {len(ordered)}; delete {ctx.output}/shards and run again")  # fmt: skip
 
     keep, leaked = choose_kept(clusters, ordered)
     kept = {split: [doc for i, (s, doc) in enumerate(ordered) if s == split and i in keep] for split in dolma.SPLITS}
@@ -93,11 +140,39 @@ def dedup(ctx: StepContext) -> dict[str, Any]:
         "duplicate_clusters": sum(n for size, n in sizes.items() if size > 1),
         "cluster_sizes": {str(size): sizes[size] for size in sorted(sizes)},
         "lsh": lsh,
-        "num_workers": num_workers,
-        "seconds": round(time.perf_counter() - started, 3),
+        "num_workers": signed[0]["num_workers"],
+        "shards": len(signed),
+        "seconds": round(time.perf_counter() - started + sum(s["seconds"] for s in signed), 3),
     }
     storage.write_json_atomic(manifest_location, output_manifest(upstream, corpus, kept, shards, result))
     return result
+
+
+SIGNATURES = "signatures.pkl"
+
+
+def dump_signatures(sigs: list[RMinHash]) -> bytes:
+    return pickle.dumps(sigs, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class _SignatureUnpickler(pickle.Unpickler):
+    """Unpickles a list of rensa signatures and nothing else: a planted or corrupt file
+    cannot run code (the restricted `find_class` of Python's pickle documentation)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("rensa", "RMinHash"):
+            return RMinHash
+        raise pickle.UnpicklingError(f"{module}.{name} is not a MinHash signature")
+
+
+def load_signatures(data: bytes) -> list[RMinHash]:
+    try:
+        sigs = _SignatureUnpickler(io.BytesIO(data)).load()
+    except Exception as e:  # noqa: BLE001 - any damage is the same problem
+        raise StepError(f"runtime.shards: a signature file is damaged ({e}); delete the artifact's shards/ and run again") from None
+    if not isinstance(sigs, list) or not all(isinstance(s, RMinHash) for s in sigs):
+        raise StepError("runtime.shards: a signature file holds something else than signatures; delete the artifact's shards/")
+    return sigs
 
 
 def stable_key(doc: dict[str, Any]) -> tuple[str, str]:
@@ -142,5 +217,5 @@ def output_manifest(
         "duplicates_dropped": upstream.get("duplicates_dropped", 0),
         "empty_dropped": upstream.get("empty_dropped", 0),
         "heldout": [d.get("metadata", {}).get("title") for d in kept["heldout"]],
-        "dedup": {"corpus": corpus, **{k: v for k, v in result.items() if k not in ("seconds", "num_workers")}},
+        "dedup": {"corpus": corpus, **{k: v for k, v in result.items() if k not in ("seconds", "num_workers", "shards")}},
     }

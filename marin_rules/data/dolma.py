@@ -72,9 +72,12 @@ def read_split(location: str, split: str, field: str = "deps.corpus") -> Iterato
 
 
 def remove(location: str) -> None:
+    """Delete a file if it is there (another job may delete it at the same time)."""
     fs, path = storage.filesystem(location)
-    if fs.exists(path):
+    try:
         fs.rm(path)
+    except FileNotFoundError:
+        pass
 
 
 def read_shard(location: str) -> Iterator[dict[str, Any]]:
@@ -82,3 +85,20 @@ def read_shard(location: str) -> Iterator[dict[str, Any]]:
     for line in data.splitlines():
         if line.strip():
             yield json.loads(line)
+
+
+def read_range(location: str, split: str, start: int, stop: int, field: str = "deps.corpus") -> Iterator[dict[str, Any]]:
+    """Documents `start` .. `stop - 1` of a split, in order. Files and lines before
+    `start` are counted, not parsed (a shard job reads only its share as JSON)."""
+    position = 0
+    for name in read_manifest(location, field)["shards"][split]:
+        if position >= stop:
+            return
+        lines = [line for line in gzip.decompress(storage.read_bytes(storage.join(location, split, name))).splitlines()
+                 if line.strip()]  # fmt: skip
+        if position + len(lines) <= start:
+            position += len(lines)
+            continue
+        for line in lines[max(0, start - position) : stop - position]:
+            yield json.loads(line)
+        position += len(lines)

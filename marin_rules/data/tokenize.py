@@ -7,9 +7,15 @@ strings inside a text are encoded as plain text, so eos only ever ends a
 document). A fixed, evenly spaced `validation_fraction` of the documents (at least
 one when the fraction is above zero) forms the validation split, the rest the
 train split: the two never share a document. Each split is one stream of tokens
-stored as numpy shards `{split}/tokens-00000.npy`, ... of dtype uint16 when the
-vocabulary fits in 65,536 ids, else uint32 (`config.dtype` may force one; it must
-hold every id).
+stored as numpy files of dtype uint16 when the vocabulary fits in 65,536 ids, else
+uint32 (`config.dtype` may force one; it must hold every id).
+
+The work is cut into `runtime.shards` (default 1) contiguous ranges of documents
+(`marin_rules.artifacts.shards`): in a workflow run each is its own Snakemake job
+(`tokenize_shard`, on whatever executor runs the workflow) writing
+`shards/{k}-of-{n}/{split}/tokens-00000.npy`, ..., and the `tokenize` job gathers
+them. A split's stream is its shards' files in order, the same tokens for any shard
+count: the count is an execution choice, outside the fingerprint.
 
 Encoding runs in batches of documents: in a thread of this process for one worker
 (overlapping reading and writing), across a pool of `num_workers` spawned processes
@@ -42,6 +48,7 @@ from tqdm import tqdm
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.shards import Shard, all_shards, shard_count
 from marin_rules.data import dolma
 from marin_rules.data.checks import (
     DEFAULT_BATCH_SIZE,
@@ -62,20 +69,28 @@ THREAD_TASK_BYTES = 2**22  # one worker: tokenizers parallelises over a call's d
 
 
 def tokenize(ctx: StepContext) -> dict[str, Any]:
+    """The whole step in this process: every shard of `runtime.shards`, then the gather
+    (what the shard jobs and the gather job do between them in a workflow run)."""
+    return gather_tokens(ctx, [tokenize_shard(ctx, s) for s in all_shards(shard_count(ctx.runtime))])
+
+
+def tokenize_shard(ctx: StepContext, shard: Shard) -> dict[str, Any]:
+    """Encode this shard's contiguous range of the corpus's training documents into
+    `{shard folder}/{split}/tokens-*.npy`; returns its splits (paths relative to the
+    artifact) and counts. Which split a document goes to depends on its place in the
+    whole corpus, so the gathered streams do not depend on the shard count."""
     check_tokenize(ctx.config, ctx.deps)
     started = time.perf_counter()
     setting = {**ctx.config, **{k: v for k, v in ctx.runtime.items() if k in ("num_workers", "batch_size")}}
     num_workers = int(setting.get("num_workers") or DEFAULT_NUM_WORKERS)
     batch_size = int(setting.get("batch_size") or DEFAULT_BATCH_SIZE)
     fraction = float(ctx.config.get("validation_fraction", DEFAULT_VALIDATION_FRACTION))
-    tokenizer_location = storage.join(ctx.deps["tokenizer"], TOKENIZER_FILE)
     corpus = ctx.deps["corpus"]
-
     vocab = describe_tokenizer(ctx.deps["tokenizer"], ctx.config.get("dtype"))
-    index_location = storage.join(ctx.output, INDEX)
-    dolma.remove(index_location)  # a retry: no old index may describe new shards
-    for split in SPLITS:
-        folder = storage.join(ctx.output, split)
+    output = shard.location(ctx.output)
+    dolma.remove(storage.join(ctx.output, INDEX))  # a retry: no old index may describe rewritten files
+    for split in SPLITS:  # a retry: what an interrupted attempt left is rewritten
+        folder = storage.join(output, split)
         if storage.exists(folder):
             for stale in storage.list_files(folder, "tokens-*.npy"):
                 dolma.remove(stale)
@@ -83,11 +98,12 @@ def tokenize(ctx: StepContext) -> dict[str, Any]:
     available = dolma.read_manifest(corpus)["train_documents"]
     n_docs = min(available, ctx.config.get("sample_count") or available)
     labels = split_labels(n_docs, fraction)
-    texts = (doc["text"] for doc, _ in zip(dolma.read_split(corpus, "train"), range(n_docs)))
+    span = shard.document_range(n_docs)
+    texts = (doc["text"] for doc in dolma.read_range(corpus, "train", span.start, span.stop))
 
-    writers = {split: ShardWriter(ctx.output, split, vocab["dtype"]) for split in SPLITS}
-    progress = tqdm(total=n_docs, desc="tokenize", unit="doc", file=sys.stderr, mininterval=1.0)
-    position = 0
+    writers = {split: ShardWriter(output, split, vocab["dtype"]) for split in SPLITS}
+    progress = tqdm(total=len(span), desc=f"tokenize {shard.name}", unit="doc", file=sys.stderr, mininterval=1.0)
+    position = span.start
     for tokens, lengths in encode_stream(
         texts, vocab["tokenizer_json"], vocab["eos_id"], vocab["dtype"], num_workers=num_workers, batch_size=batch_size
     ):
@@ -98,12 +114,36 @@ def tokenize(ctx: StepContext) -> dict[str, Any]:
             position += 1
         progress.update(len(lengths))
     progress.close()
-    if position != n_docs:
+    if position != span.stop:
         raise StepError(f"deps.corpus: {corpus} lists {n_docs} training documents but holds {position}")
-    if writers["train"].tokens == 0:
-        raise StepError(f"deps.corpus: no training documents in {corpus}")
+    splits = {split: writer.close(prefix=shard.folder) for split, writer in writers.items()}
+    return {
+        "documents": len(span), "corpus_documents": n_docs, "splits": splits, "num_workers": num_workers,
+        "seconds": round(time.perf_counter() - started, 3),
+    }  # fmt: skip
 
-    splits = {split: writer.close() for split, writer in writers.items()}
+
+def gather_tokens(ctx: StepContext, shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """Join the shards' results, in order, into `index.json` (written last): each split
+    is the concatenation of its shards' token files. Returns the step's result."""
+    check_tokenize(ctx.config, ctx.deps)
+    fraction = float(ctx.config.get("validation_fraction", DEFAULT_VALIDATION_FRACTION))
+    tokenizer_location = storage.join(ctx.deps["tokenizer"], TOKENIZER_FILE)
+    corpus = ctx.deps["corpus"]
+    vocab = describe_tokenizer(ctx.deps["tokenizer"], ctx.config.get("dtype"))
+    index_location = storage.join(ctx.output, INDEX)
+    dolma.remove(index_location)
+    splits = {
+        split: {
+            "tokens": sum(s["splits"][split]["tokens"] for s in shards),
+            "documents": sum(s["splits"][split]["documents"] for s in shards),
+            "shards": [f for s in shards for f in s["splits"][split]["shards"]],
+        }
+        for split in SPLITS
+    }
+    n_docs = sum(s["documents"] for s in shards)
+    if splits["train"]["tokens"] == 0:
+        raise StepError(f"deps.corpus: no training documents in {corpus}")
     index = {
         "format": INDEX_FORMAT,
         "vocab_size": vocab["vocab_size"],
@@ -118,7 +158,7 @@ def tokenize(ctx: StepContext) -> dict[str, Any]:
         "splits": splits,
     }
     storage.write_json_atomic(index_location, index)
-    seconds = time.perf_counter() - started
+    seconds = sum(s["seconds"] for s in shards)
     total = sum(s["tokens"] for s in splits.values())
     validation_share = splits["validation"]["tokens"] / total if total else 0.0
     if fraction > 0 and not fraction / 2 <= validation_share <= fraction * 2:
@@ -138,8 +178,9 @@ def tokenize(ctx: StepContext) -> dict[str, Any]:
         "validation_token_share": round(validation_share, 4),
         "vocab_size": vocab["vocab_size"],
         "dtype": vocab["dtype"],
-        "num_workers": num_workers,
-        "seconds": round(seconds, 3),
+        "num_workers": shards[0]["num_workers"],
+        "shards": len(shards),
+        "seconds": round(seconds, 3),  # encoding time summed over the shards
         "tokens_per_second": round(total / seconds) if seconds > 0 else None,
     }
 
@@ -281,10 +322,12 @@ class ShardWriter:
         if self.pending_tokens >= SHARD_TOKENS:
             self._flush()
 
-    def close(self) -> dict[str, Any]:
+    def close(self, prefix: str = "") -> dict[str, Any]:
+        """The split's counts and files (paths under `prefix`, relative to the artifact)."""
         if self.pending:
             self._flush()
-        return {"tokens": self.tokens, "documents": self.documents, "shards": self.shards}
+        shards = [{**s, "path": f"{prefix}/{s['path']}" if prefix else s["path"]} for s in self.shards]
+        return {"tokens": self.tokens, "documents": self.documents, "shards": shards}
 
     def _flush(self) -> None:
         path = f"{self.split}/tokens-{len(self.shards):05d}.npy"

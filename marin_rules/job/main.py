@@ -13,6 +13,11 @@ is read from the environment except a pod's place (`pod_process_from_env`). In o
 4. check every upstream's record and files (`verify_files`), then call the step
    (`run.run_step`); the heartbeat stops the step if the lease is lost, and the
    success record is written only while the lease is still held.
+A shard job of a sharded step (`--shard kkkkk-of-nnnnn`, `marin_rules.artifacts.shards`)
+does the same for its shard folder: its own lease, its shard record instead of the
+success record (a finished shard is served, never built again). The artifact's own
+job of a sharded step is then the gather: it reads every shard's result. `--threads`
+(Snakemake's allowance) caps the tokenizers' thread pool (`RAYON_NUM_THREADS`).
 Exit status: 0 built or served, 1 failed, 128+N stopped by signal N.
 """
 
@@ -25,6 +30,7 @@ import sys
 from typing import Any
 
 from marin_rules.artifacts import storage
+from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.records import Provenance, read_record, verify_files
@@ -44,11 +50,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--workflow-dir", default=".")
     p.add_argument("--log", help="file for this job's output")
     p.add_argument("--command", default="", help="the user's command line (secrets already redacted)")
+    p.add_argument("--shard", help="kkkkk-of-nnnnn: build this shard of a sharded step")
+    p.add_argument("--threads", type=int, help="threads Snakemake allows this job")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.threads and "RAYON_NUM_THREADS" not in os.environ:
+        os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # before tokenizers starts its pool
     install_stop_handlers()
     pod_stderr, log = None, None
     if args.log:
@@ -131,6 +141,10 @@ def build(args: argparse.Namespace) -> int:
     artifact = experiment.by_path[args.artifact]
     location = artifact_location(args.prefix, artifact.id)
     print(f"marin job: {artifact.key} (rule {args.rule}, job {args.jobid}): {args.command}", flush=True)
+    if args.shard:
+        from marin_rules.job.shard import build_shard
+
+        return build_shard(artifact, experiment, location, args)
     pod = pod_process_from_env(os.environ)
     process = None if pod is None else pod.process_id
     held = None
@@ -176,10 +190,27 @@ def _mirror(record: Any, artifact: Any, args: argparse.Namespace) -> None:
 
 
 def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace, process: int | None, held: Any) -> int:
+    from marin_rules.artifacts.shards import gathered_results, shard_count
+    from marin_rules.steps import BUILTIN_STEPS, step_function
+
+    ctx, entry, provenance, deps_record = job_context(artifact, experiment, location, args)
+    sharded = artifact.step in BUILTIN_STEPS and bool(BUILTIN_STEPS[artifact.step].shard)
+
+    def step(c: StepContext) -> Any:
+        check_upstreams(artifact, experiment, args.prefix, deps_record)  # fills in what was seen
+        if sharded:  # the gather: every shard job has finished
+            return step_function(artifact.step)(c, gathered_results(location, shard_count(c.runtime), artifact.fingerprint))
+        return step_function(artifact.step)(c)
+
+    record = run_step(ctx, entry, provenance, step, process, None if held is None else held.still_held)
+    _mirror(record, artifact, args)
+    return 0
+
+
+def job_context(artifact: Any, experiment: Any, location: str, args: argparse.Namespace) -> tuple:
+    """What a step is called with: (StepContext, record entry, Provenance, deps as recorded)."""
     from marin_rules.adopt import data_location
-    from marin_rules.artifacts.context import StepContext
     from marin_rules.cluster.pod import pod_process_from_env
-    from marin_rules.steps import step_function
 
     deps_ctx: dict[str, Any] = {}
     deps_record: dict[str, Any] = {}
@@ -206,14 +237,7 @@ def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace,
 
     code = (("code", step_code(artifact.step)),)
     provenance = Provenance(args.workflow_dir, command, args.rule, _jobid(args.jobid), code)
-
-    def step(c: StepContext) -> Any:
-        check_upstreams(artifact, experiment, args.prefix, deps_record)  # fills in what was seen
-        return step_function(artifact.step)(c)
-
-    record = run_step(ctx, entry, provenance, step, process, None if held is None else held.still_held)
-    _mirror(record, artifact, args)
-    return 0
+    return ctx, entry, provenance, deps_record
 
 
 def _dep_name(experiment: Any, key: str) -> dict[str, Any]:

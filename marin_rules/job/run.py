@@ -5,7 +5,8 @@ first SIGTERM or SIGINT raises `JobTerminated` inside the step (wherever it is i
 Python code); later ones are ignored while the failure record is written. A lease
 that is lost while the step runs (`stop_for_lost_lease`, called by the lease's
 heartbeat thread) is delivered the same way, through `_thread.interrupt_main`. Any
-failure writes `{location}/.failures/<time>.json` and re-raises. On success the fence
+failure writes `{location}/.failures/<time>.json` (a shard's too: the artifact's
+history holds it) and re-raises. On success the fence
 (`still_held`, the lease re-read right before) must pass, then `write_success` lists
 the data files and writes `.artifact.json` last. On a pod every process runs the step;
 only process 0 writes the success record, every failing process its own failure.
@@ -76,9 +77,11 @@ def run_step(
     function: Callable[[StepContext], Any],
     process: int | None = None,
     still_held: Callable[[], bool] | None = None,
+    write: Callable[[Any, dict], Any] | None = None,
 ) -> Record | None:
     """Call a step; success record last (process 0 or no pod), or failure record and
-    re-raise. `still_held` is the lease's fencing check."""
+    re-raise. `still_held` is the lease's fencing check. `write(result, provenance)`
+    replaces the success record (a shard job writes its shard record instead)."""
     from marin_rules.artifacts import storage
 
     install_stop_handlers()
@@ -105,4 +108,6 @@ def run_step(
         raise
     if process:
         return None
+    if write is not None:
+        return write(result, provenance.as_dict(started, utc_now()))
     return write_success(ctx.output, entry, result, provenance.as_dict(started, utc_now()))

@@ -38,6 +38,8 @@ JOB_SHELL = (
     " --lease {params.lease:q} --registry {params.registry:q} --workflow-dir {params.workflow_dir:q}"
     " --log {log:q} --command {params.command:q}"
 )
+SHARD_SHELL = JOB_SHELL + " --shard {wildcards.shard:q} --threads {threads}"  # a `{step}_shard` rule's
+SHARD_CONSTRAINT = r"\d{5}-of-\d{5}"
 
 _session: Session | None = None
 

@@ -99,3 +99,27 @@ def move_old_build(location: str, keep: bool = True) -> str | None:
         storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
     fs.rm(storage.filesystem(marker)[1])
     return target if keep else None
+
+
+def retire_now(location: str, keep: bool = True, stale_s: float | None = None) -> str | None:
+    """A forced sharded artifact, from the main process while planning (real runs):
+    its shard jobs run before its own job, so the old build moves to `.history/` now,
+    under the artifact's lease. A live holder of it or of one of its shards (another
+    run building it) is refused: forcing a build in progress would wreck it."""
+    from marin_rules.artifacts import lease as leases
+    from marin_rules.artifacts.shards import SHARDS_DIR
+
+    stale_s = leases.STALE_S if stale_s is None else stale_s
+    held = leases.acquire(location, is_done=lambda: False, wait=False, stale_s=stale_s)
+    try:
+        shards = storage.join(location, SHARDS_DIR)
+        if storage.exists(shards):
+            fs, root = storage.filesystem(shards)
+            for folder in fs.ls(root.rstrip("/"), detail=False):
+                holder = leases.read_lease(storage.join(shards, folder.rstrip("/").rsplit("/", 1)[-1]))
+                if holder is not None and holder.age_s() < stale_s:
+                    raise leases.LeaseHeld(folder, holder, "; force it once that run has finished")
+        mark_forced(location)
+        return move_old_build(location, keep=keep)
+    finally:
+        held.release()

@@ -12,6 +12,15 @@ get their old record saved (`forcing.mark_forced`), and edges are `ancient()` un
 their upstream is forced, so newer upstream files never rebuild a finished artifact.
 The job command itself gets every value it needs as a quoted parameter (`job_params`).
 
+A sharded step (`tokenize`, `dedup`: `marin_rules.artifacts.shards`) has a second rule,
+`{step}_shard`, whose jobs build `{records_root}/{artifact}/shards/{shard}/shard.json`
+(`shard_pattern`), one per shard of the artifact's `runtime.shards`; the artifact's
+own job gathers them. Its record asks for the shard records only while it is unbuilt
+or forced (a finished artifact is served even where the shard records are not
+mirrored). A forced sharded artifact has its old build moved to `.history/` while
+planning (`forcing.retire_now`, under its lease), since its shard jobs run before
+its own job does; `--forcerun tokenize_shard` forces it as `--forcerun tokenize` does.
+
 Dev versions (`name@dev`, `*-dev`) count as forced on every run: they are never drift-
 checked, and in the main process each gets the input `.snakemake/marin-dev/run`, touched
 rewritten once per invocation, so Snakemake's mtime trigger rebuilds them (and shows them in `-n`).
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,7 +43,9 @@ from marin_rules.adopt import STEP as ADOPT_STEP, check_layout, source_problems
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.records import Record, read_record_file
+from marin_rules.artifacts.shards import SHARD_RECORD, SHARDS_DIR, all_shards, shard_count
 from marin_rules.experiment import Artifact, Experiment
+from marin_rules.steps import SHARDED_STEPS
 from marin_rules.workflow import advisory, forcing
 from marin_rules.workflow.options import rule_of, target_keys
 
@@ -84,6 +96,22 @@ class Session:
     def log_pattern(self) -> str:
         return f"{LOG_ROOT}/{{artifact}}/job.log"
 
+    def shard_pattern(self) -> str:
+        return f"{self.records_root}/{{artifact}}/{SHARDS_DIR}/{{shard}}/{SHARD_RECORD}"
+
+    def shard_log_pattern(self) -> str:
+        return f"{LOG_ROOT}/{{artifact}}/shard-{{shard}}.log"
+
+    def shard_records(self, key: str) -> list[str]:
+        artifact = self.experiment[key]
+        root = f"{self.records_root}/{artifact.id.path}"
+        return [f"{root}/{s.folder}/{SHARD_RECORD}" for s in all_shards(shard_count(artifact.runtime))]
+
+    def shard_threads(self, wildcards) -> int:
+        """A shard job's threads: its tokenizer/signing processes (`num_workers`)."""
+        artifact = self.experiment.by_path[wildcards.artifact]
+        return max(1, int(artifact.runtime.get("num_workers") or artifact.config.get("num_workers") or 1))
+
     def constraint(self, rule: str) -> str:
         """Regex for the `artifact` wildcard: exactly the artifacts this rule builds."""
         paths = [a.id.path for a in self.experiment.artifacts.values() if rule_of(a.step) == rule]
@@ -133,8 +161,10 @@ class Session:
             records = {
                 forcing.normalized(self.record_path(key)), forcing.normalized(self.location(key) + "/" + RECORD_FILE)
             }
-            direct = artifact.id.is_dev or forcing.forced_directly(
-                self.workflow.dag_settings, rule_of(artifact.step), records
+            rule = rule_of(artifact.step)
+            direct = artifact.id.is_dev or any(
+                forcing.forced_directly(self.workflow.dag_settings, r, records)
+                for r in ((rule, f"{rule}_shard") if artifact.step in SHARDED_STEPS else (rule,))
             )
             self._forced[key] = direct or any(self.is_forced(u) for u in artifact.upstream_keys())
         return self._forced[key]
@@ -161,6 +191,9 @@ class Session:
                 path = self.record_path(upstream)
                 name = role if isinstance(dep, str) else f"{role}_{i}"
                 inputs[name] = path if self.is_forced(upstream) else ancient(path)
+        if artifact.step in SHARDED_STEPS and "shard" not in wildcards.keys() and (forced or record is None):
+            for i, path in enumerate(self.shard_records(artifact.key)):
+                inputs[f"shard_{i}"] = path
         return inputs
 
     def _dev_stamp(self) -> str:
@@ -192,7 +225,10 @@ class Session:
             if len(self.training) == 1 and getattr(self.workflow, "dryrun", False):
                 atexit.register(self.print_plan)  # `onstart:` does not run in dry runs
         if forced:
-            if not getattr(self.workflow, "dryrun", False):
+            dry = getattr(self.workflow, "dryrun", False)
+            if artifact.step in SHARDED_STEPS:
+                self._retire_sharded(artifact, dry)
+            elif not dry:
                 forcing.mark_forced(self.location(artifact.key))
             return
         if record is not None:
@@ -201,6 +237,26 @@ class Session:
             except MarinError as e:
                 raise stop(e) from None
 
+
+    def _retire_sharded(self, artifact: Artifact, dry: bool) -> None:
+        """A forced sharded artifact: move its old build aside now, so its shard jobs run."""
+        count = shard_count(artifact.runtime)
+        if dry:
+            if self.recorded(artifact.key) is not None or os.path.exists(os.path.dirname(self.record_path(artifact.key))):
+                print(f"{artifact.key}: forced: its {count} shard job(s) run again too (a dry run lists only "
+                      f"the `{rule_of(artifact.step)}` job)", file=sys.stderr)  # fmt: skip
+            return
+        try:
+            from marin_rules.job.main import lease_settings
+
+            stale_s = lease_settings(self.lease)["stale_s"]
+            moved = forcing.retire_now(self.location(artifact.key), keep=not artifact.id.is_dev, stale_s=stale_s)
+        except MarinError as e:
+            raise stop(e) from None
+        if self.records_root != self.prefix:  # the mirror's shard records go with the build
+            shutil.rmtree(os.path.join(self.records_root, artifact.id.path, SHARDS_DIR), ignore_errors=True)
+        if moved:
+            print(f"{artifact.key}: forced: the old build moved to {moved}", file=sys.stderr)
 
     def print_plan(self) -> None:
         """The priced plan of the training jobs that will run, once (main process)."""

@@ -1,0 +1,148 @@
+"""Shards: one artifact built by several jobs, then gathered.
+
+Model: a sharded step (`tokenize`, `dedup`) cuts its input into `count` contiguous
+ranges of documents, given by the artifact's `runtime.shards` (an execution choice:
+the gathered result does not depend on it, so it is not in the fingerprint). Shard
+`k` of `count` is one job writing under `{location}/shards/{kkkkk}-of-{nnnnn}/` and,
+last, its shard record `shard.json` there (identity, fingerprint, the shard's result,
+its files, provenance); its existence means the shard is whole. A shard folder has
+its own lease, so two runs on one prefix build each shard once, and a finished shard
+is never built again. The gather job (the artifact's own job) reads every shard
+record of the current count, refusing a missing one or one of another recipe, and
+writes the artifact's success record: once, last, and only when every shard is done.
+Shard folders of another count (the user changed `runtime.shards` between attempts)
+are removed by the gather before it lists the artifact's files.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import StepError
+
+SHARDS_DIR = "shards"
+SHARD_RECORD = "shard.json"
+SHARD_NAME = re.compile(r"(\d{5})-of-(\d{5})")
+MAX_SHARDS = 99999
+
+
+@dataclass(frozen=True)
+class Shard:
+    index: int
+    count: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.index:05d}-of-{self.count:05d}"
+
+    @property
+    def folder(self) -> str:
+        """Relative to the artifact's folder."""
+        return f"{SHARDS_DIR}/{self.name}"
+
+    def location(self, artifact_location: str) -> str:
+        return storage.join(artifact_location, self.folder)
+
+    def document_range(self, documents: int) -> range:
+        """This shard's contiguous share of `documents` (sizes differ by at most one)."""
+        return range(self.index * documents // self.count, (self.index + 1) * documents // self.count)
+
+
+def parse_shard(text: str) -> Shard:
+    """`00001-of-00004` -> Shard(1, 4)."""
+    found = SHARD_NAME.fullmatch(text)
+    if not found or not int(found.group(1)) < int(found.group(2)):
+        raise StepError(f"--shard {text}: expected kkkkk-of-nnnnn with k < n, e.g. 00001-of-00004")
+    return Shard(int(found.group(1)), int(found.group(2)))
+
+
+def all_shards(count: int) -> list[Shard]:
+    return [Shard(k, count) for k in range(count)]
+
+
+def shard_count(runtime: Mapping[str, Any]) -> int:
+    """How many shard jobs an artifact's build takes (`runtime.shards`, default 1)."""
+    return int(runtime.get("shards") or 1)
+
+
+def shard_record_location(artifact_location: str, shard: Shard) -> str:
+    return storage.join(shard.location(artifact_location), SHARD_RECORD)
+
+
+def write_shard_record(artifact_location: str, shard: Shard, entry: Mapping[str, Any], result: Any,
+                       provenance: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The shard's record, written last and atomically: it lists the shard's files."""
+    from marin_rules.artifacts.files import list_data_files
+
+    record = {
+        "artifact": f"{entry['name']}@{entry['version']}",
+        "fingerprint": entry["fingerprint"],
+        "shard": {"index": shard.index, "count": shard.count},
+        "status": "success",
+        "result": result,
+        "files": list_data_files(shard.location(artifact_location)),
+        "provenance": dict(provenance),
+    }
+    storage.write_json_atomic(shard_record_location(artifact_location, shard), record)
+    return record
+
+
+def read_shard_record(artifact_location: str, shard: Shard, fingerprint: str) -> dict[str, Any] | None:
+    """A shard's record if it is there and of this recipe; None if absent. One of another
+    recipe or unreadable raises StepError naming it (and how to fix it)."""
+    path = shard_record_location(artifact_location, shard)
+    if not storage.exists(path):
+        return None
+    fix = f"delete {shard.location(artifact_location)} and run again"
+    try:
+        record = storage.read_json(path)
+        ok = isinstance(record, dict) and record.get("shard") == {"index": shard.index, "count": shard.count}
+    except (ValueError, UnicodeDecodeError) as e:
+        raise StepError(f"shard {shard.name}: {path} is not valid JSON ({e}); {fix}") from None
+    if not ok or not isinstance(record.get("result"), dict):
+        raise StepError(f"shard {shard.name}: {path} is not a shard record of this shard; {fix}")
+    if record.get("fingerprint") != fingerprint:
+        raise StepError(
+            f"shard {shard.name}: {path} was built from another recipe (fingerprint "
+            f"{record.get('fingerprint')}, now {fingerprint}); {fix}"
+        )
+    return record
+
+
+def gathered_results(artifact_location: str, count: int, fingerprint: str) -> list[dict[str, Any]]:
+    """Every shard's result, in order, for the gather; a missing shard is refused."""
+    from marin_rules.artifacts.files import file_problems
+
+    results = []
+    for shard in all_shards(count):
+        record = read_shard_record(artifact_location, shard, fingerprint)
+        if record is None:
+            raise StepError(
+                f"runtime.shards: shard {shard.name} has no record at {shard.location(artifact_location)}: "
+                "its job has not finished; run snakemake again (finished shards are kept)"
+            )
+        problems = file_problems(shard.location(artifact_location), record.get("files") or {})
+        if problems:
+            raise StepError(f"shard {shard.name}: {problems[0]}; delete {shard.location(artifact_location)} and run again")
+        results.append(record["result"])
+    remove_other_counts(artifact_location, count)
+    return results
+
+
+def remove_other_counts(artifact_location: str, count: int) -> list[str]:
+    """Delete shard folders of another shard count (an earlier attempt's); their names."""
+    folder = storage.join(artifact_location, SHARDS_DIR)
+    if not storage.exists(folder):
+        return []
+    fs, root = storage.filesystem(folder)
+    removed = []
+    for entry in fs.ls(root.rstrip("/"), detail=False):
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        found = SHARD_NAME.fullmatch(name)
+        if found and int(found.group(2)) != count:
+            fs.rm(entry, recursive=True)
+            removed.append(name)
+    return removed

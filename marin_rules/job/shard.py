@@ -1,0 +1,92 @@
+"""A shard job: one shard of a sharded step (`--shard kkkkk-of-nnnnn`).
+
+Model: as the artifact's own job (`main.build`), under a lease, but on the shard's
+folder `{location}/shards/{shard}/` (`marin_rules.artifacts.shards`): a live holder
+(another run building this shard) is waited for, a finished shard is served (its
+record mirrored for Snakemake on a remote prefix) and never built again. Upstreams
+are checked, then the step's shard function runs; its shard record is written last,
+only while the lease is still held. A failure writes the artifact's failure record
+naming the shard. Nothing here writes the artifact's success record: the gather does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.shards import (
+    SHARD_RECORD,
+    Shard,
+    parse_shard,
+    read_shard_record,
+    shard_count,
+    write_shard_record,
+)
+
+
+def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Namespace) -> int:
+    from marin_rules.artifacts import lease as leases
+    from marin_rules.artifacts.errors import StepError
+    from marin_rules.job.main import lease_settings
+    from marin_rules.job.run import stop_for_lost_lease
+
+    shard = parse_shard(args.shard)
+    if shard.count != shard_count(artifact.runtime):
+        raise StepError(
+            f"{artifact.key}: runtime.shards is {shard_count(artifact.runtime)}, but this job is shard {shard.name}: "
+            "the experiment changed since the run was planned; run snakemake again"
+        )
+    folder = shard.location(location)
+    settings = lease_settings(args.lease)
+
+    def is_done() -> bool:
+        return read_shard_record(location, shard, artifact.fingerprint) is not None
+
+    def on_wait(holder: leases.LeaseHolder) -> None:
+        print(f"{artifact.key}: waiting: shard {shard.name} is being built by {holder.describe()}", file=sys.stderr,
+              flush=True)  # fmt: skip
+
+    held = leases.acquire(
+        folder, is_done=is_done, wait=settings["wait"], on_wait=on_wait,
+        heartbeat_s=settings["heartbeat_s"], stale_s=settings["stale_s"], poll_s=settings["poll_s"],
+    )  # fmt: skip
+    if held is None:
+        print(f"{artifact.key}: shard {shard.name} is built already; serving it", flush=True)
+        _mirror_shard(location, shard, artifact, args)
+        return 0
+    held.start_heartbeat(stop_for_lost_lease)
+    try:
+        return _run_shard(artifact, experiment, location, shard, args, held)
+    finally:
+        held.release()
+
+
+def _run_shard(artifact: Any, experiment: Any, location: str, shard: Shard, args: argparse.Namespace, held: Any) -> int:
+    from marin_rules.job.main import check_upstreams, job_context
+    from marin_rules.job.run import run_step
+    from marin_rules.steps import shard_function
+
+    ctx, entry, provenance, deps_record = job_context(artifact, experiment, location, args)
+    entry = {**entry, "shard": {"index": shard.index, "count": shard.count}}
+
+    def step(c: Any) -> Any:
+        check_upstreams(artifact, experiment, args.prefix, deps_record)
+        return shard_function(artifact.step)(c, shard)
+
+    def write(result: Any, provenance_dict: dict) -> Any:
+        return write_shard_record(location, shard, entry, result, provenance_dict)
+
+    run_step(ctx, entry, provenance, step, None, held.still_held, write=write)
+    print(f"{artifact.key}: shard {shard.name} done", flush=True)
+    _mirror_shard(location, shard, artifact, args)
+    return 0
+
+
+def _mirror_shard(location: str, shard: Shard, artifact: Any, args: argparse.Namespace) -> None:
+    """On a remote prefix, the shard record where Snakemake looks for it (the mirror)."""
+    if args.records and args.records != args.prefix:
+        data = storage.read_bytes(storage.join(shard.location(location), SHARD_RECORD))
+        storage.write_bytes_atomic(f"{args.records}/{artifact.id.path}/{shard.folder}/{SHARD_RECORD}", data)
+

