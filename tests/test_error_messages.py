@@ -85,6 +85,8 @@ CASES: list[tuple[str, object]] = [
     ("config key not a string", chain("raw/a@v1", config={1: "x"})),
     ("malformed pin", chain("raw/a@v1", expect_fingerprint="abc")),
     ("pin that does not match", chain("raw/a@v1", expect_fingerprint="0000000000000000")),
+    ("shards on a step that has none", chain("raw/a@v1", runtime={"shards": 2})),
+    ("shards not a whole number", chain("tokenized/a@v1", runtime={"shards": 2.5})),
     # deps
     ("role not an identifier", chain("evaluations/m@v1", deps={"2x": "raw/a@v1"})),
     ("dep without version", chain("evaluations/m@v1", deps__model="checkpoints/m")),

