@@ -7,7 +7,9 @@ prefix: ONE listing of the prefix (with sizes and generations), then only the re
 that are new or changed since the last refresh are fetched, all in one concurrent
 `cat` of many paths. Records gone from the prefix are removed from the mirror. The
 listing's per-record signature (generation or etag, size) is kept in
-`<mirror>/.index.json`, so a refresh of an unchanged prefix fetches nothing.
+`<mirror>/.index.json`, so a refresh of an unchanged prefix fetches nothing. Shard
+records (`shards/*/shard.json` of a sharded step) are mirrored alike, so a run on
+another machine sees which shards are finished.
 The real records and all data live on the prefix, written by the steps.
 """
 
@@ -18,6 +20,7 @@ import os
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.identity import RECORD_FILE
+from marin_rules.artifacts.shards import SHARD_RECORD, SHARDS_DIR
 
 MIRROR_DIR = ".snakemake/marin-mirror"
 INDEX_FILE = ".index.json"  # relative record path -> signature of the remote object
@@ -50,6 +53,13 @@ def _read_index(mirror: str) -> dict[str, str]:
         return {}
 
 
+def _is_record(path: str) -> bool:
+    """A success record, or a shard record, not kept history."""
+    if "/.history/" in path:
+        return False
+    return path.endswith("/" + RECORD_FILE) or (path.endswith("/" + SHARD_RECORD) and f"/{SHARDS_DIR}/" in path)
+
+
 def refresh_mirror(prefix: str, mirror: str) -> None:
     """Make the local mirror hold exactly the records found on a remote prefix (one listing,
     one bulk fetch of the new or changed ones)."""
@@ -63,16 +73,16 @@ def refresh_mirror(prefix: str, mirror: str) -> None:
     remote = {
         path[len(root) + 1 :]: (path, _signature(info))
         for path, info in listing.items()
-        if path.endswith("/" + RECORD_FILE) and "/.history/" not in path
+        if _is_record(path)
     }
     known = _read_index(mirror)
     present = set()
     if os.path.isdir(mirror):
         for dirpath, _, files in os.walk(mirror):
             for f in files:
-                if f != RECORD_FILE:
-                    continue
                 rel = os.path.relpath(os.path.join(dirpath, f), mirror).replace(os.sep, "/")
+                if not _is_record("/" + rel):
+                    continue
                 if rel in remote:
                     present.add(rel)
                 else:

@@ -185,3 +185,26 @@ def test_a_shard_killed_mid_way_on_a_cluster_executor_is_the_only_one_rebuilt(tm
     record = json.loads((prefix / TOKENS / ".artifact.json").read_text())
     assert record["result"]["shards"] == 3 and not (prefix / TOKENS / ".history").exists()
     assert streams(prefix / TOKENS) == in_one_process(prefix, tmp_path / "direct")  # bitwise
+
+
+def test_on_gs_a_second_machine_sees_the_finished_shards_and_only_gathers(tmp_path, gcs_prefix, gcs_env, snakemake_cmd):
+    """Shard records are mirrored like success records: after a crash between the shards
+    and the gather (the record removed here), a run from another folder, with its own
+    fresh mirror, runs the gather alone."""
+    from marin_rules.artifacts import storage
+
+    exp = experiment(tmp_path, tokenize_shards=2, dedup_shards=1)
+    base = ["--configfile", str(exp), "--cores", "2", "--config", f"prefix={gcs_prefix}"]
+    (tmp_path / "a").mkdir()
+    first = snakemake_cmd(*base, cwd=tmp_path / "a", env=gcs_env)
+    assert (first.stdout + first.stderr).count("rule tokenize_shard:") == 2
+    location = f"{gcs_prefix}/{TOKENS}"
+    assert storage.exists(f"{location}/shards/00001-of-00002/shard.json")
+    built = storage.read_json(f"{location}/.artifact.json")
+    storage.filesystem(location)[0].rm_file(f"{location}/.artifact.json")
+    (tmp_path / "b").mkdir()
+    second = snakemake_cmd(*base, cwd=tmp_path / "b", env=gcs_env)
+    out = second.stdout + second.stderr
+    assert "rule tokenize_shard:" not in out and "rule tokenize:" in out
+    again = storage.read_json(f"{location}/.artifact.json")
+    assert again["result"]["tokens"] == built["result"]["tokens"] and again["files"] == built["files"]
