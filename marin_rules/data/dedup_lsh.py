@@ -30,9 +30,13 @@ def shingles(text: str, ngram: int, unit: str) -> list[str]:
     """The shingles of one document (repeats allowed: MinHash sees the set)."""
     if unit == "word":
         units = text.lower().split()
+        flat = " ".join(units)
         if len(units) <= ngram:
-            return [" ".join(units)]
-        return [" ".join(units[i : i + ngram]) for i in range(len(units) - ngram + 1)]
+            return [flat]
+        # slices of the joined text, not a join per shingle (2-3x faster, same strings):
+        # starts[i] is where word i begins; a shingle ends one space before word i+ngram
+        starts = list(itertools.accumulate((len(u) + 1 for u in units), initial=0))
+        return [flat[a : b - 1] for a, b in zip(starts, starts[ngram:])]
     flat = " ".join(text.lower().split())
     if len(flat) <= ngram:
         return [flat]
