@@ -96,8 +96,12 @@ def test_forcerun_tokenize_rebuilds_its_shards_and_keeps_the_old_build(tmp_path,
     exp = experiment(tmp_path, tokenize_shards=2, dedup_shards=1)
     prefix = tmp_path / "art"
     base = ["--configfile", str(exp), "--cores", "2", "--config", f"prefix={prefix}"]
-    snakemake_cmd(*base, cwd=tmp_path)
+    snakemake_cmd(*base, "--forceall", cwd=tmp_path)  # forcing a first build keeps no empty history
+    assert not (prefix / TOKENS / ".history").exists()
     old = json.loads((prefix / TOKENS / ".artifact.json").read_text())
+    dry = snakemake_cmd(*base, "--forcerun", "tokenize", "-n", cwd=tmp_path)
+    assert "tokenized/slice@v1: forced: its 2 shard job(s) run again too" in dry.stderr
+    assert not (prefix / TOKENS / ".history").exists()  # a dry run moves nothing
     rerun = snakemake_cmd(*base, "--forcerun", "tokenize", cwd=tmp_path)
     out = rerun.stdout + rerun.stderr
     assert out.count("rule tokenize_shard:") == 2 and "forced: the old build moved to" in out

@@ -109,6 +109,8 @@ def retire_now(location: str, keep: bool = True, stale_s: float | None = None) -
     from marin_rules.artifacts import lease as leases
     from marin_rules.artifacts.shards import SHARDS_DIR
 
+    if not storage.exists(location):
+        return None  # never built: nothing to keep
     stale_s = leases.STALE_S if stale_s is None else stale_s
     held = leases.acquire(location, is_done=lambda: False, wait=False, stale_s=stale_s)
     try:
