@@ -27,7 +27,7 @@ import argparse
 import os
 import shlex
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
@@ -130,7 +130,6 @@ def lease_settings(text: str) -> dict[str, Any]:
 
 
 def build(args: argparse.Namespace) -> int:
-    from marin_rules.artifacts import lease as leases
     from marin_rules.cluster.pod import pod_process_from_env
     from marin_rules.experiment import dev_user_in_path, load_experiment, owned_by
     from marin_rules.workflow.forcing import MARKER, move_old_build
@@ -149,23 +148,14 @@ def build(args: argparse.Namespace) -> int:
     process = None if pod is None else pod.process_id
     held = None
     if not process:
-        settings = lease_settings(args.lease)
         marker = storage.join(location, ".history", MARKER)
 
         def is_done() -> bool:
             return storage.exists(storage.join(location, RECORD_FILE)) and not storage.exists(marker)
 
-        def on_wait(holder: leases.LeaseHolder) -> None:
-            print(f"{artifact.key}: waiting: {location} is being built by {holder.describe()}", file=sys.stderr,
-                  flush=True)  # fmt: skip
-
-        held = leases.acquire(
-            location, is_done=is_done, wait=settings["wait"], on_wait=on_wait,
-            heartbeat_s=settings["heartbeat_s"], stale_s=settings["stale_s"], poll_s=settings["poll_s"],
-        )  # fmt: skip
+        held = take_lease(args, artifact.key, location, location, is_done)
         if held is None:
             return serve(artifact, location, args)
-        held.start_heartbeat(stop_for_lost_lease)
     try:
         moved = move_old_build(location, keep=not artifact.id.is_dev) if not process else None
         if moved:
@@ -174,6 +164,25 @@ def build(args: argparse.Namespace) -> int:
     finally:
         if held is not None:
             held.release()
+
+
+def take_lease(args: argparse.Namespace, key: str, location: str, what: str, is_done: Callable[[], bool]) -> Any:
+    """The build lease of `location` with its heartbeat running, or None when is_done()
+    turned true while a live holder was waited for (serve what it built)."""
+    from marin_rules.artifacts import lease as leases
+
+    settings = lease_settings(args.lease)
+
+    def on_wait(holder: leases.LeaseHolder) -> None:
+        print(f"{key}: waiting: {what} is being built by {holder.describe()}", file=sys.stderr, flush=True)
+
+    held = leases.acquire(
+        location, is_done=is_done, wait=settings["wait"], on_wait=on_wait,
+        heartbeat_s=settings["heartbeat_s"], stale_s=settings["stale_s"], poll_s=settings["poll_s"],
+    )  # fmt: skip
+    if held is not None:
+        held.start_heartbeat(stop_for_lost_lease)
+    return held
 
 
 def serve(artifact: Any, location: str, args: argparse.Namespace) -> int:

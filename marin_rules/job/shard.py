@@ -27,10 +27,8 @@ from marin_rules.artifacts.shards import (
 
 
 def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Namespace) -> int:
-    from marin_rules.artifacts import lease as leases
     from marin_rules.artifacts.errors import StepError
-    from marin_rules.job.main import lease_settings
-    from marin_rules.job.run import stop_for_lost_lease
+    from marin_rules.job.main import take_lease
 
     shard = parse_shard(args.shard)
     if shard.count != shard_count(artifact.runtime):
@@ -38,25 +36,12 @@ def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Na
             f"{artifact.key}: runtime.shards is {shard_count(artifact.runtime)}, but this job is shard {shard.name}: "
             "the experiment changed since the run was planned; run snakemake again"
         )
-    folder = shard.location(location)
-    settings = lease_settings(args.lease)
-
-    def is_done() -> bool:
-        return read_shard_record(location, shard, artifact.fingerprint) is not None
-
-    def on_wait(holder: leases.LeaseHolder) -> None:
-        print(f"{artifact.key}: waiting: shard {shard.name} is being built by {holder.describe()}", file=sys.stderr,
-              flush=True)  # fmt: skip
-
-    held = leases.acquire(
-        folder, is_done=is_done, wait=settings["wait"], on_wait=on_wait,
-        heartbeat_s=settings["heartbeat_s"], stale_s=settings["stale_s"], poll_s=settings["poll_s"],
-    )  # fmt: skip
+    held = take_lease(args, artifact.key, shard.location(location), f"shard {shard.name}",
+                      lambda: read_shard_record(location, shard, artifact.fingerprint) is not None)  # fmt: skip
     if held is None:
         print(f"{artifact.key}: shard {shard.name} is built already; serving it", flush=True)
         _mirror_shard(location, shard, artifact, args)
         return 0
-    held.start_heartbeat(stop_for_lost_lease)
     try:
         return _run_shard(artifact, experiment, location, shard, args, held)
     finally:
