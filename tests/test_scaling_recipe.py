@@ -11,7 +11,7 @@ from marin_rules.artifacts.errors import ConfigError
 from marin_rules.experiment import build_experiment, load_experiment
 from marin_rules.model.config import ModelConfig
 from marin_rules.model.flops import flops_per_token
-from marin_rules.scaling.recipe import TOKENS_PER_PARAM, WIDTHS, plan
+from marin_rules.scaling.recipe import BATCH, TOKENS_PER_PARAM, WIDTHS, grid_rungs, learning_rate, optimal_rung, plan
 from marin_rules.scaling.sweep import scaling_experiment
 from marin_rules.train.config import check_train
 
@@ -30,7 +30,7 @@ def test_recipe_hits_the_budget_within_one_percent_counted_as_the_trainer_counts
             assert abs(flops / budget - 1) < 0.01, (budget, offset, flops)
 
 
-def test_recipe_grows_the_model_with_the_budget_and_keeps_tokens_per_parameter_near_20():
+def test_recipe_grows_the_model_with_the_budget_and_keeps_tokens_per_parameter_near_its_rule():
     plans = [plan(b, 512) for b in BUDGETS]
     for small, large in zip(plans, plans[1:]):
         assert large.params >= small.params
@@ -38,8 +38,25 @@ def test_recipe_grows_the_model_with_the_budget_and_keeps_tokens_per_parameter_n
         assert large.config["model"]["n_layers"] >= small.config["model"]["n_layers"]
         assert large.config["optimizer"]["learning_rate"] <= small.config["optimizer"]["learning_rate"]
     assert plans[-1].params > 10 * plans[0].params
-    for p in plans:  # nearest rung in log space: within the ladder's half-step of 20 tokens/param
-        assert TOKENS_PER_PARAM / 4 < p.tokens / p.params < TOKENS_PER_PARAM * 4, p
+    for p in plans:  # nearest rung in log space: within the ladder's half-step (N x 1.25) of the rule
+        assert TOKENS_PER_PARAM / 1.6 < p.tokens / p.params < TOKENS_PER_PARAM * 1.6, p
+        assert p.config["batch_size"] == BATCH and p.config["num_train_steps"] == p.tokens // (BATCH * 128)
+
+
+def test_learning_rate_falls_gently_with_width_as_the_rule_states():
+    assert learning_rate(32) == 0.045
+    assert learning_rate(512) == pytest.approx(0.045 / 2, rel=1e-2)  # 16x wider: 2x lower
+    rates = [learning_rate(w) for w in WIDTHS]
+    assert rates == sorted(rates, reverse=True)
+
+
+def test_isoflop_grid_is_consecutive_rungs_around_the_choice_shifted_inward_at_the_ladder_ends():
+    for budget in BUDGETS:
+        rungs = grid_rungs(budget, 512, 5)
+        assert rungs == list(range(rungs[0], rungs[0] + 5)) and optimal_rung(budget, 512) in rungs
+        if 2 <= optimal_rung(budget, 512) <= len(WIDTHS) - 3:
+            assert rungs[2] == optimal_rung(budget, 512)
+    assert grid_rungs(1e9, 512, 5) == [0, 1, 2, 3, 4]  # the choice is the smallest width
 
 
 def test_isoflop_neighbours_trade_size_for_tokens_at_the_same_budget():

@@ -3,8 +3,8 @@
 Model: an experiment file cannot call the recipe (its config holds literals only),
 so this module writes `experiments/scaling.yaml` from `recipe.plan`: one tokenizer
 and one tokenized artifact (tokenize once), one `sweeps:` template of `train` runs
-expanded over `cases:` (each budget at rungs OFFSETS around the recipe's choice: an
-IsoFLOP grid; train many), the recipe's run at `PREDICT_FACTOR` x the largest
+expanded over `cases:` (each budget at SIZES consecutive rungs of the width ladder
+centred on the recipe's choice, `recipe.grid_rungs`: an IsoFLOP grid; train many), the recipe's run at `PREDICT_FACTOR` x the largest
 budget (the verification), a `scaling_fit` over the sweep and a `scaling_check` of
 the verification against the fit. `tests/test_scaling_recipe.py` checks that the
 committed file is what this module writes.
@@ -17,10 +17,10 @@ from typing import Any
 
 import yaml
 
-from marin_rules.scaling.recipe import plan
+from marin_rules.scaling.recipe import grid_rungs, plan, plan_rung
 
-BUDGETS = (3e10, 7.5e10, 1.8e11, 4.2e11, 1e12)  # FLOPs; 33x from first to last
-OFFSETS = (-1, 0, 1)
+BUDGETS = (1e10, 2.34e10, 5.48e10, 1.28e11, 3e11)  # FLOPs; 30x, a factor 30^(1/4) apart
+SIZES = 5
 PREDICT_FACTOR = 10
 VOCAB_SIZE = 512
 DATA = "tokenized/shakespeare-bpe512@v1"
@@ -89,20 +89,20 @@ def run_key(budget: float, config: dict[str, Any]) -> str:
 
 def scaling_experiment(
     budgets: tuple[float, ...] = BUDGETS,
-    offsets: tuple[int, ...] = OFFSETS,
+    sizes: int = SIZES,
     predict_factor: float = PREDICT_FACTOR,
     vocab_size: int = VOCAB_SIZE,
     corpus: dict[str, Any] | None = None,
     bootstrap: int = 200,
 ) -> dict[str, Any]:
     """The whole experiment as a mapping (what the YAML file holds)."""
-    cases = [case(b, plan(b, vocab_size, o).config) for b in budgets for o in offsets]
+    cases = [case(b, plan_rung(b, vocab_size, r).config) for b in budgets for r in grid_rungs(b, vocab_size, sizes)]
     runs = [TEMPLATE.format(budget=c["budget"], d_model=c["d_model"]) for c in cases]
     target = predict_factor * max(budgets)
     verify = f"checkpoints/scaling/verify-c{label(target)}@v1"
     return {
         "description": (
-            f"Scaling suite: {len(budgets)} budgets x {len(offsets)} sizes (IsoFLOP) on one tokenization, "
+            f"Scaling suite: {len(budgets)} budgets x {sizes} sizes (IsoFLOP) on one tokenization, "
             f"a fitted law, and the recipe's run at {predict_factor:g}x the largest budget checked against it"
         ),
         "artifacts": {
