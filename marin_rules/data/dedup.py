@@ -30,11 +30,13 @@ from __future__ import annotations
 import collections
 import io
 import itertools
+import json
 import pickle
 import sys
+from dataclasses import dataclass
 import time
 from importlib.metadata import version
-from typing import Any
+from typing import Any, Iterator
 
 import xxhash
 from tqdm import tqdm
@@ -69,16 +71,25 @@ def sign_shard(ctx: StepContext, shard: Shard) -> dict[str, Any]:
     )
     bands, rows = lsh_bands(cfg.threshold, cfg.num_perm)
     num_workers = int(ctx.runtime.get("num_workers") or cfg.num_workers or 1)
+    keys: list[tuple[str, str]] = []
+    sizes: list[int] = []
+
+    def remember(docs: Iterator[dict[str, Any]]) -> Iterator[str]:
+        for doc in docs:  # what the gather needs of each document, so it never parses them again
+            keys.append(stable_key(doc))
+            sizes.append(len(doc["text"].encode("utf-8")))
+            yield doc["text"]
+
     sigs = signatures(
-        (doc["text"] for doc in texts),
-        ngram=cfg.ngram, unit=cfg.ngram_unit, num_perm=bands * rows, seed=cfg.seed, num_workers=num_workers,
+        remember(texts), ngram=cfg.ngram, unit=cfg.ngram_unit, num_perm=bands * rows, seed=cfg.seed,
+        num_workers=num_workers,
     )  # fmt: skip
     progress = tqdm(sigs, total=len(span), desc=f"dedup {shard.name}", unit="doc", file=sys.stderr, mininterval=1.0)
     signed = list(progress)
     if len(signed) != len(span):
         raise StepError(f"deps.corpus: {corpus} lists {n_train + n_heldout} documents but holds fewer")
     path = storage.join(shard.location(ctx.output), SIGNATURES)
-    storage.write_bytes_atomic(path, dump_signatures(signed))
+    storage.write_bytes_atomic(path, dump_signatures(Signed(signed, keys, sizes)))
     return {"documents": len(signed), "signatures": f"{shard.folder}/{SIGNATURES}", "num_workers": num_workers,
             "seconds": round(time.perf_counter() - started, 3)}  # fmt: skip
 
@@ -96,25 +107,34 @@ def gather_dedup(ctx: StepContext, signed: list[dict[str, Any]]) -> dict[str, An
         for stale in dolma.split_shards(ctx.output, split):
             dolma.remove(stale)
 
-    docs = {split: list(dolma.read_split(corpus, split)) for split in dolma.SPLITS}
-    ordered = [(split, doc) for split in dolma.SPLITS for doc in docs[split]]
-    if not docs["train"]:
+    n_train, total = upstream["train_documents"], upstream["train_documents"] + upstream["heldout_documents"]
+    if not n_train:
         raise StepError(f"deps.corpus: the training split of {corpus} is empty")
     bands, rows = lsh_bands(cfg.threshold, cfg.num_perm)
-    sigs = itertools.chain.from_iterable(
-        load_signatures(storage.read_bytes(storage.join(ctx.output, s["signatures"]))) for s in signed
-    )
-    progress = tqdm(sigs, total=len(ordered), desc="dedup clusters", unit="doc", file=sys.stderr, mininterval=1.0)
+    parts = [load_signatures(storage.read_bytes(storage.join(ctx.output, s["signatures"]))) for s in signed]
+    keys = [key for part in parts for key in part.keys]
+    text_bytes = [size for part in parts for size in part.text_bytes]
+    if len(keys) != total or len(text_bytes) != total:
+        raise StepError(f"runtime.shards: the shards signed {len(keys)} documents, {corpus} holds {total}; "
+                        f"delete {ctx.output}/shards and run again")  # fmt: skip
+    sigs = itertools.chain.from_iterable(part.signatures for part in parts)
+    progress = tqdm(sigs, total=total, desc="dedup clusters", unit="doc", file=sys.stderr, mininterval=1.0)
     clusterer = Clusterer(cfg.threshold, bands * rows, bands)
     clusters = cluster(progress, clusterer)
-    if sum(len(c) for c in clusters) != len(ordered):
-        raise StepError(f"runtime.shards: the shards signed {sum(len(c) for c in clusters)} documents, "
-                        f"{corpus} holds {len(ordered)}; delete {ctx.output}/shards and run again")  # fmt: skip
+    keep, leaked = choose_kept(clusters, keys, n_train)
 
-    keep, leaked = choose_kept(clusters, ordered)
-    kept = {split: [doc for i, (s, doc) in enumerate(ordered) if s == split and i in keep] for split in dolma.SPLITS}
-    # gzip level 1: writing at download's level 5 would cost as much as the MinHash work
-    shards = {split: dolma.write_split(ctx.output, split, kept[split], compresslevel=1) for split in dolma.SPLITS}
+    # the kept documents' lines, copied unchanged; gzip level 1: writing at download's
+    # level 5 would cost as much as the MinHash work
+    first = {"train": 0, "heldout": n_train}
+    kept_lines = {
+        split: [line for i, line in enumerate(dolma.read_lines(corpus, split), first[split]) if i in keep]
+        for split in dolma.SPLITS
+    }
+    shards = {split: dolma.write_lines(ctx.output, split, kept_lines[split], compresslevel=1) for split in dolma.SPLITS}
+    kept_bytes = {
+        split: sum(text_bytes[i] for i in keep if (i >= n_train) == (split == "heldout")) for split in dolma.SPLITS
+    }
+    heldout_titles = [json.loads(line).get("metadata", {}).get("title") for line in kept_lines["heldout"]]
 
     sizes = collections.Counter(len(c) for c in clusters)
     lsh = {
@@ -132,9 +152,9 @@ def gather_dedup(ctx: StepContext, signed: list[dict[str, Any]]) -> dict[str, An
         "edges": clusterer.edges,
     }
     result = {
-        "documents_in": len(ordered),
+        "documents_in": total,
         "documents_out": len(keep),
-        "duplicates_removed": len(ordered) - len(keep),
+        "duplicates_removed": total - len(keep),
         "train_copies_of_heldout_removed": leaked,
         "clusters": len(clusters),
         "duplicate_clusters": sum(n for size, n in sizes.items() if size > 1),
@@ -144,19 +164,31 @@ def gather_dedup(ctx: StepContext, signed: list[dict[str, Any]]) -> dict[str, An
         "shards": len(signed),
         "seconds": round(time.perf_counter() - started + sum(s["seconds"] for s in signed), 3),
     }
-    storage.write_json_atomic(manifest_location, output_manifest(upstream, corpus, kept, shards, result))
+    counts = {split: len(lines) for split, lines in kept_lines.items()}
+    manifest = output_manifest(upstream, corpus, counts, kept_bytes, heldout_titles, shards, result)
+    storage.write_json_atomic(manifest_location, manifest)
     return result
 
 
 SIGNATURES = "signatures.pkl"
 
 
-def dump_signatures(sigs: list[RMinHash]) -> bytes:
-    return pickle.dumps(sigs, protocol=pickle.HIGHEST_PROTOCOL)
+@dataclass(frozen=True)
+class Signed:
+    """A shard's signing: per document, in order, its signature, its stable key and the
+    UTF-8 size of its text (what the gather needs, so it never parses documents again)."""
+
+    signatures: list[RMinHash]
+    keys: list[tuple[str, str]]
+    text_bytes: list[int]
+
+
+def dump_signatures(signed: Signed) -> bytes:
+    return pickle.dumps((signed.signatures, signed.keys, signed.text_bytes), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class _SignatureUnpickler(pickle.Unpickler):
-    """Unpickles a list of rensa signatures and nothing else: a planted or corrupt file
+    """Unpickles rensa signatures and plain data, nothing else: a planted or corrupt file
     cannot run code (the restricted `find_class` of Python's pickle documentation)."""
 
     def find_class(self, module: str, name: str) -> Any:
@@ -165,14 +197,15 @@ class _SignatureUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not a MinHash signature")
 
 
-def load_signatures(data: bytes) -> list[RMinHash]:
+def load_signatures(data: bytes) -> Signed:
+    fix = "delete the artifact's shards/ and run again"
     try:
-        sigs = _SignatureUnpickler(io.BytesIO(data)).load()
+        sigs, keys, sizes = _SignatureUnpickler(io.BytesIO(data)).load()
     except Exception as e:  # noqa: BLE001 - any damage is the same problem
-        raise StepError(f"runtime.shards: a signature file is damaged ({e}); delete the artifact's shards/ and run again") from None
-    if not isinstance(sigs, list) or not all(isinstance(s, RMinHash) for s in sigs):
-        raise StepError("runtime.shards: a signature file holds something else than signatures; delete the artifact's shards/")
-    return sigs
+        raise StepError(f"runtime.shards: a signature file is damaged ({e}); {fix}") from None
+    if not (isinstance(sigs, list) and all(isinstance(s, RMinHash) for s in sigs) and len(keys) == len(sigs) == len(sizes)):
+        raise StepError(f"runtime.shards: a signature file holds something else than signatures; {fix}")
+    return Signed(sigs, [tuple(k) for k in keys], list(sizes))
 
 
 def stable_key(doc: dict[str, Any]) -> tuple[str, str]:
@@ -180,42 +213,42 @@ def stable_key(doc: dict[str, Any]) -> tuple[str, str]:
     return (str(doc.get("id", "")), xxhash.xxh3_128_hexdigest(doc["text"].encode("utf-8")))
 
 
-def choose_kept(clusters: list[list[int]], ordered: list[tuple[str, dict[str, Any]]]) -> tuple[set[int], int]:
-    """Indices kept: per cluster its held-out documents if it has any, else the
-    document with the smallest stable key. Also the count of training documents
-    dropped because their cluster holds a held-out document."""
+def choose_kept(clusters: list[list[int]], keys: list[tuple[str, str]], n_train: int) -> tuple[set[int], int]:
+    """Indices kept (documents 0..n_train-1 are training, the rest held-out): per
+    cluster its held-out documents if it has any, else the document with the smallest
+    stable key. Also the count of training documents dropped because their cluster
+    holds a held-out document."""
     keep: set[int] = set()
     leaked = 0
     for cluster in clusters:
-        heldout = [i for i in cluster if ordered[i][0] == "heldout"]
+        heldout = [i for i in cluster if i >= n_train]
         if heldout:
             keep.update(heldout)
             leaked += len(cluster) - len(heldout)
         else:
-            keep.add(min(cluster, key=lambda i: stable_key(ordered[i][1])))
+            keep.add(min(cluster, key=keys.__getitem__))
     return keep, leaked
 
 
 def output_manifest(
-    upstream: dict[str, Any], corpus: str, kept: dict[str, list[dict[str, Any]]], shards: dict[str, list[str]], result: dict[str, Any]
-) -> dict[str, Any]:
+    upstream: dict[str, Any], corpus: str, counts: dict[str, int], text_bytes: dict[str, int], heldout_titles: list,
+    shards: dict[str, list[str]], result: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
     """`download`'s manifest fields, recomputed for the kept documents, plus `dedup`."""
-    train_bytes = sum(len(d["text"].encode("utf-8")) for d in kept["train"])
-    heldout_bytes = sum(len(d["text"].encode("utf-8")) for d in kept["heldout"])
     return {
         "format": "dolma",
         "source": upstream.get("source"),
         "granularity": upstream.get("granularity"),
         "shards": shards,
         "heldout_keys": upstream.get("heldout_keys", []),
-        "documents": len(kept["train"]) + len(kept["heldout"]),
-        "train_documents": len(kept["train"]),
-        "heldout_documents": len(kept["heldout"]),
-        "bytes": train_bytes + heldout_bytes,
-        "train_bytes": train_bytes,
-        "heldout_bytes": heldout_bytes,
+        "documents": counts["train"] + counts["heldout"],
+        "train_documents": counts["train"],
+        "heldout_documents": counts["heldout"],
+        "bytes": text_bytes["train"] + text_bytes["heldout"],
+        "train_bytes": text_bytes["train"],
+        "heldout_bytes": text_bytes["heldout"],
         "duplicates_dropped": upstream.get("duplicates_dropped", 0),
         "empty_dropped": upstream.get("empty_dropped", 0),
-        "heldout": [d.get("metadata", {}).get("title") for d in kept["heldout"]],
+        "heldout": heldout_titles,
         "dedup": {"corpus": corpus, **{k: v for k, v in result.items() if k not in ("seconds", "num_workers", "shards")}},
     }

@@ -32,6 +32,12 @@ def write_split(location: str, split: str, docs: Iterable[dict[str, Any]], compr
     names (relative to the split). Always writes at least one (maybe empty) shard,
     so every split of an artifact has the same layout. `compresslevel` (gzip's 1-9)
     trades size for speed."""
+    lines = (json.dumps(doc, ensure_ascii=False, sort_keys=True).encode("utf-8") for doc in docs)
+    return write_lines(location, split, lines, compresslevel)
+
+
+def write_lines(location: str, split: str, lines: Iterable[bytes], compresslevel: int = 5) -> list[str]:
+    """`write_split` for documents that are JSON lines already (copied unchanged)."""
     names: list[str] = []
     buffer = io.BytesIO()
 
@@ -43,8 +49,8 @@ def write_split(location: str, split: str, docs: Iterable[dict[str, Any]], compr
         buffer.seek(0)
         buffer.truncate()
 
-    for doc in docs:
-        buffer.write(json.dumps(doc, ensure_ascii=False, sort_keys=True).encode("utf-8") + b"\n")
+    for line in lines:
+        buffer.write(line + b"\n")
         if buffer.tell() >= SHARD_BYTES:
             flush()
     if buffer.tell() or not names:
@@ -67,8 +73,14 @@ def read_manifest(location: str, field: str = "deps.corpus") -> dict[str, Any]:
 
 def read_split(location: str, split: str, field: str = "deps.corpus") -> Iterator[dict[str, Any]]:
     """Every document of a split, in order (the shards its manifest lists)."""
+    for line in read_lines(location, split, field):
+        yield json.loads(line)
+
+
+def read_lines(location: str, split: str, field: str = "deps.corpus") -> Iterator[bytes]:
+    """Every document of a split as its JSON line, unparsed, in order."""
     for name in read_manifest(location, field)["shards"][split]:
-        yield from read_shard(storage.join(location, split, name))
+        yield from _lines(storage.join(location, split, name))
 
 
 def remove(location: str) -> None:
@@ -81,10 +93,12 @@ def remove(location: str) -> None:
 
 
 def read_shard(location: str) -> Iterator[dict[str, Any]]:
-    data = gzip.decompress(storage.read_bytes(location))
-    for line in data.splitlines():
-        if line.strip():
-            yield json.loads(line)
+    for line in _lines(location):
+        yield json.loads(line)
+
+
+def _lines(location: str) -> list[bytes]:
+    return [line for line in gzip.decompress(storage.read_bytes(location)).splitlines() if line.strip()]
 
 
 def read_range(location: str, split: str, start: int, stop: int, field: str = "deps.corpus") -> Iterator[dict[str, Any]]:
@@ -94,8 +108,7 @@ def read_range(location: str, split: str, start: int, stop: int, field: str = "d
     for name in read_manifest(location, field)["shards"][split]:
         if position >= stop:
             return
-        lines = [line for line in gzip.decompress(storage.read_bytes(storage.join(location, split, name))).splitlines()
-                 if line.strip()]  # fmt: skip
+        lines = _lines(storage.join(location, split, name))
         if position + len(lines) <= start:
             position += len(lines)
             continue
