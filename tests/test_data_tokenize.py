@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import ConfigError, StepError
 from marin_rules.data import dolma
+from marin_rules.data import encoding as encoding_module
 from marin_rules.data import tokenize as tokenize_module
 from marin_rules.data.checks import check_tokenize
 from marin_rules.data.download import download
@@ -121,7 +122,7 @@ def test_any_shard_count_writes_the_same_token_streams(built, tmp_path, shards):
 def test_a_worker_that_cannot_start_is_an_error_not_a_hang():
     # the workers' initializer fails (a tokenizer.json that does not parse): the
     # parent gets an exception instead of waiting forever for a pool that respawns
-    stream = tokenize_module.encode_stream(iter(["a", "b", "c"]), "{not json", 0, "uint16", num_workers=2, batch_size=1)
+    stream = encoding_module.encode_stream(iter(["a", "b", "c"]), "{not json", 0, "uint16", num_workers=2, batch_size=1)
     with pytest.raises(Exception, match="process pool|terminated"):
         list(stream)
 

@@ -17,10 +17,9 @@ The work is cut into `runtime.shards` (default 1) contiguous ranges of documents
 them. A split's stream is its shards' files in order, the same tokens for any shard
 count: the count is an execution choice, outside the fingerprint.
 
-Encoding runs in batches of documents: in a thread of this process for one worker
-(overlapping reading and writing), across a pool of `num_workers` spawned processes
-otherwise, with results consumed in order
-so the output does not depend on the worker count. `num_workers` and `batch_size`
+Encoding (`encoding.py`) runs in batches of documents: in a thread of this process for
+one worker, across a pool of `num_workers` spawned processes otherwise, with results
+consumed in order so the output does not depend on the worker count. `num_workers` and `batch_size`
 only change speed: put them in the entry's `runtime` to keep them out of the
 fingerprint (they are read from `config` too). A tqdm bar on stderr shows progress.
 
@@ -33,12 +32,9 @@ artifact's folder (`relative.py`), so the prefix can move.
 
 from __future__ import annotations
 
-import collections
-import multiprocessing
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -57,6 +53,7 @@ from marin_rules.data.checks import (
     check_tokenize,
     token_dtype,
 )
+from marin_rules.data.encoding import encode_stream
 from marin_rules.data.relative import relative_location
 from marin_rules.data.tokenizer import TOKENIZER_FILE, load_special_tokens
 
@@ -64,8 +61,6 @@ INDEX = "index.json"
 INDEX_FORMAT = "marin-rules-tokens/1"
 SPLITS = ("train", "validation")
 SHARD_TOKENS = 2**26  # tokens per shard file (128 MiB as uint16)
-TASK_BYTES = 2**18  # a batch handed to a worker process also ends once it holds this much text
-THREAD_TASK_BYTES = 2**22  # one worker: tokenizers parallelises over a call's documents, so give it many
 
 
 def tokenize(ctx: StepContext) -> dict[str, Any]:
@@ -230,74 +225,6 @@ def split_labels(n_docs: int, fraction: float) -> list[str]:
     n_val = min(max(1, round(fraction * n_docs)), n_docs - 1)
     # document i is validation when the running count floor((i+1) * n_val / n) steps up
     return ["validation" if (i + 1) * n_val // n_docs > i * n_val // n_docs else "train" for i in range(n_docs)]
-
-
-# ---- encoding -------------------------------------------------------------------
-
-
-def batches(texts: Iterator[str], batch_size: int, max_bytes: int = TASK_BYTES) -> Iterator[list[str]]:
-    """Consecutive documents, at most `batch_size` of them and about `max_bytes` of text."""
-    batch: list[str] = []
-    size = 0
-    for text in texts:
-        batch.append(text)
-        size += len(text)
-        if len(batch) >= batch_size or size >= max_bytes:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
-
-
-def encode_stream(
-    texts: Iterator[str], tokenizer_json: str, eos_id: int, dtype: str, *, num_workers: int, batch_size: int
-) -> Iterator[tuple[np.ndarray, list[int]]]:
-    """(tokens, per-document lengths) for each batch, in document order. With one
-    worker, encoding runs in a thread of this process (tokenizers releases the GIL),
-    so reading the next documents and writing shards overlap with it."""
-    if num_workers <= 1:
-        _init_worker(tokenizer_json, eos_id, dtype)
-        pool, max_bytes = ThreadPoolExecutor(1), THREAD_TASK_BYTES
-    else:
-        # spawn, not fork: the parent may hold threads (a tokenizers thread pool, JAX).
-        # A ProcessPoolExecutor, not a multiprocessing.Pool: a worker that dies (killed,
-        # out of memory, a failing initializer) raises BrokenProcessPool instead of hanging.
-        context = multiprocessing.get_context("spawn")
-        pool = ProcessPoolExecutor(
-            num_workers, mp_context=context, initializer=_init_worker, initargs=(tokenizer_json, eos_id, dtype)
-        )
-        max_bytes = TASK_BYTES
-    with pool:
-        pending: collections.deque = collections.deque()
-        for batch in batches(texts, batch_size, max_bytes):
-            pending.append(pool.submit(encode_batch, batch))
-            if len(pending) >= 2 * max(1, num_workers):  # bounded: memory stays flat on large corpora
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-
-
-_WORKER: dict[str, Any] = {}
-
-
-def _init_worker(tokenizer_json: str, eos_id: int, dtype: str) -> None:
-    tokenizer = Tokenizer.from_str(tokenizer_json)
-    tokenizer.encode_special_tokens = True  # a literal "<|endoftext|>" in a text is text, not eos
-    _WORKER.update(tokenizer=tokenizer, eos_id=eos_id, dtype=np.dtype(dtype))
-
-
-def encode_batch(texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:
-    """Encode documents; each one's ids end with eos. Returns the concatenated ids
-    and each document's length (eos included)."""
-    encodings = _WORKER["tokenizer"].encode_batch_fast(list(texts), add_special_tokens=False)
-    lengths = [len(e.ids) + 1 for e in encodings]
-    out = np.empty(sum(lengths), dtype=_WORKER["dtype"])
-    start = 0
-    for encoding, length in zip(encodings, lengths):
-        out[start : start + length - 1] = encoding.ids
-        out[start + length - 1] = _WORKER["eos_id"]
-        start += length
-    return out, lengths
 
 
 # ---- shards ---------------------------------------------------------------------

@@ -12,7 +12,6 @@ naming the shard. Nothing here writes the artifact's success record: the gather 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from marin_rules.artifacts import storage
