@@ -10,7 +10,7 @@ is read from the environment except a pod's place (`pod_process_from_env`). In o
    finishes, the artifact is served (exit 0, nothing built; on a remote prefix the
    local mirror record is written for Snakemake); a stale lease is taken over;
 3. if the main process marked the build forced, move the old build to `.history/`;
-4. check every upstream's record and files (`verify_files`), then call the step
+4. check every upstream's record and files (`context.check_upstreams`), then call the step
    (`run.run_step`); the heartbeat stops the step if the lease is lost, and the
    success record is written only while the lease is still held.
 A shard job of a sharded step (`--shard kkkkk-of-nnnnn`, `marin_rules.artifacts.shards`)
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 from typing import Any, Callable
 
@@ -33,7 +32,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
-from marin_rules.artifacts.records import Provenance, read_record, verify_files
+from marin_rules.artifacts.records import read_record
 from marin_rules.job.run import JobTerminated, install_stop_handlers, run_step, stop_for_lost_lease
 
 
@@ -202,6 +201,8 @@ def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace,
     from marin_rules.artifacts.shards import gathered_results, shard_count
     from marin_rules.steps import BUILTIN_STEPS, step_function
 
+    from marin_rules.job.context import check_upstreams, job_context
+
     ctx, entry, provenance, deps_record = job_context(artifact, experiment, location, args)
     sharded = artifact.step in BUILTIN_STEPS and bool(BUILTIN_STEPS[artifact.step].shard)
 
@@ -214,69 +215,3 @@ def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace,
     record = run_step(ctx, entry, provenance, step, process, None if held is None else held.still_held)
     _mirror(record, artifact, args)
     return 0
-
-
-def job_context(artifact: Any, experiment: Any, location: str, args: argparse.Namespace) -> tuple:
-    """What a step is called with: (StepContext, record entry, Provenance, deps as recorded)."""
-    from marin_rules.adopt import data_location
-    from marin_rules.cluster.pod import pod_process_from_env
-
-    deps_ctx: dict[str, Any] = {}
-    deps_record: dict[str, Any] = {}
-    for role, dep in artifact.deps.items():
-        if isinstance(dep, str):
-            deps_ctx[role] = data_location(args.prefix, experiment[dep])
-            deps_record[role] = _dep_name(experiment, dep)
-        else:
-            deps_ctx[role] = {data_location(args.prefix, experiment[k]): w for k, w in dep.items()}
-            deps_record[role] = [{**_dep_name(experiment, k), "weight": w} for k, w in dep.items()]
-    entry = {
-        "name": artifact.id.name, "version": artifact.id.version, "step": artifact.step,
-        "fingerprint": artifact.fingerprint, "config": artifact.config, "deps": deps_record,
-        "runtime": artifact.runtime, "path": f"{artifact.id.name}/{artifact.id.version}",
-    }  # fmt: skip
-    runtime = dict(artifact.runtime)
-    pod = pod_process_from_env(os.environ)
-    if pod is not None:
-        runtime["distributed"] = pod.runtime_distributed()
-    ctx = StepContext(name=artifact.id.name, version=artifact.id.version, config=artifact.config,
-                      deps=deps_ctx, runtime=runtime, output=location)  # fmt: skip
-    command = shlex.split(args.command) if args.command else []
-    from marin_rules.artifacts.code import step_code  # read before the step runs: the code it ran
-
-    code = (("code", step_code(artifact.step)),)
-    provenance = Provenance(args.workflow_dir, command, args.rule, _jobid(args.jobid), code)
-    return ctx, entry, provenance, deps_record
-
-
-def _dep_name(experiment: Any, key: str) -> dict[str, Any]:
-    upstream = experiment[key].id
-    return {"name": upstream.name, "version": upstream.version, "path": upstream.path}
-
-
-def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: dict) -> None:
-    """Every upstream is built and complete: its record valid, its files there with their
-    sizes (data adopted in place: its source as adopted). Records what was seen
-    (fingerprint, build time) into `deps_record`."""
-    from marin_rules.adopt import source_problems
-
-    seen = {}
-    for key in artifact.upstream_keys():
-        upstream = experiment[key]
-        location = artifact_location(prefix, upstream.id)
-        record = read_record(location, upstream.id)
-        how = f"rebuild it with: snakemake --forcerun {storage.join(location, RECORD_FILE)}"
-        if record is None:
-            raise MarinError(f"{artifact.key}: upstream {key} has no success record at {location}; {how}")
-        problems = verify_files(location, record) + source_problems(upstream, record.result)
-        if problems:
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise MarinError(f"{artifact.key}: upstream {key}: {problems[0]}{more}; {how}")
-        seen[key] = {"fingerprint": record.fingerprint, "built": record.built}
-    for dep in deps_record.values():
-        for d in dep if isinstance(dep, list) else [dep]:
-            d.update(seen[f"{d['name']}@{d['version']}"])
-
-
-def _jobid(text: str | None) -> int | str | None:
-    return int(text) if text and text.isdigit() else text

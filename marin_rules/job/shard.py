@@ -48,7 +48,7 @@ def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Na
 
 
 def _run_shard(artifact: Any, experiment: Any, location: str, shard: Shard, args: argparse.Namespace, held: Any) -> int:
-    from marin_rules.job.main import check_upstreams, job_context
+    from marin_rules.job.context import check_upstreams, job_context
     from marin_rules.job.run import run_step
     from marin_rules.steps import shard_function
 

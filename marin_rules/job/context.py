@@ -1,0 +1,87 @@
+"""What a job calls its step with, and the check of its upstreams.
+
+Model: the step gets a `StepContext` (config, the upstreams' data locations by role,
+runtime, the artifact's location), the record gets the entry (identity, recipe, deps
+as `name/version` with the upstream fingerprints seen) and the `Provenance` (the code
+the step ran, who, where, the user's command line). Before the step runs, every
+upstream's record and files are verified (`check_upstreams`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+from typing import Any
+
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
+from marin_rules.artifacts.records import Provenance, read_record, verify_files
+
+
+def job_context(artifact: Any, experiment: Any, location: str, args: argparse.Namespace) -> tuple:
+    """What a step is called with: (StepContext, record entry, Provenance, deps as recorded)."""
+    from marin_rules.adopt import data_location
+    from marin_rules.cluster.pod import pod_process_from_env
+
+    deps_ctx: dict[str, Any] = {}
+    deps_record: dict[str, Any] = {}
+    for role, dep in artifact.deps.items():
+        if isinstance(dep, str):
+            deps_ctx[role] = data_location(args.prefix, experiment[dep])
+            deps_record[role] = _dep_name(experiment, dep)
+        else:
+            deps_ctx[role] = {data_location(args.prefix, experiment[k]): w for k, w in dep.items()}
+            deps_record[role] = [{**_dep_name(experiment, k), "weight": w} for k, w in dep.items()]
+    entry = {
+        "name": artifact.id.name, "version": artifact.id.version, "step": artifact.step,
+        "fingerprint": artifact.fingerprint, "config": artifact.config, "deps": deps_record,
+        "runtime": artifact.runtime, "path": f"{artifact.id.name}/{artifact.id.version}",
+    }  # fmt: skip
+    runtime = dict(artifact.runtime)
+    pod = pod_process_from_env(os.environ)
+    if pod is not None:
+        runtime["distributed"] = pod.runtime_distributed()
+    ctx = StepContext(name=artifact.id.name, version=artifact.id.version, config=artifact.config,
+                      deps=deps_ctx, runtime=runtime, output=location)  # fmt: skip
+    command = shlex.split(args.command) if args.command else []
+    from marin_rules.artifacts.code import step_code  # read before the step runs: the code it ran
+
+    code = (("code", step_code(artifact.step)),)
+    provenance = Provenance(args.workflow_dir, command, args.rule, _jobid(args.jobid), code)
+    return ctx, entry, provenance, deps_record
+
+
+def _dep_name(experiment: Any, key: str) -> dict[str, Any]:
+    upstream = experiment[key].id
+    return {"name": upstream.name, "version": upstream.version, "path": upstream.path}
+
+
+def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: dict) -> None:
+    """Every upstream is built and complete: its record valid, its files there with their
+    sizes (data adopted in place: its source as adopted). Records what was seen
+    (fingerprint, build time) into `deps_record`."""
+    from marin_rules.adopt import source_problems
+
+    seen = {}
+    for key in artifact.upstream_keys():
+        upstream = experiment[key]
+        location = artifact_location(prefix, upstream.id)
+        record = read_record(location, upstream.id)
+        how = f"rebuild it with: snakemake --forcerun {storage.join(location, RECORD_FILE)}"
+        if record is None:
+            raise MarinError(f"{artifact.key}: upstream {key} has no success record at {location}; {how}")
+        problems = verify_files(location, record) + source_problems(upstream, record.result)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise MarinError(f"{artifact.key}: upstream {key}: {problems[0]}{more}; {how}")
+        seen[key] = {"fingerprint": record.fingerprint, "built": record.built}
+    for dep in deps_record.values():
+        for d in dep if isinstance(dep, list) else [dep]:
+            d.update(seen[f"{d['name']}@{d['version']}"])
+
+
+def _jobid(text: str | None) -> int | str | None:
+    return int(text) if text and text.isdigit() else text
