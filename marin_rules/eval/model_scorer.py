@@ -1,14 +1,15 @@
 """The model as a `Scorer` (scoring.py): one jitted program per padded shape.
 
-Model: `score` runs the batch's distinct prefixes into a fresh key/value cache (no
-output head), then every suffix row against its prefix's cache, with the head only at
-the scored positions; `prefill` + `decode` are cached greedy decoding. Padding is on
-the right: a causal model's outputs at real positions do not depend on the padding
-after them. A request's score must not depend on the other rows of its batch either,
-so the scorer always runs a dropless MoE dispatch (`dropless`): a model trained
-with `moe_impl: capacity` (which drops assignments ranked over the whole batch, so
-later tokens can change earlier outputs) is rebuilt with `ragged` around the same
-weights; `dense` and `ragged` are kept as they are.
+Model: `score` runs the batch's packed rows (packing.py) in one forward pass, each
+input attending to what its segment and branch let it see (`packed_mask`: padding is
+a segment of its own, so no real input sees it), with the head only at the scored
+positions; `prefill` + `decode` are cached greedy decoding (right padding: a causal
+model's outputs at real positions do not depend on the padding after them). A
+request's score must not depend on the rest of its batch either, so the scorer
+always runs a dropless MoE dispatch (`dropless`): a model trained with `moe_impl:
+capacity` (which drops assignments ranked over the whole batch, so later tokens can
+change earlier outputs) is rebuilt with `ragged` around the same weights; `dense`
+and `ragged` are kept as they are.
 """
 
 from __future__ import annotations
@@ -44,22 +45,29 @@ def _positions(start: jax.Array, length: int) -> jax.Array:
     return start[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
 
 
+def packed_mask(positions: jax.Array, segments: jax.Array, branches: jax.Array) -> jax.Array:
+    """[R, T, T] (query, key): same segment, key position <= query position, key in
+    the shared history (branch 0) or in the query's own branch (see scoring.py)."""
+    same = segments[:, :, None] == segments[:, None, :]
+    earlier = positions[:, None, :] <= positions[:, :, None]
+    branch = (branches[:, None, :] == 0) | (branches[:, None, :] == branches[:, :, None])
+    return same & earlier & branch
+
+
 # The model's structure (graphdef) is static: every ModelScorer of the same
 # architecture shares one compiled program per input shape.
-@partial(jax.jit, static_argnums=(0, 7))
-def _score(graphdef, state, prefixes, suffixes, targets, group, start, cache_length, scored):
+@partial(jax.jit, static_argnums=0)
+def _score(graphdef, state, tokens, positions, segments, branches, targets, scored):
     model = nnx.merge(graphdef, state)
-    (G, Tp), (R, Tk) = prefixes.shape, suffixes.shape
-    cache = empty_cache(model.config, G, cache_length)
-    _, _, cache = model.trunk(prefixes, positions=_positions(jnp.zeros(G, jnp.int32), Tp), cache=cache)
-    hidden, _, _ = model.trunk(suffixes, positions=_positions(start, Tk), cache=cache.rows(group))
-    logits = model.logits(hidden.reshape(R * Tk, -1)[scored])  # the head only where scores are needed
+    R, T = tokens.shape
+    hidden, _, _ = model.trunk(tokens, positions=positions, mask=packed_mask(positions, segments, branches))
+    logits = model.logits(hidden.reshape(R * T, -1)[scored])  # the head only where scores are needed
     target_logits = jnp.take_along_axis(logits, targets.reshape(-1)[scored][:, None], axis=-1)[:, 0]
     # logit - logsumexp, not a full log_softmax: one pass less over [K, V]
     logp = target_logits - jax.nn.logsumexp(logits, axis=-1)
     greedy = target_logits >= jnp.max(logits, axis=-1)
-    flat = jnp.zeros(R * Tk, jnp.float32).at[scored].set(logp)
-    return flat.reshape(R, Tk), jnp.zeros(R * Tk, bool).at[scored].set(greedy).reshape(R, Tk)
+    flat = jnp.zeros(R * T, jnp.float32).at[scored].set(logp)
+    return flat.reshape(R, T), jnp.zeros(R * T, bool).at[scored].set(greedy).reshape(R, T)
 
 
 @partial(jax.jit, static_argnums=(0, 4))
@@ -91,8 +99,8 @@ class ModelScorer:
     def score(self, batch: ScoreBatch) -> tuple[np.ndarray, np.ndarray]:
         i32 = partial(jnp.asarray, dtype=jnp.int32)
         logp, greedy = _score(
-            self._graphdef, self._state, i32(batch.prefixes), i32(batch.suffixes), i32(batch.targets),
-            i32(batch.group), i32(batch.start), int(batch.cache_length), i32(batch.scored),
+            self._graphdef, self._state, i32(batch.tokens), i32(batch.positions), i32(batch.segments),
+            i32(batch.branches), i32(batch.targets), i32(batch.scored),
         )  # fmt: skip
         return np.asarray(logp, np.float64), np.asarray(greedy)
 
