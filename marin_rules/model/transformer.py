@@ -59,6 +59,15 @@ class RMSNorm(nnx.Module):
         return (x32 * self.scale[...]).astype(x.dtype)
 
 
+def linear(x: jax.Array, w: jax.Array, preferred_element_type=None) -> jax.Array:
+    """x [..., in] @ w [in, out] as one 2-D matmul over the flattened tokens. Same
+    values as the batched product, but XLA:CPU lays out the backward of a [B, T, in]
+    product badly (a transposed copy of each activation for the weight gradient):
+    measured 3.7x slower for a SwiGLU's forward + backward at [8, 128, 128] -> 512."""
+    y = jnp.matmul(x.reshape(-1, x.shape[-1]), w, preferred_element_type=preferred_element_type)
+    return y.reshape(*x.shape[:-1], w.shape[-1])
+
+
 def rotary_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
     """cos, sin [..., T, head_dim/2] at integer `positions` [..., T] (RoFormer)."""
     freqs = 1.0 / theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
@@ -123,9 +132,9 @@ class Attention(nnx.Module):
         Returns (y [B, T, D], the updated layer cache or None)."""
         B, T, _ = x.shape
         dt = self.dtype
-        q = (x @ self.w_q[...].astype(dt)).reshape(B, T, self.n_heads, self.head_dim)
-        k = (x @ self.w_k[...].astype(dt)).reshape(B, T, self.n_kv_heads, self.head_dim)
-        v = (x @ self.w_v[...].astype(dt)).reshape(B, T, self.n_kv_heads, self.head_dim)
+        q = linear(x, self.w_q[...].astype(dt)).reshape(B, T, self.n_heads, self.head_dim)
+        k = linear(x, self.w_k[...].astype(dt)).reshape(B, T, self.n_kv_heads, self.head_dim)
+        v = linear(x, self.w_v[...].astype(dt)).reshape(B, T, self.n_kv_heads, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if kv is None and mask is None:
             y = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # [B, T, n_heads, head_dim]
@@ -133,7 +142,7 @@ class Attention(nnx.Module):
             y = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])
         else:
             y, kv = cached_attention(q, k, v, kv, positions)
-        return y.reshape(B, T, -1) @ self.w_o[...].astype(dt), kv
+        return linear(y.reshape(B, T, -1), self.w_o[...].astype(dt)), kv
 
 
 class SwiGLU(nnx.Module):
@@ -148,8 +157,8 @@ class SwiGLU(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dt = self.dtype
-        h = jax.nn.silu(x @ self.w_gate[...].astype(dt)) * (x @ self.w_up[...].astype(dt))
-        return h @ self.w_down[...].astype(dt)
+        h = jax.nn.silu(linear(x, self.w_gate[...].astype(dt))) * linear(x, self.w_up[...].astype(dt))
+        return linear(h, self.w_down[...].astype(dt))
 
 
 class MoE(nnx.Module):
@@ -266,7 +275,7 @@ class MoETransformer(nnx.Module):
         """The output head: hidden [..., D] -> logits f32 [..., V]."""
         head = self.embed[...].T if self.head is None else self.head[...]
         dt = jnp.dtype(self.config.compute_dtype)
-        return jnp.matmul(hidden.astype(dt), head.astype(dt), preferred_element_type=jnp.float32)
+        return linear(hidden.astype(dt), head.astype(dt), preferred_element_type=jnp.float32)
 
 
 def _collect_aux(layer_stats: list[dict], n_experts: int) -> dict[str, jax.Array]:
