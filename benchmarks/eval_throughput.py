@@ -8,9 +8,10 @@ cloze task's own code (four lines as context, a line as continuation):
   the shape of every multiple-choice task (hellaswag, arc, mmlu, ...).
 - `distinct`: only the true line of each question, every context different.
 Each is scored three ways, all on the same model (dropless dispatch) and tokens:
-- `batched`: `MarinLM.loglikelihood` as evaluation runs it (sorted, bucketed
-  padding, `--batch-size` rows per jitted call, each distinct context run once into
-  a key/value cache, the head only at scored positions);
+- `batched`: `MarinLM.loglikelihood` as evaluation runs it (`--batch-size` requests
+  per jitted call, packed into rows of `max_length` tokens: each distinct context
+  once followed by its continuations, short sequences sharing a row, bucketed
+  shapes, one forward pass, the head only at scored positions: eval/packing.py);
 - `batch-1`: the same code with batch size 1 (one request per call);
 - `plain` (the baseline): what a straightforward lm-eval model does: per request,
   lm-eval's own `_encode_pair` tokenization, then one jitted forward pass of the

@@ -16,7 +16,12 @@ parameters) / peak. The dense baseline is the same config with `moe_every=0` and
 parameters, no router.
 
 Usage: python benchmarks/train_throughput.py [--rounds 5] [--batch 16] [--seq 128]
-       [--accum 2] [--optimizer muon] [--backends dense,capacity,ragged]
+       [--accum 2] [--optimizer muon] [--backends dense,capacity,ragged] [--d-model 128]
+       [--profile]
+`--profile` splits the dense step's time by XLA op (a jax.profiler trace): matmuls
+or other ops, in the micro-batches' forward/backward or the optimizer update, and
+how fast the model's FLOPs go through the matmul ops against the ceiling. `--d-model`
+widens the default model (the headline figures are the default model's).
 Last line: JSON with benchmark, ratio (best MoE backend tokens/s / dense; target
 >= 0.9), baseline, and every variant's figures (dense MFU target: >= 0.5).
 """
@@ -47,13 +52,21 @@ MOE = dict(
 )  # fmt: skip
 
 
+def widened(model: dict, d_model: int) -> dict:
+    """The model at width `d_model`: FFN and expert sizes and heads (of 32) scale with it."""
+    scale = d_model / model["d_model"]
+    sizes = {k: int(model[k] * scale) for k in ("d_ff", "d_expert", "n_heads", "n_kv_heads")}
+    return {**model, **sizes, "d_model": d_model}
+
+
 def dense_baseline(model: dict) -> dict:
     hidden = model["top_k"] * model["d_expert"] + (model["d_expert"] if model.get("shared_expert") else 0)
     return {**model, "moe_every": 0, "d_ff": hidden}
 
 
 def compile_step(model: dict, args: argparse.Namespace):
-    """(one step as a zero-argument callable, the TrainConfig, compile seconds)."""
+    """(one step as a zero-argument callable, the TrainConfig, compile seconds, a
+    zero-argument callable giving the compiled step's HLO text)."""
     config = parse_train_config({
         "model": model, "optimizer": {"name": args.optimizer}, "num_train_steps": 1000,
         "batch_size": args.batch, "seq_len": args.seq, "grad_accum_steps": args.accum,
@@ -78,7 +91,39 @@ def compile_step(model: dict, args: argparse.Namespace):
     run()
     compile_s = time.perf_counter() - t
     run()  # one more warm-up step
-    return run, config, compile_s
+
+    def hlo() -> str:
+        with jax.set_mesh(mesh):
+            return step.lower(*carry, batch).compile().as_text()
+
+    return run, config, compile_s, hlo
+
+
+def profile(run, hlo: str, steps: int = 3) -> dict[str, float]:
+    """Milliseconds per step of the step's XLA ops by kind, from a jax.profiler trace:
+    matmuls (XNNPACK fusions and dots) or other ops, inside the micro-batch
+    forward/backward or in the optimizer update (clipping, Muon, AdamW, bias)."""
+    import collections
+    import glob
+    import gzip
+    import re
+    import tempfile
+
+    names = dict(re.findall(r"%([\w.\-]+) = \S+ [\w\-]+\(.*?metadata=\{op_name=\"([^\"]*)\"", hlo))
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            for _ in range(steps):
+                run()
+        (trace,) = glob.glob(folder + "/**/*.trace.json.gz", recursive=True)
+        with gzip.open(trace) as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and e.get("name") in names]
+    kinds: dict[str, float] = collections.Counter()
+    for e in events:
+        op = names[e["name"]]
+        where = "fwd_bwd" if "jvp(" in op or "transpose(" in op else "update"
+        what = "matmul" if e["name"].startswith(("ynn_fusion", "dot", "xnn_fusion")) else "other"
+        kinds[f"{where}_{what}_ms"] += e["dur"] / 1e3 / steps
+    return {k: round(v, 1) for k, v in sorted(kinds.items())}
 
 
 def figures(config, args, times: list[float], peaks: list[float], compile_s: float) -> dict:
@@ -105,14 +150,17 @@ def main() -> None:
     parser.add_argument("--accum", type=int, default=2)
     parser.add_argument("--optimizer", default="muon", choices=("muon", "adamw"))
     parser.add_argument("--backends", default="dense,capacity,ragged")
+    parser.add_argument("--d-model", type=int, default=MOE["d_model"], help="width (FFN sizes and heads scale with it)")
+    parser.add_argument("--profile", action="store_true", help="also split the dense step's time by kind of XLA op")
     args = parser.parse_args()
 
-    variants = {"dense_model": dense_baseline(MOE)}
+    moe = widened(MOE, args.d_model)
+    variants = {"dense_model": dense_baseline(moe)}
     for impl in args.backends.split(","):
-        variants[f"moe_{impl}"] = {**MOE, "moe_impl": impl}
-    steps, configs, compile_s = {}, {}, {}
+        variants[f"moe_{impl}"] = {**moe, "moe_impl": impl}
+    steps, configs, compile_s, hlos = {}, {}, {}, {}
     for name, model in tqdm(variants.items(), desc="compiling", file=sys.stderr):
-        steps[name], configs[name], compile_s[name] = compile_step(model, args)
+        steps[name], configs[name], compile_s[name], hlos[name] = compile_step(model, args)
     dtype = configs["dense_model"].model.compute_dtype
     local_peak_flops(dtype, repeats=1)  # compile the peak measurement too
     # round-robin: each round times one step of every variant, then the ceiling
@@ -130,6 +178,14 @@ def main() -> None:
         print(f"{name:14s} step {r['step_s']:.3f}s  {r['tokens_per_s']:9.0f} tok/s  MFU {r['mfu']:.1%}  "
               f"compile {r['compile_s']:.1f}s", file=sys.stderr)  # fmt: skip
     best = max((k for k in results if k.startswith("moe_")), key=lambda k: results[k]["tokens_per_s"])
+    breakdown = {}
+    if args.profile:  # where the dense step's time goes, and how fast its matmuls run
+        breakdown = profile(steps["dense_model"], hlos["dense_model"]())
+        matmul_s = (breakdown.get("fwd_bwd_matmul_ms", 0) + breakdown.get("update_matmul_ms", 0)) / 1e3
+        flops = results["dense_model"]["flops_per_token"] * args.batch * args.seq
+        breakdown["matmul_share"] = round(matmul_s * 1e3 / sum(v for k, v in breakdown.items() if k.endswith("_ms")), 3)
+        breakdown["model_flops_per_matmul_second_over_peak"] = round(flops / matmul_s / float(np.median(peaks)), 3)
+        print(f"dense step by op kind (ms/step): {breakdown}", file=sys.stderr)
     print(json.dumps({
         "benchmark": "train_throughput",
         "ratio": round(results[best]["tokens_per_s"] / results["dense_model"]["tokens_per_s"], 3),
@@ -143,8 +199,9 @@ def main() -> None:
         "batch": args.batch,
         "seq_len": args.seq,
         "devices": jax.device_count(),
-        "moe_config": ModelConfig(**MOE).to_dict(),
+        "moe_config": ModelConfig(**moe).to_dict(),
         "results": results,
+        "dense_step_breakdown": breakdown,
     }))  # fmt: skip
 
 

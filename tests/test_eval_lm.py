@@ -301,7 +301,7 @@ def test_batched_tokenization_matches_lm_evals_encode_pair(lm):
 
 def test_choices_sharing_a_context_run_it_once_and_score_as_a_direct_pass(lm, forward):
     context = "Fair is foul, and foul is fair:\n"
-    choices = ["Hover through the fog and filthy air.", "When shall we three meet again", "Out, damned spot!"]
+    choices = ["Hover through the fog.", "When shall we three meet", "Out, damned spot!"]  # all fit one row
     seen = []
     scorer = lm.scorer
 
@@ -315,7 +315,12 @@ def test_choices_sharing_a_context_run_it_once_and_score_as_a_direct_pass(lm, fo
     recorded = MarinLM(Recording(), lm.tokenizer, lm.special, batch_size=4)
     got = recorded.loglikelihood(requests("loglikelihood", [(context, c) for c in choices]), disable_tqdm=True)
     (batch,) = seen
-    assert len(set(batch.group[: len(choices)].tolist())) == 1  # one prefix row for all three
+    ctx_ids, _ = lm._encode_pair(context, choices[0])
+    real = batch.segments >= 0
+    assert len(set(batch.segments[real].tolist())) == 1  # one segment: the context and its three choices
+    # the context runs once (its last token is each choice's first input, so in each branch)
+    assert (batch.branches[real] == 0).sum() == len(ctx_ids) - 1
+    assert set(batch.branches[real].tolist()) == {0, 1, 2, 3}
     for choice, (logp, _) in zip(choices, got):
         ctx_ids, cont_ids = lm._encode_pair(context, choice)  # the "\n" moves to the continuation
         assert logp == pytest.approx(direct_logprob(forward, ctx_ids + cont_ids, len(cont_ids)), abs=1e-4)

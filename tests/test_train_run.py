@@ -216,9 +216,10 @@ def test_two_processes_of_four_devices_with_an_expert_axis_end_bitwise_identical
                 proc.wait(timeout=30)
     for r in results:
         assert r["processes"] == 2 and r["devices"] == 8 and r["mesh"] == {"data": 4, "expert": 2}
-        # experts sharded over 2 devices sum some gradients in another order: not bitwise,
-        # equal to 2e-5 relative (observed 4e-6 on the final validation loss)
-        assert_same_run(r, output, result, baseline[1], rel=2e-5)
+        # experts sharded over 2 devices sum some gradients in another order: not bitwise.
+        # Equal to 1e-7 for 15 steps, then a near-tie in top-k routing may flip and
+        # amplify it (observed 4e-6, and 3.8e-5 with 2-D matmuls, at step 20)
+        assert_same_run(r, output, result, baseline[1], rel=1e-4)
 
 
 def test_training_on_gcs_writes_the_artifact_and_loads_back(baseline, tokens, cache, tmp_path, gcs_prefix, gcs_env):

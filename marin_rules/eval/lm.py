@@ -9,13 +9,13 @@ both are scored by exactly the same tokenization, batching and tasks.
   the prefix token) and truncated on the left to `max_length + 1` tokens. A history
   that several requests share (the context of a multiple-choice question's choices)
   becomes a prefix: requests are sorted so that equal prefixes sit together, and each
-  batch of `batch_size` rows runs every distinct prefix once into a key/value cache,
-  then the rows' own tokens after it. The output head runs only at scored
-  positions. Each batch is padded to bucketed sizes (powers of two and 1.5 times
-  one, capped at `max_length`), or to a larger shape already used in the same
-  `loglikelihood` call (one task: lm-eval sends a task's requests together) while
-  that costs at most MAX_PADDING_COST times its own: a compile costs about 4 s on 2
-  CPU cores, so a task compiles a few programs, not one per batch.
+  batch of `batch_size` scored windows is packed into rows of `max_length` tokens
+  (packing.py): every distinct prefix once, followed by the continuations that
+  share it, short sequences sharing a row, one forward pass per batch. The output
+  head runs only at scored positions. Shapes are bucketed, and a batch reuses a
+  larger shape already used in the same `loglikelihood` call (one task: lm-eval
+  sends a task's requests together) while that costs at most
+  `packing.MAX_PADDING_COST` times its own, so a task compiles a few programs.
 - `loglikelihood_rolling`: lm-eval's `get_rolling_token_windows` over the model's
   context: every token of a document is predicted exactly once, each window seeing
   at least `rolling_context` tokens of history (default half the context); the
@@ -46,49 +46,14 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from marin_rules.artifacts import storage
-from marin_rules.eval.scoring import Scorer, ScoreBatch
+from marin_rules.eval import packing
+from marin_rules.eval.packing import Piece
+from marin_rules.eval.scoring import Scorer
 
 log = logging.getLogger(__name__)
 
-MIN_BUCKET = 16  # the shortest padded history
-MIN_SUFFIX_BUCKET = 8  # the fewest padded scored positions
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_MAX_GEN_TOKS = 256
-MAX_PADDING_COST = 2.0  # a batch reuses a larger shape compiled in the same call while it costs at most 2x its own
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One scored window of a request: `prefix` (history run into the cache, shared
-    with other pieces), `suffix` (the inputs after it) and `targets` (the next token
-    at each suffix position); the last `scored` targets count."""
-
-    request: int
-    prefix: tuple[int, ...]
-    suffix: list[int]
-    targets: list[int]
-    scored: int
-
-
-@dataclass(frozen=True)
-class BatchShape:
-    """The padded sizes of a ScoreBatch (see scoring.py): prefix rows and length,
-    suffix length (rows are always `batch_size`), scored positions, cache length."""
-
-    groups: int
-    prefix_length: int
-    suffix_length: int
-    scored: int
-    cache_length: int
-
-    def holds(self, other: "BatchShape") -> bool:
-        return all(getattr(self, f) >= getattr(other, f) for f in ("groups", "prefix_length", "suffix_length", "scored")) and (
-            self.cache_length == other.cache_length
-        )
-
-    def cost(self, rows: int) -> int:
-        """Positions run through the model: prefix rows, suffix rows, head positions."""
-        return self.groups * self.prefix_length + rows * self.suffix_length + self.scored
 
 
 @dataclass(frozen=True)
@@ -118,27 +83,6 @@ def load_tokenizer(location: str) -> tuple[Tokenizer, SpecialTokens]:
     if ids["eos"] is None:
         raise ValueError(f"tokenizer {location}: no end-of-text token; write special_tokens.json beside it")
     return tokenizer, SpecialTokens(ids["bos"], ids["eos"], ids["pad"] if ids["pad"] is not None else ids["eos"])
-
-
-def bucket_length(n: int, max_length: int, smallest: int = MIN_BUCKET, *, halves: bool = False) -> int:
-    """The padded length for a row of `n` tokens: the next power of two >= `smallest`
-    (with `halves`, also 1.5 times one: 8, 12, 16, 24, ...), capped at `max_length`.
-    Coarse on purpose: each new shape costs a compile (about 2 s for the default model
-    on CPU, as long as ~100 batches), so few shapes beat tight padding."""
-    size = smallest
-    while size < n:
-        if not halves:
-            size *= 2
-        elif size & (size - 1) == 0:  # a power of two: 16 -> 24
-            size = size * 3 // 2
-        else:  # 1.5 times one: 24 -> 32
-            size = size // 3 * 4
-    return min(size, max_length)
-
-
-def bucket_rows(n: int, batch_size: int) -> int:
-    """Rows for `n` distinct prefixes: the next power of two, at most `batch_size`."""
-    return min(1 << max(0, n - 1).bit_length(), batch_size)
 
 
 def _as_batch_size(value: Any) -> int:
@@ -271,17 +215,18 @@ class MarinLM(TemplateLM):
         """Score each (cache key, context tokens, continuation tokens), batched."""
         pieces = self._split(requests)
         order = sorted(range(len(pieces)), key=lambda p: (-len(pieces[p].prefix), pieces[p].prefix, -len(pieces[p].suffix)))
-        chunks = [[pieces[p] for p in order[start : start + self.batch_size]] for start in range(0, len(order), self.batch_size)]
+        L = self.max_length
+        batches = packing.make_batches([pieces[p] for p in order], L, self.batch_size)
         logps = np.zeros(len(requests), np.float64)
         greedy = np.ones(len(requests), bool)
         with tqdm(total=len(order), desc="marin loglikelihood", disable=disable_tqdm, leave=False) as bar:
-            for chunk, shape in zip(chunks, self._batch_shapes(chunks)):
-                row_logp, row_greedy = self.scorer.score(self._score_batch(chunk, shape))
-                for row, piece in enumerate(chunk):
-                    scored = slice(len(piece.suffix) - piece.scored, len(piece.suffix))
-                    logps[piece.request] += np.sum(row_logp[row, scored], dtype=np.float64)
-                    greedy[piece.request] &= bool(np.all(row_greedy[row, scored]))
-                bar.update(len(chunk))
+            for rows, shape in zip(batches, packing.choose_shapes(batches, L, self.batch_size)):
+                batch, spans = packing.layout(rows, shape, self.special.pad)
+                out_logp, out_greedy = (out.reshape(-1) for out in self.scorer.score(batch))
+                for piece, a, b in spans:
+                    logps[piece.request] += np.sum(out_logp[a:b], dtype=np.float64)
+                    greedy[piece.request] &= bool(np.all(out_greedy[a:b]))
+                bar.update(len(spans))
         results = [(float(lp), bool(g)) for lp, g in zip(logps, greedy)]
         for (key, _, _), result in zip(requests, results):
             if key is not None:
@@ -300,56 +245,6 @@ class MarinLM(TemplateLM):
             split = len(history) if shared[history] > 1 else 0
             pieces.append(Piece(i, history if split else (), seq[split:-1], seq[split + 1 :], n))
         return pieces
-
-    def _batch_shapes(self, chunks: list[list[Piece]]) -> list[BatchShape]:
-        """A padded shape per batch: its own bucketed sizes, or a shape already chosen
-        in this call that holds them at most MAX_PADDING_COST times the work."""
-        if not chunks:
-            return []
-        cache_length = bucket_length(max(len(p.prefix) + len(p.suffix) for chunk in chunks for p in chunk), self.max_length)
-        chosen: list[BatchShape] = []
-        shapes = []
-        for chunk in chunks:
-            own = self._own_shape(chunk, cache_length)
-            fit = next((c for c in chosen if c.holds(own) and c.cost(self.batch_size) <= MAX_PADDING_COST * own.cost(self.batch_size)), None)
-            if fit is None:
-                chosen.append(own)
-            shapes.append(fit or own)
-        return shapes
-
-    def _own_shape(self, chunk: list[Piece], cache_length: int) -> BatchShape:
-        L, B = self.max_length, self.batch_size
-        Tk = bucket_length(max(len(p.suffix) for p in chunk), L, MIN_SUFFIX_BUCKET, halves=True)
-        return BatchShape(
-            groups=bucket_rows(len({p.prefix for p in chunk}), B),
-            prefix_length=bucket_length(max(len(p.prefix) for p in chunk), L, halves=True),
-            suffix_length=Tk,
-            scored=bucket_length(sum(p.scored for p in chunk), B * Tk, MIN_SUFFIX_BUCKET, halves=True),
-            cache_length=cache_length,
-        )
-
-    def _score_batch(self, chunk: list[Piece], shape: BatchShape) -> ScoreBatch:
-        """Padded arrays of `shape` for up to `batch_size` pieces: each distinct prefix once."""
-        groups: dict[tuple[int, ...], int] = {}
-        for piece in chunk:
-            groups.setdefault(piece.prefix, len(groups))
-        pad, Tk = self.special.pad, shape.suffix_length
-        prefixes = np.full((shape.groups, shape.prefix_length), pad, np.int32)
-        for prefix, g in groups.items():
-            prefixes[g, : len(prefix)] = prefix
-        suffixes = np.full((self.batch_size, Tk), pad, np.int32)
-        targets = np.zeros((self.batch_size, Tk), np.int32)
-        group = np.zeros(self.batch_size, np.int32)
-        start = np.zeros(self.batch_size, np.int32)
-        real = []
-        for row, piece in enumerate(chunk):
-            suffixes[row, : len(piece.suffix)] = piece.suffix
-            targets[row, : len(piece.targets)] = piece.targets
-            group[row], start[row] = groups[piece.prefix], len(piece.prefix)
-            real.extend(range(row * Tk + len(piece.suffix) - piece.scored, row * Tk + len(piece.suffix)))
-        scored = np.full(shape.scored, real[0] if real else 0, np.int32)
-        scored[: len(real)] = real
-        return ScoreBatch(prefixes, suffixes, targets, group, start, shape.cache_length, scored)
 
     def _pieces(self, context: list[int], continuation: list[int]) -> list[tuple[list[int], int]]:
         """(token sequence of at most max_length + 1, number of final targets scored)
@@ -423,12 +318,12 @@ class MarinLM(TemplateLM):
 
     def _generate_batch(self, rows: list[tuple[list[int], list[str], int]]) -> list[str]:
         L = self.max_length
-        prompts = np.full((self.batch_size, bucket_length(max(len(t) for t, _, _ in rows), L)), self.special.pad, np.int32)
+        prompts = np.full((self.batch_size, packing.bucket(max(len(t) for t, _, _ in rows), L, packing.MIN_ROW_LENGTH, halves=False)), self.special.pad, np.int32)
         lengths = np.ones(self.batch_size, np.int32)  # padding rows: one pad token
         for r, (tokens, _, _) in enumerate(rows):
             prompts[r, : len(tokens)] = tokens
             lengths[r] = len(tokens)
-        cache_length = bucket_length(max(len(tokens) + max_gen for tokens, _, max_gen in rows), L)
+        cache_length = packing.bucket(max(len(tokens) + max_gen for tokens, _, max_gen in rows), L, packing.MIN_ROW_LENGTH, halves=False)
         next_tokens, state = self.scorer.prefill(prompts, lengths, cache_length)
         generated: list[list[int]] = [[] for _ in rows]
         active = [True] * len(rows)

@@ -1,12 +1,13 @@
 """The scoring interface the lm-eval wrapper talks to (no JAX here).
 
 Model: a `Scorer` sees only padded integer arrays, never text or requests. The wrapper
-(lm.py) splits every scored sequence into a *prefix* (the history whose tokens are
-not scored) and a *suffix* (the inputs at the scored positions), and sends a
-`ScoreBatch`: distinct prefixes once each, and suffix rows that name their prefix.
-Continuations sharing a context (the choices of a multiple-choice question) share one
-prefix row, so the context is run once. The scorer returns, for every suffix position,
-log p(target | prefix, suffix up to it) and whether the target is the argmax.
+(lm.py, laid out by packing.py) sends a `ScoreBatch`: rows of packed inputs, each
+tagged with its position in its own sequence, its segment (one shared history and
+the continuations after it) and its branch (0: the shared history; b > 0: the b-th
+continuation, which sees the history and itself, never a sibling). Continuations
+sharing a context (the choices of a multiple-choice question) share one history, so
+the context is run once. The scorer returns, for every input, log p(target | what it
+sees) and whether the target is the argmax.
 
 Generation is `prefill(prompts, lengths, cache_length) -> (next tokens, state)` then
 `decode(state, tokens, positions) -> (next tokens, state)` one token at a time;
@@ -26,20 +27,19 @@ import numpy as np
 
 @dataclass(frozen=True)
 class ScoreBatch:
-    """prefixes [G, Tp]: right-padded histories (row g's real tokens sit at positions
-    0..len-1); suffixes, targets [R, Tk]: the inputs at scored positions and the token
-    each must predict; group [R]: the prefix row of each suffix row; start [R]: the
-    position of suffix[:, 0], i.e. its prefix's length; cache_length: positions the
-    key/value cache holds, >= every row's start + real suffix length; scored [K]: the
-    flat indices (row * Tk + t) of the real suffix positions, padded to a bucketed K
-    by repeating one of them. Scores elsewhere are not computed (returned as 0)."""
+    """tokens, positions, segments, branches, targets [R, T]: input j of row r is
+    tokens[r, j] at position positions[r, j] of its own sequence; it attends to the
+    inputs of row r with its segment, a position <= its own, and branch 0 or its
+    own branch; targets[r, j] is the token it must predict.
+    Padding has segment -1. scored [K]: the flat indices (r * T + j) of the inputs
+    whose scores are needed, padded to a bucketed K by repeating one of them. Scores
+    elsewhere are not computed (returned as 0)."""
 
-    prefixes: np.ndarray
-    suffixes: np.ndarray
+    tokens: np.ndarray
+    positions: np.ndarray
+    segments: np.ndarray
+    branches: np.ndarray
     targets: np.ndarray
-    group: np.ndarray
-    start: np.ndarray
-    cache_length: int
     scored: np.ndarray
 
 
@@ -47,7 +47,7 @@ class Scorer(Protocol):
     max_length: int
 
     def score(self, batch: ScoreBatch) -> tuple[np.ndarray, np.ndarray]:
-        """(log p(target) [R, Tk], target is the argmax [R, Tk])."""
+        """(log p(target) [R, T], target is the argmax [R, T])."""
         ...
 
     def prefill(self, prompts: np.ndarray, lengths: np.ndarray, cache_length: int) -> tuple[np.ndarray, Any]: ...
