@@ -10,8 +10,8 @@ reading the gzipped shards, encoding, appending eos, writing `.npy` shards and
 index.json. All count the same text tokens (eos excluded). Also reported: the step
 against `encode_batch_fast` plus reading each encoding's ids (`ratio_vs_bare_with_ids`):
 the bare call alone leaves the ids inside Rust objects, which no use of the tokens
-can. Runs are interleaved and repeated; each figure is the best of its repeats, so background load hits every
-variant alike. The ratio is ours over the baseline (higher is better; target >=
+can. Runs are interleaved and repeated; each figure is the best of its repeats, so
+background load hits every variant alike. The ratio is ours over the baseline (higher is better; target >=
 0.95); `ratio` is the lower of the 1- and 2-worker ratios.
 
 Also reports how long download + train_tokenizer + tokenize (1 worker) take from
