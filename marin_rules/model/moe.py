@@ -60,11 +60,14 @@ def grouped_ffn_ragged_dot(xs, group_sizes, w_gate, w_up, w_down):
     return jax.lax.ragged_dot(h, w_down, group_sizes)
 
 
-def grouped_ffn_blocked(xs, group_sizes, w_gate, w_up, w_down, block: int = 128):
+def grouped_ffn_blocked(xs, group_sizes, w_gate, w_up, w_down, block: int = 512):
     """The same as `grouped_ffn_ragged_dot` for CPU, where XLA lowers ragged_dot to a
     masked dense matmul (E times the FLOPs). Each group is padded to a multiple of
     `block` rows; every block belongs to one expert, whose weights are gathered for a
-    batched matmul (megablocks-style). Cost: (M + E*block) rows instead of E*M."""
+    batched matmul (megablocks-style). Cost: (M + E*block) rows instead of E*M, plus
+    one copy of an expert's weights per block: 512-row blocks took 7.5 / 13.3 / 39 ms
+    against 11.5 / 34.6 / 72 ms with 128 for 2,048 / 4,096 / 8,192 tokens (top-2 of 4
+    experts, d_model 128, d_expert 256, forward, this CPU)."""
     M, D = xs.shape
     E = w_gate.shape[0]
     block = max(1, min(block, -(-M // E)))
