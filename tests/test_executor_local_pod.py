@@ -115,5 +115,7 @@ artifacts:
     ) in proc.stderr
     for rule in ("download", "train_tokenizer", "tokenize"):
         assert f"localrule {rule}:" in proc.stderr
+    # the tokenize shard job (not a local rule, no tpu resource) goes through the executor to this host
+    assert "tpu executor: rule tokenize_shard (artifact=tokenized/plays/v1, shard=00000-of-00001): on this host" in proc.stderr
     logs = list((tmp_path / ".snakemake/tpu/train/checkpoints/tiny/v1").glob("*/process-1.log"))
     assert len(logs) == 1 and "Finished jobid" in logs[0].read_text()  # process 1 trained too
