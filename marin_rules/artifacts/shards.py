@@ -132,17 +132,13 @@ def gathered_results(artifact_location: str, count: int, fingerprint: str) -> li
     return results
 
 
-def remove_other_counts(artifact_location: str, count: int) -> list[str]:
-    """Delete shard folders of another shard count (an earlier attempt's); their names."""
+def remove_other_counts(artifact_location: str, count: int) -> None:
+    """Delete shard folders of another shard count (an earlier attempt's)."""
     folder = storage.join(artifact_location, SHARDS_DIR)
     if not storage.exists(folder):
-        return []
+        return
     fs, root = storage.filesystem(folder)
-    removed = []
     for entry in fs.ls(root.rstrip("/"), detail=False):
-        name = entry.rstrip("/").rsplit("/", 1)[-1]
-        found = SHARD_NAME.fullmatch(name)
+        found = SHARD_NAME.fullmatch(entry.rstrip("/").rsplit("/", 1)[-1])
         if found and int(found.group(2)) != count:
             fs.rm(entry, recursive=True)
-            removed.append(name)
-    return removed

@@ -113,7 +113,8 @@ def tokenize_shard(ctx: StepContext, shard: Shard) -> dict[str, Any]:
         raise StepError(f"deps.corpus: {corpus} lists {n_docs} training documents but holds {position}")
     splits = {split: writer.close(prefix=shard.folder) for split, writer in writers.items()}
     return {
-        "documents": len(span), "corpus_documents": n_docs, "splits": splits, "num_workers": num_workers,
+        "documents": len(span), "splits": splits, "num_workers": num_workers,
+        "vocab": {k: v for k, v in vocab.items() if k != "tokenizer_json"},  # the gather need not parse it again
         "seconds": round(time.perf_counter() - started, 3),
     }  # fmt: skip
 
@@ -125,7 +126,11 @@ def gather_tokens(ctx: StepContext, shards: list[dict[str, Any]]) -> dict[str, A
     fraction = float(ctx.config.get("validation_fraction", DEFAULT_VALIDATION_FRACTION))
     tokenizer_location = storage.join(ctx.deps["tokenizer"], TOKENIZER_FILE)
     corpus = ctx.deps["corpus"]
-    vocab = describe_tokenizer(ctx.deps["tokenizer"], ctx.config.get("dtype"))
+    vocab = shards[0]["vocab"]
+    if any(s["vocab"] != vocab for s in shards):
+        raise StepError(
+            f"deps.tokenizer: the shards were encoded with different tokenizers; delete {ctx.output}/shards and run again"
+        )
     index_location = storage.join(ctx.output, INDEX)
     dolma.remove(index_location)
     splits = {

@@ -34,7 +34,7 @@ from marin_rules.artifacts.code import code_change
 from marin_rules.artifacts.drift import recipe_diff
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
-from marin_rules.artifacts.lease import STALE_S, read_lease
+from marin_rules.artifacts.lease import STALE_S, LeaseHolder, read_lease
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.artifacts.records import read_failures
 from marin_rules.inspect import reading
@@ -101,11 +101,15 @@ def headline(record: Mapping[str, Any] | None) -> tuple[float | None, str]:
     return val, ""
 
 
-def _lease_holder(location: str) -> str | None:
+def _read_holder(location: str) -> LeaseHolder | None:
     try:
-        holder = read_lease(location)
+        return read_lease(location)
     except (MarinError, OSError, ValueError):
         return None
+
+
+def _lease_holder(location: str) -> str | None:
+    holder = _read_holder(location)
     if holder is None:
         return None
     if holder.age_s() > STALE_S:
@@ -123,7 +127,8 @@ def _shard_progress(location: str, artifact: Artifact | None) -> tuple[str | Non
         return None, []
     shards = all_shards(shard_count(artifact.runtime))
     done = sum(storage.exists(shard_record_location(location, s)) for s in shards)
-    building = [h for h in (_lease_holder(s.location(location)) for s in shards) if h and "(stale" not in h]
+    holders = [_read_holder(s.location(location)) for s in shards]
+    building = [h.describe() for h in holders if h is not None and h.age_s() <= STALE_S]
     return (f"{done} of {len(shards)}" if done or building else None), building
 
 

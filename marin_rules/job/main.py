@@ -199,12 +199,12 @@ def _mirror(record: Any, artifact: Any, args: argparse.Namespace) -> None:
 
 def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace, process: int | None, held: Any) -> int:
     from marin_rules.artifacts.shards import gathered_results, shard_count
-    from marin_rules.steps import BUILTIN_STEPS, step_function
+    from marin_rules.steps import SHARDED_STEPS, step_function
 
     from marin_rules.job.context import check_upstreams, job_context
 
     ctx, entry, provenance, deps_record = job_context(artifact, experiment, location, args)
-    sharded = artifact.step in BUILTIN_STEPS and bool(BUILTIN_STEPS[artifact.step].shard)
+    sharded = artifact.step in SHARDED_STEPS
 
     def step(c: StepContext) -> Any:
         check_upstreams(artifact, experiment, args.prefix, deps_record)  # fills in what was seen
