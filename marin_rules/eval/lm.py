@@ -47,12 +47,12 @@ from tqdm import tqdm
 
 from marin_rules.artifacts import storage
 from marin_rules.eval import packing
+from marin_rules.eval.config import DEFAULT_BATCH_SIZE
 from marin_rules.eval.packing import Piece
 from marin_rules.eval.scoring import Scorer
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BATCH_SIZE = 32
 DEFAULT_MAX_GEN_TOKS = 256
 
 
