@@ -1,9 +1,11 @@
 """Encoding documents into token ids for `tokenize`: batches, workers, eos.
 
 Model: documents arrive in order and are cut into batches (at most `batch_size`
-documents and about `max_bytes` of text). With one worker a batch is encoded in a
-thread of this process (tokenizers releases the GIL), so reading and writing overlap
-with it; with more, in a pool of spawned processes. Results come back in document
+documents and about `max_bytes` of text). With one worker, batches are encoded by
+two threads of this process: tokenizers releases the GIL and spreads each call's
+documents over its own thread pool, so two calls in flight keep that pool busy
+while the last documents of one batch finish, and reading, reading ids out and
+writing overlap with encoding. With more workers, in a pool of spawned processes. Results come back in document
 order, so the output does not depend on the worker count. Each document's ids are
 followed by the eos id; special-token strings inside a text are encoded as text.
 """
@@ -19,7 +21,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 TASK_BYTES = 2**18  # a batch handed to a worker process also ends once it holds this much text
-THREAD_TASK_BYTES = 2**22  # one worker: tokenizers parallelises over a call's documents, so give it many
+THREAD_TASK_BYTES = 2**20  # one worker: tokenizers parallelises over a call's documents, so give it several
+THREAD_TASKS = 2  # one worker: calls in flight at once (see the model above)
 
 
 def batches(texts: Iterator[str], batch_size: int, max_bytes: int = TASK_BYTES) -> Iterator[list[str]]:
@@ -40,11 +43,11 @@ def encode_stream(
     texts: Iterator[str], tokenizer_json: str, eos_id: int, dtype: str, *, num_workers: int, batch_size: int
 ) -> Iterator[tuple[np.ndarray, list[int]]]:
     """(tokens, per-document lengths) for each batch, in document order. With one
-    worker, encoding runs in a thread of this process (tokenizers releases the GIL),
+    worker, encoding runs in threads of this process (tokenizers releases the GIL),
     so reading the next documents and writing shards overlap with it."""
     if num_workers <= 1:
         _init_worker(tokenizer_json, eos_id, dtype)
-        pool, max_bytes = ThreadPoolExecutor(1), THREAD_TASK_BYTES
+        pool, max_bytes, in_flight = ThreadPoolExecutor(THREAD_TASKS), THREAD_TASK_BYTES, 2 * THREAD_TASKS
     else:
         # spawn, not fork: the parent may hold threads (a tokenizers thread pool, JAX).
         # A ProcessPoolExecutor, not a multiprocessing.Pool: a worker that dies (killed,
@@ -53,12 +56,12 @@ def encode_stream(
         pool = ProcessPoolExecutor(
             num_workers, mp_context=context, initializer=_init_worker, initargs=(tokenizer_json, eos_id, dtype)
         )
-        max_bytes = TASK_BYTES
+        max_bytes, in_flight = TASK_BYTES, 2 * num_workers
     with pool:
         pending: collections.deque = collections.deque()
         for batch in batches(texts, batch_size, max_bytes):
             pending.append(pool.submit(encode_batch, batch))
-            if len(pending) >= 2 * max(1, num_workers):  # bounded: memory stays flat on large corpora
+            if len(pending) >= in_flight:  # bounded: memory stays flat on large corpora
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
@@ -77,11 +80,11 @@ def encode_batch(texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:
     """Encode documents; each one's ids end with eos. Returns the concatenated ids
     and each document's length (eos included)."""
     encodings = _WORKER["tokenizer"].encode_batch_fast(list(texts), add_special_tokens=False)
-    lengths = [len(e.ids) + 1 for e in encodings]
+    lengths = [len(e) + 1 for e in encodings]  # len(e), not len(e.ids): reading ids builds a list
     out = np.empty(sum(lengths), dtype=_WORKER["dtype"])
     start = 0
     for encoding, length in zip(encodings, lengths):
-        out[start : start + length - 1] = encoding.ids
+        out[start : start + length - 1] = np.fromiter(encoding.ids, out.dtype, length - 1)
         out[start + length - 1] = _WORKER["eos_id"]
         start += length
     return out, lengths
