@@ -28,7 +28,7 @@ The model has the default experiment's architecture (untrained unless
 the tokenizer is trained on the spot by the data package's own steps.
 Target: ratio (batched / plain, `choices`) >= 10.
 
-    .venv/bin/python benchmarks/eval_throughput.py [--requests 256] [--batch-size 32]
+    .venv/bin/python benchmarks/eval_throughput.py [--requests 256] [--batch-size 64]
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ import os
 import sys
 import tempfile
 import time
+
+from marin_rules.eval.config import DEFAULT_BATCH_SIZE
 
 DEFAULT_EXPERIMENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments", "default.yaml")
 DEFAULT_MODEL = "checkpoints/nano-moe@v1"
@@ -138,7 +140,7 @@ def useful_flops(lm, pairs) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--checkpoint", default=None, help="a train artifact (default: untrained default model)")
     args = parser.parse_args()

@@ -11,7 +11,16 @@ import pytest
 from flax import nnx
 
 from marin_rules.model.config import ModelConfig
-from marin_rules.model.moe import _bucket_slots, grouped_ffn_blocked, grouped_ffn_ragged_dot
+from marin_rules.model.moe import (
+    SPECULATIVE_CAPACITY,
+    _bucket_slots,
+    blocked_layout,
+    capacity,
+    dispatch_dense,
+    dispatch_ragged,
+    grouped_ffn_blocked,
+    grouped_ffn_ragged_dot,
+)
 from marin_rules.model.transformer import MoETransformer, loss_and_aux
 
 CONFIG = dict(
@@ -81,4 +90,39 @@ def test_blocked_grouped_matmul_matches_ragged_dot_on_uneven_and_empty_groups():
     blocked = loss(lambda *a: grouped_ffn_blocked(*a, block=4))(xs, ws)
     reference = loss(grouped_ffn_ragged_dot)(xs, ws)
     for got, want in zip(jax.tree.leaves(blocked), jax.tree.leaves(reference)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _assignments(T: int, E: int, skewed: bool):
+    """[T, 2] distinct experts per token: spread evenly, or every token on experts 0 and 1."""
+    if skewed:
+        return jnp.tile(jnp.array([[0, 1]], jnp.int32), (T, 1))
+    first = jnp.arange(T, dtype=jnp.int32) % E
+    return jnp.stack([first, (first + 1 + jnp.arange(T, dtype=jnp.int32) // E % (E - 1)) % E], axis=1)
+
+
+@pytest.mark.parametrize("T", [64, 2048])  # exact path: buckets of T rows (64), padded blocks (2048)
+@pytest.mark.parametrize("skewed", [False, True], ids=["buckets-fit", "buckets-overflow"])
+def test_cpu_ragged_drops_nothing_whether_its_speculative_buckets_fit_or_not(T, skewed):
+    E, D, I = 4, 8, 16
+    experts = _assignments(T, E, skewed)
+    loads = np.bincount(np.asarray(experts).ravel(), minlength=E)
+    assert (loads.max() > capacity(T, 2, E, SPECULATIVE_CAPACITY)) == skewed  # the case it claims to be
+    assert (E * T <= np.prod(blocked_layout(2 * T, E))) == (T == 64)
+    x = jax.random.normal(jax.random.key(1), (T, D))
+    weights = jax.random.uniform(jax.random.key(2), (T, 2))
+    ws = [0.3 * jax.random.normal(jax.random.key(i), s) for i, s in enumerate([(E, D, I), (E, D, I), (E, I, D)], 3)]
+
+    def run(dispatch):
+        def loss(x, weights, ws):
+            y, dropped = dispatch(x, experts, weights, *ws, capacity_factor=1.0)
+            return jnp.sum(y**2), (y, dropped)
+
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(x, weights, ws)
+
+    (_, (y, dropped)), grads = run(dispatch_ragged)
+    (_, (y_ref, _)), grads_ref = run(dispatch_dense)
+    assert float(dropped) == 0.0
+    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-6)  # the forward pass: speculative or exact
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):  # the backward: exact path
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -16,7 +16,7 @@ evaluations/nano-moe@v1:
     tasks: [marin_shakespeare_bpb, {name: marin_shakespeare_cloze, limit: 200}]
     limit: null          # examples per task (all); a task entry may override it
     num_fewshot: 0       # a task entry may override it
-    batch_size: 32       # scored continuations per jitted call (their shared contexts run once)
+    batch_size: 64       # scored continuations per jitted call (their shared contexts run once)
     seed: 0              # cloze distractors, passages order, lm-eval's seeds
     baseline: unigram    # or none
 ```
@@ -51,7 +51,7 @@ REQUIRED_DEPS = {
 }
 
 DEFAULT_TASKS = LOCAL_TASKS
-DEFAULT_BATCH_SIZE = 32
+DEFAULT_BATCH_SIZE = 64  # 64 against 32: 1.1x the requests/s on the cloze benchmark (eval_throughput.py)
 TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 Limit = Annotated[int | None, Optional(Int(min=1))]

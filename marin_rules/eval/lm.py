@@ -175,7 +175,7 @@ class MarinLM(TemplateLM):
 
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """lm-eval's `TemplateLM.loglikelihood`, tokenizing every distinct string once
-        in one parallel `encode_batch` (the tokens are those of `_encode_pair`)."""
+        in one parallel `encode_batch_fast` (the tokens are those of `_encode_pair`)."""
         pairs = [tuple(request.args) for request in requests]
         return self._loglikelihood_tokens(
             [(pair, *self._encode_pair_cached(pair, encoded)) for pair, encoded in zip(pairs, self._encode_all(pairs))],
@@ -186,7 +186,7 @@ class MarinLM(TemplateLM):
         """For each pair, the token ids of the strings `_encode_pair_cached` needs."""
         needed = [self._pair_strings(context, continuation) for context, continuation in pairs]
         distinct = list(dict.fromkeys(text for strings in needed for text in strings))
-        ids = dict(zip(distinct, (e.ids for e in self.tokenizer.encode_batch(distinct, add_special_tokens=False))))
+        ids = dict(zip(distinct, (e.ids for e in self.tokenizer.encode_batch_fast(distinct, add_special_tokens=False))))
         return [{text: ids[text] for text in strings} for strings in needed]
 
     @staticmethod

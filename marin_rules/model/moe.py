@@ -22,8 +22,14 @@ returns (y [T, D], dropped assignments as a fraction of T*k). They differ in cos
 - `ragged`: dropless. Assignments sorted by expert, one `jax.lax.ragged_dot` per
   matrix over the contiguous groups, weighted results scatter-added back. On CPU,
   where XLA turns ragged_dot into a masked dense matmul (measured 4x slower than the
-  useful work with 4 experts), the same grouped matmul runs as padded blocks with
-  gathered expert weights (`grouped_ffn_blocked`).
+  useful work with 4 experts), the assignments first go into `capacity`'s buckets
+  at factor 1.25 (`SPECULATIVE_CAPACITY`), which skips the sort and the expert
+  weight copies; when an expert's bucket would overflow (`lax.cond`, decided per
+  call, so nothing is ever dropped) the exact path runs instead: buckets with room
+  for every token (C = T) when that is no more rows than padded blocks, else the
+  grouped matmul as padded blocks with gathered expert weights
+  (`grouped_ffn_blocked`). Forward at T = 1,024 (top-2 of 4, d_model 128,
+  d_expert 256, this CPU): blocks 4.8 ms, C = T 3.8 ms, speculative buckets 3.0 ms.
 """
 
 from __future__ import annotations
@@ -70,8 +76,7 @@ def grouped_ffn_blocked(xs, group_sizes, w_gate, w_up, w_down, block: int = 512)
     experts, d_model 128, d_expert 256, forward, this CPU)."""
     M, D = xs.shape
     E = w_gate.shape[0]
-    block = max(1, min(block, -(-M // E)))
-    n_blocks = -(-M // block) + E  # static upper bound on sum_e ceil(size_e / block)
+    block, n_blocks = blocked_layout(M, E, block)
     padded_sizes = -(-group_sizes // block) * block
     padded_end = jnp.cumsum(padded_sizes)
     start = jnp.cumsum(group_sizes) - group_sizes
@@ -84,8 +89,61 @@ def grouped_ffn_blocked(xs, group_sizes, w_gate, w_up, w_down, block: int = 512)
     return y.reshape(n_blocks * block, -1)[row]
 
 
+def blocked_layout(M: int, E: int, block: int = 512) -> tuple[int, int]:
+    """(rows per block, blocks) of `grouped_ffn_blocked` for M assignments to E
+    experts: blocks * rows bounds the padded rows it multiplies."""
+    block = max(1, min(block, -(-M // E)))
+    return block, -(-M // block) + E  # static upper bound on sum_e ceil(size_e / block)
+
+
+SPECULATIVE_CAPACITY = 1.25  # CPU `ragged`: bucket factor tried first (see the module docstring)
+
+
 def dispatch_ragged(x, experts, weights, w_gate, w_up, w_down, *, capacity_factor):
     del capacity_factor
+    if jax.default_backend() == "cpu":
+        return _dropless_cpu(x, experts, weights, w_gate, w_up, w_down), jnp.zeros((), jnp.float32)
+    y = _sorted_grouped(x, experts, weights, w_gate, w_up, w_down, grouped_ffn_ragged_dot)
+    return y, jnp.zeros((), jnp.float32)
+
+
+@jax.custom_jvp
+def _dropless_cpu(x, experts, weights, w_gate, w_up, w_down):
+    """Speculative buckets, the exact path when one would overflow (module docstring).
+    Differentiated (training), it is the exact path alone (`_dropless_cpu_jvp`):
+    reverse mode through `lax.cond` keeps both branches' residuals, which made the
+    backward pass 2.4x slower than the branch it runs."""
+    T, k = experts.shape
+    E = w_gate.shape[0]
+    cap = capacity(T, k, E, SPECULATIVE_CAPACITY)
+    exact = lambda: _exact_cpu(x, experts, weights, w_gate, w_up, w_down)  # noqa: E731
+    if cap >= T:
+        return exact()
+    fits = jnp.max(jnp.zeros((E,), jnp.int32).at[experts.reshape(-1)].add(1)) <= cap
+    return jax.lax.cond(fits, lambda: _bucketed(x, experts, weights, w_gate, w_up, w_down, cap=cap)[0], exact)
+
+
+@_dropless_cpu.defjvp
+def _dropless_cpu_jvp(primals, tangents):
+    x, experts, weights, w_gate, w_up, w_down = primals
+    dx, _, dweights, dw_gate, dw_up, dw_down = tangents  # experts are integers: no tangent
+    exact = lambda x, weights, *w: _exact_cpu(x, experts, weights, *w)  # noqa: E731
+    return jax.jvp(exact, (x, weights, w_gate, w_up, w_down), (dx, dweights, dw_gate, dw_up, dw_down))
+
+
+def _exact_cpu(x, experts, weights, w_gate, w_up, w_down):
+    """Dropless on CPU in whichever layout multiplies fewer rows: buckets with room
+    for every token (E*T rows) or padded blocks (`blocked_layout`)."""
+    T, k = experts.shape
+    E = w_gate.shape[0]
+    if E * T <= math.prod(blocked_layout(T * k, E)):
+        return _bucketed(x, experts, weights, w_gate, w_up, w_down, cap=T)[0]
+    return _sorted_grouped(x, experts, weights, w_gate, w_up, w_down, grouped_ffn_blocked)
+
+
+def _sorted_grouped(x, experts, weights, w_gate, w_up, w_down, grouped_ffn):
+    """Assignments sorted by expert, `grouped_ffn` over the contiguous groups, weighted
+    results scatter-added back to their tokens."""
     T, k = experts.shape
     E = w_gate.shape[0]
     flat = experts.reshape(-1)
@@ -93,11 +151,9 @@ def dispatch_ragged(x, experts, weights, w_gate, w_up, w_down, *, capacity_facto
     token = order // k
     xs = x[token]  # [T*k, D], grouped by expert
     group_sizes = jnp.zeros((E,), jnp.int32).at[flat].add(1)
-    grouped_ffn = grouped_ffn_blocked if jax.default_backend() == "cpu" else grouped_ffn_ragged_dot
     ys = grouped_ffn(xs, group_sizes, w_gate, w_up, w_down)
     ys = ys * weights.reshape(-1)[order][:, None].astype(ys.dtype)
-    y = jnp.zeros_like(x).at[token].add(ys)
-    return y, jnp.zeros((), jnp.float32)
+    return jnp.zeros_like(x).at[token].add(ys)
 
 
 def capacity(n_tokens: int, k: int, n_experts: int, capacity_factor: float) -> int:
@@ -137,9 +193,14 @@ def _unbucket(y_buckets, slots, weights):
 
 def _capacity_local(x, experts, weights, w_gate, w_up, w_down, *, capacity_factor):
     T, k = experts.shape
-    E = w_gate.shape[0]
-    cap = capacity(T, k, E, capacity_factor)
-    buckets, slots, dropped = _bucket(x, experts, E, cap)
+    cap = capacity(T, k, w_gate.shape[0], capacity_factor)
+    return _bucketed(x, experts, weights, w_gate, w_up, w_down, cap=cap)
+
+
+def _bucketed(x, experts, weights, w_gate, w_up, w_down, *, cap):
+    """The experts over [E, cap, D] buckets on this device: (y, dropped fraction)."""
+    T, k = experts.shape
+    buckets, slots, dropped = _bucket(x, experts, w_gate.shape[0], cap)
     y = _unbucket(expert_ffn(buckets, w_gate, w_up, w_down), slots, weights)
     return y, dropped / (T * k)
 
