@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from marin_rules.model.config import ModelConfig
+from marin_rules.model.head_loss import head_cross_entropy
 from marin_rules.model.moe import DISPATCH
 from marin_rules.model.router import Router, new_router_bias
 from marin_rules.model.sharding import constrain_batch
@@ -271,11 +272,15 @@ class MoETransformer(nnx.Module):
         new_cache = None if cache is None else KVCache(jnp.stack(keys), jnp.stack(values))
         return self.norm(x), _collect_aux(layer_stats, c.n_experts), new_cache
 
+    def head_matrix(self) -> jax.Array:
+        """The output head [D, V] in the compute dtype (the embedding's transpose when tied)."""
+        head = self.embed[...].T if self.head is None else self.head[...]
+        return head.astype(jnp.dtype(self.config.compute_dtype))
+
     def logits(self, hidden: jax.Array) -> jax.Array:
         """The output head: hidden [..., D] -> logits f32 [..., V]."""
-        head = self.embed[...].T if self.head is None else self.head[...]
         dt = jnp.dtype(self.config.compute_dtype)
-        return linear(hidden.astype(dt), head.astype(dt), preferred_element_type=jnp.float32)
+        return linear(hidden.astype(dt), self.head_matrix(), preferred_element_type=jnp.float32)
 
 
 def _collect_aux(layer_stats: list[dict], n_experts: int) -> dict[str, jax.Array]:
@@ -296,21 +301,17 @@ def _collect_aux(layer_stats: list[dict], n_experts: int) -> dict[str, jax.Array
     return aux
 
 
-def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Mean next-token cross-entropy in nats: logits [B, T, V] f32, targets [B, T]."""
-    target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - target_logits)
-
-
 def loss_and_aux(model: MoETransformer, tokens_with_targets: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The objective on windows of seq_len+1 tokens [B, T+1]: inputs [:, :-1], targets
     [:, 1:]. loss = cross-entropy + z_loss_coef * z_loss, + balance_loss_coef *
     balance_loss when balance='aux_loss' (under 'quantile' the bias balances; the
-    Switch loss is only reported). Metrics: `loss`, `ce_loss` and every aux entry."""
+    Switch loss is only reported). Metrics: `loss`, `ce_loss` and every aux entry.
+    The cross-entropy is `head_cross_entropy` (head_loss.py): the mean of logsumexp
+    (logits) - logits[target] over the model's logits, never all in memory at once."""
     c = model.config
     inputs, targets = tokens_with_targets[:, :-1], tokens_with_targets[:, 1:]
-    logits, aux = model(inputs)
-    ce = cross_entropy(logits, targets)
+    hidden, aux, _ = model.trunk(inputs)
+    ce = head_cross_entropy(hidden.astype(jnp.dtype(c.compute_dtype)), model.head_matrix(), targets)
     loss = ce + c.z_loss_coef * aux["z_loss"]
     if c.balance == "aux_loss":
         loss = loss + c.balance_loss_coef * aux["balance_loss"]
