@@ -88,7 +88,7 @@ class PlainLM:
         import jax.numpy as jnp
         from flax import nnx
 
-        self.lm, self.length = lm, lm.max_length
+        self.lm, self.length, self.vocab_size = lm, lm.max_length, lm.scorer.model.config.vocab_size
         graphdef, state = nnx.split(lm.scorer.model)  # the scorer's dropless model
 
         @jax.jit
@@ -105,7 +105,9 @@ class PlainLM:
         for request in requests:
             context, continuation = self.lm._encode_pair(*request.args)
             sequence = (context + continuation)[-(self.length + 1) :]
-            inputs = np.full((1, self.length), self.lm.special.pad, np.int32)
+            # padding of varied ids, as ModelScorer.score sends it: identical pads would all route
+            # to the same experts and overflow the MoE's speculative buckets (model/moe.py)
+            inputs = (np.arange(self.length, dtype=np.int32) % self.vocab_size)[None, :]
             inputs[0, : len(sequence) - 1] = sequence[:-1]
             logp = np.asarray(self._forward(self._state, inputs))
             positions = range(len(sequence) - 1 - len(continuation), len(sequence) - 1)

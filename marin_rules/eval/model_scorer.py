@@ -114,8 +114,14 @@ class ModelScorer:
         self._programs = programs(graphdef, treedef)
 
     def score(self, batch: ScoreBatch) -> tuple[np.ndarray, np.ndarray]:
+        tokens = np.array(batch.tokens, np.int32)
+        padding = batch.segments < 0  # seen by no real input: any token ids score the same
+        # spread over the vocabulary: identical pad tokens all route to the same experts and
+        # overflow the speculative buckets of the CPU MoE dispatch (model/moe.py), which then
+        # takes its slower exact path for the whole batch
+        tokens[padding] = np.arange(np.count_nonzero(padding)) % self.model.config.vocab_size
         # the five [R, T] arrays travel as one
-        rows = np.stack([batch.tokens, batch.positions, batch.segments, batch.branches, batch.targets]).astype(np.int32)
+        rows = np.stack([tokens, batch.positions, batch.segments, batch.branches, batch.targets]).astype(np.int32)
         logp, greedy = self._programs.score(self._leaves, rows, np.asarray(batch.scored, np.int32))
         return np.asarray(logp, np.float64), np.asarray(greedy)
 
