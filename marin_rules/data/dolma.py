@@ -101,6 +101,14 @@ def _lines(location: str) -> list[bytes]:
     return [line for line in gzip.decompress(storage.read_bytes(location)).splitlines() if line.strip()]
 
 
+def _streamed_lines(location: str) -> Iterator[bytes]:
+    """`_lines`, decompressed while they are read (the first come before the file ends)."""
+    with storage.open_file(location, "rb") as raw, gzip.GzipFile(fileobj=raw) as lines:
+        for line in lines:
+            if line.strip():
+                yield line
+
+
 def read_range(location: str, split: str, start: int, stop: int, field: str = "deps.corpus") -> Iterator[dict[str, Any]]:
     """Documents `start` .. `stop - 1` of a split, in order. Files and lines before
     `start` are counted, not parsed (a shard job reads only its share as JSON)."""
@@ -108,6 +116,13 @@ def read_range(location: str, split: str, start: int, stop: int, field: str = "d
     for name in read_manifest(location, field)["shards"][split]:
         if position >= stop:
             return
+        if position >= start:  # nothing to skip in this file: parse lines as they are decompressed
+            for line in _streamed_lines(storage.join(location, split, name)):
+                if position >= stop:
+                    return
+                yield json.loads(line)
+                position += 1
+            continue
         lines = _lines(storage.join(location, split, name))
         if position + len(lines) <= start:
             position += len(lines)
