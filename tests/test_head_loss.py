@@ -51,6 +51,8 @@ def test_chunks_take_every_row_and_at_most_chunk_tokens():
     assert head_loss._chunk_length(8, 128) == 64  # 8 rows x 64 = 512 tokens
     assert head_loss._chunk_length(1, 2048) == 512
     assert head_loss._chunk_length(1024, 128) == 1  # more rows than CHUNK_TOKENS: one position at a time
+    assert head_loss._chunk_length(8, 127) == 127  # a prime length: one chunk, not 127 tiny ones
+    assert head_loss._chunk_length(8, 100) == 50
     x = jnp.arange(2 * 6 * 3).reshape(2, 6, 3)
     np.testing.assert_array_equal(head_loss._unchunk(head_loss._chunks(x, 2)), x)
 

@@ -37,12 +37,11 @@ def head_cross_entropy(hidden: jax.Array, head: jax.Array, targets: jax.Array) -
 
 
 def _chunk_length(rows: int, length: int) -> int:
-    """The longest divisor of `length` whose chunk (all rows) holds <= CHUNK_TOKENS tokens."""
-    best = 1
-    for c in range(1, length + 1):
-        if length % c == 0 and rows * c <= CHUNK_TOKENS:
-            best = c
-    return best
+    """The longest divisor of `length` whose chunk (all rows) holds <= CHUNK_TOKENS
+    tokens; the whole length when no divisor comes within 4x of that (a prime
+    length: one chunk, rather than a loop over many tiny ones)."""
+    best = max(c for c in range(1, length + 1) if length % c == 0 and (rows * c <= CHUNK_TOKENS or c == 1))
+    return length if 4 * best < min(length, CHUNK_TOKENS // rows) else best
 
 
 def _chunks(x: jax.Array, chunk: int) -> jax.Array:
