@@ -101,14 +101,16 @@ class PlainLM:
     def loglikelihood(self, requests, disable_tqdm: bool = True) -> list[tuple[float, bool]]:
         import numpy as np
 
+        from marin_rules.eval.model_scorer import spread_padding
+
         out = []
         for request in requests:
             context, continuation = self.lm._encode_pair(*request.args)
             sequence = (context + continuation)[-(self.length + 1) :]
-            # padding of varied ids, as ModelScorer.score sends it: identical pads would all route
-            # to the same experts and overflow the MoE's speculative buckets (model/moe.py)
-            inputs = (np.arange(self.length, dtype=np.int32) % self.vocab_size)[None, :]
+            inputs = np.full((1, self.length), self.lm.special.pad, np.int32)
             inputs[0, : len(sequence) - 1] = sequence[:-1]
+            padding = np.arange(self.length)[None, :] >= len(sequence) - 1
+            inputs = spread_padding(inputs, padding, self.vocab_size)  # padded as ModelScorer.score pads
             logp = np.asarray(self._forward(self._state, inputs))
             positions = range(len(sequence) - 1 - len(continuation), len(sequence) - 1)
             targets = [sequence[t + 1] for t in positions]

@@ -92,11 +92,6 @@ def remove(location: str) -> None:
         pass
 
 
-def read_shard(location: str) -> Iterator[dict[str, Any]]:
-    for line in _lines(location):
-        yield json.loads(line)
-
-
 def _lines(location: str) -> list[bytes]:
     return [line for line in gzip.decompress(storage.read_bytes(location)).splitlines() if line.strip()]
 

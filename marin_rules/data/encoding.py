@@ -5,8 +5,9 @@ documents and about `max_bytes` of text). With one worker, batches are encoded b
 two threads of this process: tokenizers releases the GIL and spreads each call's
 documents over its own thread pool, so two calls in flight keep that pool busy
 while the last documents of one batch finish, and reading, reading ids out and
-writing overlap with encoding. With more workers, in a pool of spawned processes. Results come back in document
-order, so the output does not depend on the worker count. Each document's ids are
+writing overlap with encoding. With more workers, in a pool of spawned processes.
+Results come back in document order, so the output does not depend on the worker
+count. Each document's ids are
 followed by the eos id; special-token strings inside a text are encoded as text.
 """
 

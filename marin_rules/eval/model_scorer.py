@@ -102,6 +102,16 @@ def programs(graphdef: Any, treedef: Any) -> Programs:
     )
 
 
+def spread_padding(tokens: np.ndarray, padding: np.ndarray, vocab_size: int) -> np.ndarray:
+    """`tokens` with the padding inputs (seen by no real input, so any ids score the
+    same) spread over the vocabulary: identical pad tokens all route to the same experts
+    and overflow the speculative buckets of the CPU MoE dispatch (model/moe.py), which
+    then takes its slower exact path for the whole batch."""
+    out = np.array(tokens, np.int32)
+    out[padding] = np.arange(np.count_nonzero(padding)) % vocab_size
+    return out
+
+
 class ModelScorer:
     """A flax nnx `MoETransformer` (anything with `trunk`, `logits` and `config`) as
     a Scorer, through a dropless dispatch. Each distinct input shape compiles once."""
@@ -114,12 +124,7 @@ class ModelScorer:
         self._programs = programs(graphdef, treedef)
 
     def score(self, batch: ScoreBatch) -> tuple[np.ndarray, np.ndarray]:
-        tokens = np.array(batch.tokens, np.int32)
-        padding = batch.segments < 0  # seen by no real input: any token ids score the same
-        # spread over the vocabulary: identical pad tokens all route to the same experts and
-        # overflow the speculative buckets of the CPU MoE dispatch (model/moe.py), which then
-        # takes its slower exact path for the whole batch
-        tokens[padding] = np.arange(np.count_nonzero(padding)) % self.model.config.vocab_size
+        tokens = spread_padding(batch.tokens, batch.segments < 0, self.model.config.vocab_size)
         # the five [R, T] arrays travel as one
         rows = np.stack([tokens, batch.positions, batch.segments, batch.branches, batch.targets]).astype(np.int32)
         logp, greedy = self._programs.score(self._leaves, rows, np.asarray(batch.scored, np.int32))

@@ -96,6 +96,11 @@ def blocked_layout(M: int, E: int, block: int = 512) -> tuple[int, int]:
     return block, -(-M // block) + E  # static upper bound on sum_e ceil(size_e / block)
 
 
+def expert_counts(experts: jax.Array, n_experts: int) -> jax.Array:
+    """Assignments per expert [E] of `experts` [T, k]."""
+    return jnp.zeros((n_experts,), jnp.int32).at[experts.reshape(-1)].add(1)
+
+
 SPECULATIVE_CAPACITY = 1.25  # CPU `ragged`: bucket factor tried first (see the module docstring)
 
 
@@ -119,7 +124,7 @@ def _dropless_cpu(x, experts, weights, w_gate, w_up, w_down):
     exact = lambda: _exact_cpu(x, experts, weights, w_gate, w_up, w_down)  # noqa: E731
     if cap >= T:
         return exact()
-    fits = jnp.max(jnp.zeros((E,), jnp.int32).at[experts.reshape(-1)].add(1)) <= cap
+    fits = jnp.max(expert_counts(experts, E)) <= cap
     return jax.lax.cond(fits, lambda: _bucketed(x, experts, weights, w_gate, w_up, w_down, cap=cap)[0], exact)
 
 
@@ -150,7 +155,7 @@ def _sorted_grouped(x, experts, weights, w_gate, w_up, w_down, grouped_ffn):
     order = jnp.argsort(flat, stable=True)
     token = order // k
     xs = x[token]  # [T*k, D], grouped by expert
-    group_sizes = jnp.zeros((E,), jnp.int32).at[flat].add(1)
+    group_sizes = expert_counts(experts, E)
     ys = grouped_ffn(xs, group_sizes, w_gate, w_up, w_down)
     ys = ys * weights.reshape(-1)[order][:, None].astype(ys.dtype)
     return jnp.zeros_like(x).at[token].add(ys)
