@@ -68,10 +68,10 @@ def test_ssh_runs_the_command_on_all_workers_as_one_quoted_argument():
     assert argv[argv.index("--command") + 1] == inner
 
 
-def test_worker_command_unpacks_sets_up_learns_its_place_runs_the_job_then_worker_0_packs_outputs():
+def test_worker_command_unpacks_sets_up_learns_its_place_runs_the_job_then_worker_0_packs_its_files():
     cmd = gcloud.worker_command(
         "python3 -m snakemake --mode remote", "wf", "pip install -e .", archives=["src.tar.gz", "in.tar.gz"],
-        outputs=["out/a b.txt", "logs/x.log"], outputs_archive="back.tar.gz",
+        outputs=["out/a b.txt"], logs=["logs/x.log"], outputs_archive="back.tar.gz",
     )  # fmt: skip
     parts = cmd.split(" && ")
     assert parts[:3] == ["mkdir -p wf", "tar -xzf src.tar.gz -C wf", "tar -xzf in.tar.gz -C wf"]
@@ -80,11 +80,24 @@ def test_worker_command_unpacks_sets_up_learns_its_place_runs_the_job_then_worke
     assert parts[6].startswith("export SNAKEMAKE_TPU_PROCESS_ID=$(curl -sf -H 'Metadata-Flavor: Google' ")
     assert parts[6].endswith("/instance/attributes/agent-worker-number)")
     assert "worker-network-endpoints" in parts[7] and parts[7].startswith("export SNAKEMAKE_TPU_NUM_PROCESSES=")
-    assert parts[8] == "python3 -m snakemake --mode remote"
-    assert parts[9] == (
-        '{ [ "$SNAKEMAKE_TPU_PROCESS_ID" != 0 ] || tar -czf "$HOME"/back.tar.gz --ignore-failed-read -- '
-        "'out/a b.txt' logs/x.log; }"
+    pack = 'tar -czf "$HOME"/back.tar.gz --ignore-failed-read -- '
+    assert parts[8] == (  # worker 0 packs outputs and logs after a success, the logs alone after a failure
+        '{ ( python3 -m snakemake --mode remote ); code=$?; if [ "$SNAKEMAKE_TPU_PROCESS_ID" = 0 ]; then '
+        f"if [ \"$code\" = 0 ]; then {pack}'out/a b.txt' logs/x.log || code=$?; else {pack}logs/x.log; fi; fi; "
+        "exit $code; }"
     )
+
+
+@pytest.mark.parametrize("job_status", [0, 3])
+def test_worker_command_exits_with_the_jobs_status_after_packing(tmp_path, job_status):
+    (tmp_path / "wf" / "logs").mkdir(parents=True)
+    job = f"echo out > o.txt; echo log > logs/x.log; exit {job_status}"
+    cmd = gcloud.worker_command(job, "wf", outputs=["o.txt"], logs=["logs/x.log"], outputs_archive="back.tar.gz")
+    cmd = cmd.replace(gcloud.pod_env_exports(), "export SNAKEMAKE_TPU_PROCESS_ID=0")  # no metadata server here
+    proc = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)}, timeout=30)
+    assert proc.returncode == job_status
+    listed = subprocess.run(["tar", "-tzf", str(tmp_path / "back.tar.gz")], capture_output=True, text=True, check=True)
+    assert sorted(listed.stdout.split()) == (["logs/x.log", "o.txt"] if job_status == 0 else ["logs/x.log"])
 
 
 def test_worker_command_without_copies_setup_or_outputs_only_changes_directory():
@@ -102,15 +115,40 @@ def test_a_job_goes_to_a_pod_only_when_its_tpu_resource_asks_for_one():
 def test_node_names_are_valid_gcloud_names_and_distinct_per_job():
     import re
 
-    a = placement.node_name("train", {"artifact": "checkpoints/Nano_MoE/v1"})
-    b = placement.node_name("train", {"artifact": "checkpoints/nano-moe/v1"})
-    c = placement.node_name("eval", {"artifact": "checkpoints/nano-moe/v1"})
-    long = placement.node_name("train", {"a": "sweeps/" + "x" * 80, "b": "v1"})
-    for name in (a, b, c, long):
-        assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 50, name
+    def name(rule, wildcards, workdir="/w"):
+        return placement.node_name(rule, wildcards, workdir)
+
+    a = name("train", {"artifact": "checkpoints/Nano_MoE/v1"})
+    b = name("train", {"artifact": "checkpoints/nano-moe/v1"})
+    c = name("eval", {"artifact": "checkpoints/nano-moe/v1"})
+    long = name("train", {"a": "sweeps/" + "x" * 80, "b": "v1"})
+    for n in (a, b, c, long):
+        assert re.fullmatch(gcloud.NAME_PATTERN, n) and len(n) <= 50, n
     assert len({a, b, c}) == 3
     assert a.startswith("snakemake-train-checkpoints-nano-moe-v1-")
-    assert placement.node_name("train", {}, fixed="my-tpu") == "my-tpu"
+    # values that clean up to the same slug, or one job run from two checkouts, get their own nodes
+    assert name("pod", {"s": "b c"}) != name("pod", {"s": "b_c"})
+    assert name("pod", {"s": "b c"}, "/home/a/wf") != name("pod", {"s": "b c"}, "/home/b/wf")
+    assert name("pod", {"s": "b c"}) == name("pod", {"s": "b c"})  # a retry reuses its node
+    assert placement.node_name("train", {}, "/w", fixed="my-tpu") == "my-tpu"
+
+
+def test_wildcard_values_that_target_jobs_cannot_carry_are_refused_with_the_reason():
+    placement.check_target_wildcards("r", {"n": "it's fine", "m": "a=b"})
+    for value in ("a,b", '"hi"', "say 'x'", '"x'):
+        with pytest.raises(WorkflowError, match=r"wildcard n=.*cannot be passed .*--target-jobs"):
+            placement.check_target_wildcards("r", {"n": value})
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("accelerator_type", "v5p-8\ntouch /tmp/pwned #"), ("zone", "us-east5-a$(touch /tmp/pwned)"),
+     ("zone", "tpu"), ("project", "/home/me/profiles/tpu"), ("name", "Bad Name"), ("runtime_version", "x;y")],
+)  # fmt: skip
+def test_tpu_node_refuses_values_that_are_not_gcloud_names(field, value):
+    fields = {"name": "n", "accelerator_type": "v5p-8", field: value}
+    with pytest.raises(ValueError, match=r"tpu executor: .* is not valid .*leave the key out"):
+        TpuNode(**fields)
 
 
 def test_job_log_folders_are_safe_path_parts_of_rule_and_wildcards():
@@ -230,3 +268,66 @@ def test_driver_reuses_an_existing_node_and_keeps_it_when_asked(tmp_path):
     assert code == 0
     assert [c[3] for c in calls] == ["describe", "describe", "ssh"]
     assert "reusing TPU VM marin-x" in (tmp_path / "job" / "driver.log").read_text()
+
+
+def test_driver_brings_a_failed_jobs_log_back_and_exits_with_its_status(tmp_path):
+    worker = gcloud.worker_command(
+        "mkdir -p logs && echo BAD-LOG-LINE > logs/x.log && exit 3", ".", outputs=["out.txt"], logs=["logs/x.log"],
+        outputs_archive="back.tar.gz",
+    )  # fmt: skip
+    here = tmp_path / "here"
+    here.mkdir()
+    code, calls = _run_driver(tmp_path, VM, worker, download=("back.tar.gz", str(tmp_path / "back.tar.gz"), str(here)))
+    assert code == 3
+    assert (here / "logs" / "x.log").read_text() == "BAD-LOG-LINE\n"  # for --show-failed-logs
+    assert not (here / "out.txt").exists()
+    assert calls[-1][2:4] == ["tpu-vm", "delete"]
+
+
+def test_driver_exports_envvars_quoted_at_run_time_and_runs_no_text_of_a_title(tmp_path):
+    pwned = tmp_path / "pwned"
+    hostile = f"it's $(touch {pwned}) `touch {pwned}` \"q\" $HOME\nline2"
+    title = f"rule r (n=x\ntouch {pwned}\n$(touch {pwned}))"
+    script = gcloud.driver_script(VM, "true", title=title, env_names=["SECRET_TOKEN"])
+    assert "\ntouch" not in script and "it's" not in script  # the value is never written into driver.sh
+    worker = gcloud.worker_command('printenv SECRET_TOKEN > "$HOME"/got.txt', ".")
+    code, _ = _run_driver(
+        tmp_path, VM, worker, extra_env={"SECRET_TOKEN": hostile}, title=title, env_names=["SECRET_TOKEN"]
+    )  # fmt: skip
+    assert code == 0, (tmp_path / "job" / "driver.log").read_text()
+    got = [(tmp_path / "cloud" / "marin-x" / f"worker-{i}" / "got.txt").read_text() for i in range(2)]
+    assert got == [hostile + "\n"] * 2 and not pwned.exists()
+    assert oct((tmp_path / "job" / "driver.sh").stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_cancelled_driver_still_deletes_its_node_when_the_delete_outlasts_the_grace(tmp_path):
+    root, gate = tmp_path / "cloud", tmp_path / "delete-may-finish"
+    env = {**os.environ, **install_fake_cloud(tmp_path / "bin", root, workers=1), "FAKE_GCLOUD_DELETE_WAITS_FOR": str(gate)}
+    running = tmp_path / "running"
+    group = gcloud.start_driver(gcloud.driver_script(VM, f"touch {running}; exec sleep 60"), tmp_path / "job", env=env)
+    deadline = time.monotonic() + 60
+    while not running.exists():  # the job runs on the node
+        assert time.monotonic() < deadline and group.poll() is None
+        time.sleep(0.05)
+    group.grace = 0.5
+    group.terminate()  # Ctrl-C: TERM, then SIGKILL after the grace, while the delete is still going
+    assert group.procs[0].returncode == -9
+    assert (root / "nodes" / "marin-x").exists()
+    gate.touch()  # now the cloud finishes the delete
+    deadline = time.monotonic() + 60
+    while (root / "nodes" / "marin-x").exists():
+        assert time.monotonic() < deadline, "the delete died with the driver"
+        time.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while "deleted TPU VM marin-x" not in (tmp_path / "job" / "driver.log").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_the_tpu_profile_sets_no_empty_value_that_snakemake_would_turn_into_its_folder():
+    import yaml
+
+    from conftest import REPO
+
+    config = yaml.safe_load((REPO / "profiles" / "tpu" / "config.yaml").read_text())
+    assert [key for key, value in config.items() if value == ""] == []

@@ -12,7 +12,9 @@ A worker shares nothing with the submitting process but what a TPU VM would have
 its environment is PATH (the fake tools and the software installed on the image),
 HOME, and the variables named in `$FAKE_GCLOUD_WORKER_ENV` (e.g. the GCS emulator's,
 standing in for the VM's service account). `$FAKE_GCLOUD_SSH_EXIT` makes ssh fail
-with that status instead of running anything.
+with that status instead of running anything. With `$FAKE_GCLOUD_DELETE_WAITS_FOR` set
+to a path, a delete first waits (at most a minute) until that file exists: a real
+delete takes minutes, and a test decides when this one ends.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(os.environ["FAKE_GCLOUD_ROOT"])
@@ -72,6 +75,10 @@ def main(argv: list[str]) -> int:
         (nodes / pos[0]).write_text("ACTIVE" if kind == "queued-resources" else "READY")
         return 0
     if verb == "delete":
+        gate = os.environ.get("FAKE_GCLOUD_DELETE_WAITS_FOR")
+        deadline = time.monotonic() + 60
+        while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the fake cloud's own pace, not a test's wait
         (nodes / pos[0]).unlink(missing_ok=True)
         return 0
     if verb == "scp":

@@ -13,15 +13,26 @@ from the job's resources alone (see `placement.py`):
     and log files back from worker 0, and deletes the node (see `transfer.py`).
 
 The job command is Snakemake's own (`python -m snakemake --target-jobs ... --mode
-remote`, from `format_job_exec`), with the variables of `--envvars` exported. A job
-succeeds iff every process exits 0. Logs go to
-`.snakemake/tpu/<rule>/<wildcard values>/<UTC time>/`.
+remote`, from `format_job_exec`). The variables of `--envvars` / `envvars:` reach a
+job unchanged: host jobs and local pods inherit this process's environment; the gcloud
+driver exports them on the workers, quoted at run time from its own environment, so
+their values are never written to disk. A job succeeds iff every process exits 0.
+Logs go to `.snakemake/tpu/<rule>/<wildcard values>/<UTC time>/`.
+
+Host jobs share this machine's cores as Snakemake's local mode would: a job takes
+its `threads` (at most `--local-cores`), and one waits, counted as submitted, until
+enough cores are free (`--jobs` alone bounds pod jobs). A job the executor cannot run
+(an input outside the workdir, a tpu inside a group, an unknown TPU type, a wildcard
+value Snakemake's `--target-jobs` cannot carry) fails alone, with the reason, so
+`--keep-going` goes on with the others.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
+import threading
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import AsyncGenerator, List
@@ -45,6 +56,10 @@ class Executor(RemoteExecutor):
         self.next_seconds_between_status_checks = POLL_SECONDS
         self._on_worker = False
         self._workflow_archive: tuple[Path, str] | None = None
+        self.host_cores = placement.host_cores(self.workflow)
+        self._host_waiting: collections.deque[SubmittedJobInfo] = collections.deque()
+        self._host_threads_running = 0
+        self._host_lock = threading.Lock()  # run_job (scheduler thread) and check_active_jobs (polling thread)
 
     # ---- the job command ------------------------------------------------------------
     def get_python_executable(self) -> str:
@@ -58,25 +73,66 @@ class Executor(RemoteExecutor):
         finally:
             self._on_worker = False
 
+    def get_envvar_declarations(self) -> str:
+        """Nothing: the variables reach jobs unchanged another way (see the module
+        docstring). Snakemake's own declaration quotes with `repr`, which the shell
+        expands (`$(...)`, `$HOME`) and which breaks on a value holding both quotes."""
+        return ""
+
     # ---- submitting -----------------------------------------------------------------
     def run_job(self, job: JobExecutorInterface):
-        tpu_type = self._tpu_type(job)
+        try:
+            self._submit(job)
+        except (WorkflowError, ValueError) as e:  # this job cannot run here; the others go on
+            if job.is_group():  # Snakemake prints a group's error without the message
+                self.logger.error(str(e))
+            self.report_job_error(SubmittedJobInfo(job), msg=f"{e}\n")
+
+    def _submit(self, job: JobExecutorInterface) -> None:
         wildcards = {} if job.is_group() else dict(getattr(job, "wildcards_dict", None) or {})
+        placement.check_target_wildcards(job.name, wildcards)
+        tpu_type = self._tpu_type(job)
         name = f"group {job.groupid}" if job.is_group() else job.name
         description = placement.job_description(name, wildcards)
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
         job_dir = LOG_ROOT.joinpath(*placement.job_parts(name.replace(" ", "-"), wildcards), stamp)
+        label = placement.job_label(description, tpu_type, self.settings.backend, self.settings)
         if tpu_type is None:
-            group = ProcessGroup.start([self.job_command(job, on_worker=False)], [os.environ], [job_dir / "job.log"])
-        elif self.settings.backend == "local-pod":
+            threads = min(max(int(job.threads or 1), 1), self.host_cores)
+            command = self.job_command(job, on_worker=False)  # here, in the scheduler's thread
+            aux = {"group": None, "dir": job_dir, "threads": threads, "label": label, "command": command}
+            info = SubmittedJobInfo(job, aux=aux)
+            self.report_job_submission(info)
+            with self._host_lock:
+                self._host_waiting.append(info)
+            self._start_waiting_host_jobs()
+            return
+        if self.settings.backend == "local-pod":
             group = start_local_pod(self.job_command(job, on_worker=False), self.local_pod, job_dir, os.environ)
         else:
             group = self._start_gcloud(job, wildcards, tpu_type, job_dir, description)
-        label = placement.job_label(description, tpu_type, self.settings.backend, self.settings)
         self.logger.info(f"tpu executor: {label}; logs in {job_dir}/")
         self.report_job_submission(
             SubmittedJobInfo(job, external_jobid=",".join(map(str, group.pids)), aux={"group": group, "dir": job_dir})
         )
+
+    def _start_waiting_host_jobs(self) -> None:
+        """Start waiting host jobs, first come first, while their threads fit the free cores."""
+        with self._host_lock:
+            self._start_host_jobs_locked()
+
+    def _start_host_jobs_locked(self) -> None:
+        while self._host_waiting:
+            info = self._host_waiting[0]
+            threads = info.aux["threads"]
+            if self._host_threads_running and self._host_threads_running + threads > self.host_cores:
+                return
+            self._host_waiting.popleft()
+            job_dir = info.aux["dir"]
+            info.aux["group"] = ProcessGroup.start([info.aux["command"]], [os.environ], [job_dir / "job.log"])
+            info.external_jobid = ",".join(map(str, info.aux["group"].pids))
+            self._host_threads_running += threads
+            self.logger.info(f"tpu executor: {info.aux['label']} ({threads} of {self.host_cores} cores); logs in {job_dir}/")
 
     def _tpu_type(self, job: JobExecutorInterface) -> str | None:
         def asked(j) -> str | None:
@@ -96,7 +152,8 @@ class Executor(RemoteExecutor):
         workdir = os.getcwd()
         transfer.local_paths([self.get_snakefile()], "Snakefile", workdir)  # the workers run it from the workdir
         zone = placement.resource(job.resources, placement.ZONE_RESOURCE)
-        node = placement.tpu_node(self.settings, placement.node_name(job.name, wildcards, self.settings.node), tpu_type, zone)
+        name = placement.node_name(job.name, wildcards, workdir, self.settings.node)
+        node = placement.tpu_node(self.settings, name, tpu_type, zone)
         uploads = []
         if not self.settings.expect_workflow:
             if self._workflow_archive is None:
@@ -107,16 +164,18 @@ class Executor(RemoteExecutor):
         if inputs:
             archive = transfer.files_archive(workdir, inputs, job_dir / "inputs.tar.gz")
             uploads.append((str(archive), transfer.archive_name(archive, "inputs")))
-        outputs = transfer.local_paths([*job.output, *job.log], "output", workdir)
+        benchmark = [job.benchmark] if getattr(job, "benchmark", None) else []
+        outputs = transfer.local_paths([*job.output, *benchmark], "output", workdir)
+        logs = transfer.local_paths(job.log, "log", workdir)
         returned = f"snakemake-outputs-{node.name}-{job_dir.name}.tar.gz"
         worker = gcloud.worker_command(
             self.job_command(job, on_worker=True), self.settings.workdir, self.settings.setup,
-            archives=[remote for _, remote in uploads], outputs=outputs, outputs_archive=returned,
+            archives=[remote for _, remote in uploads], outputs=outputs, logs=logs, outputs_archive=returned,
         )  # fmt: skip
-        download = (returned, str((job_dir / "outputs.tar.gz").resolve()), workdir) if outputs else None
+        download = (returned, str((job_dir / "outputs.tar.gz").resolve()), workdir) if outputs or logs else None
         script = gcloud.driver_script(
             node, worker, uploads=uploads, download=download, delete=not self.settings.keep_node,
-            title=f"{description}, job {job.jobid}",
+            title=f"{description}, job {job.jobid}", env_names=sorted(self.envvars()),
         )  # fmt: skip
         return gcloud.start_driver(script, job_dir)
 
@@ -124,12 +183,17 @@ class Executor(RemoteExecutor):
     async def check_active_jobs(
         self, active_jobs: List[SubmittedJobInfo]
     ) -> AsyncGenerator[SubmittedJobInfo, None]:
+        still_active = []
         for info in active_jobs:
-            group: ProcessGroup = info.aux["group"]
-            code = group.poll()
+            group: ProcessGroup | None = info.aux["group"]
+            code = None if group is None else group.poll()  # None: running, or a host job waiting for cores
             if code is None:
-                yield info
-            elif code != 0:
+                still_active.append(info)
+                continue
+            if "threads" in info.aux:
+                with self._host_lock:
+                    self._host_threads_running -= info.aux["threads"]
+            if code != 0:
                 index = group.first_failure[0] if group.first_failure else 0
                 self.report_job_error(
                     info,
@@ -138,7 +202,13 @@ class Executor(RemoteExecutor):
                 )
             else:
                 self.report_job_success(info)
+        self._start_waiting_host_jobs()
+        for info in still_active:
+            yield info
 
     def cancel_jobs(self, active_jobs: List[SubmittedJobInfo]):
+        with self._host_lock:
+            self._host_waiting.clear()
         for info in active_jobs:
-            info.aux["group"].terminate()
+            if info.aux["group"] is not None:
+                info.aux["group"].terminate()

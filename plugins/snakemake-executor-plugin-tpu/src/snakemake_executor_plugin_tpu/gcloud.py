@@ -13,9 +13,19 @@ that uses the `gcloud` CLI only:
      --command ...`; each worker learns its place from the TPU metadata server
      (`agent-worker-number`, `worker-network-endpoints`) and gets
      `SNAKEMAKE_TPU_COORDINATOR=auto`, so `jax.distributed.initialize()` finds the slice;
-  5. on success, copy worker 0's archive of the job's output files back and unpack
-     it here (the workers share no disk with this host);
-  6. delete the node when the driver exits, success or not (unless kept).
+  5. copy worker 0's archive of the job's files back and unpack it here (the workers
+     share no disk with this host): outputs, benchmark and logs after a success, the
+     logs alone after a failure (so `--show-failed-logs` shows them);
+  6. delete the node when the driver exits, success, failure or cancel (unless kept).
+     The delete runs in its own process group: a cancelled job's driver is killed
+     after a grace of seconds, and a TPU delete takes minutes; it goes on and says
+     how it ended in driver.log.
+
+The variables of Snakemake's `--envvars` are exported on the workers from the
+driver's own environment, quoted by bash (`printf %q`) when the driver runs: their
+values never appear in driver.sh (written 0700 all the same). Every value put into
+the script is validated (`TpuNode`) or quoted, so no setting, wildcard value or
+experiment field becomes shell code.
 
 Everything here builds strings; `start_driver` runs the script as a `ProcessGroup`
 of one. References: https://cloud.google.com/tpu/docs/managing-tpus-tpu-vm,
@@ -26,6 +36,7 @@ https://cloud.google.com/tpu/docs/runtimes.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +55,12 @@ RUNTIME_VERSIONS = {
 }
 READY_STATES = ("READY", "ACTIVE")  # TPU VM, queued resource
 FAILED_STATES = ("FAILED", "SUSPENDED", "SUSPENDING", "PREEMPTED", "TERMINATED", "STOPPED", "DELETING")
+# What gcloud accepts (and all this script lets through): names, types, zones, projects, images.
+NAME_PATTERN = r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
+TYPE_PATTERN = r"[a-z][a-z0-9]*-[0-9]+"
+ZONE_PATTERN = r"[a-z]+-[a-z]+[0-9]+-[a-z]"
+PROJECT_PATTERN = r"[a-z]([-a-z0-9.:]*[a-z0-9])?"
+VERSION_PATTERN = r"[A-Za-z0-9][-A-Za-z0-9._]*"
 POLL_SECONDS = 30  # between state checks while a node is being created or queued
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes"
 
@@ -59,6 +76,20 @@ class TpuNode:
     runtime_version: str = ""  # empty: RUNTIME_VERSIONS by generation
     queued: bool = False  # create through a queued resource
     spot: bool = False  # spot capacity (cheaper, may be preempted)
+
+    def __post_init__(self):
+        for field, value, pattern, example in (
+            ("node name (--tpu-node)", self.name, NAME_PATTERN, "snakemake-train-1a2b3c4d"),
+            ("TPU type (resource tpu / --tpu-type)", self.accelerator_type, TYPE_PATTERN, "v5p-8"),
+            ("zone (resource tpu_zone / --tpu-zone)", self.zone, ZONE_PATTERN, "us-east5-a"),
+            ("project (--tpu-project)", self.project, PROJECT_PATTERN, "my-project"),
+            ("runtime version (--tpu-runtime-version)", self.runtime_version, VERSION_PATTERN, "v2-alpha-tpuv5"),
+        ):
+            if value and not re.fullmatch(pattern, value):
+                raise ValueError(
+                    f"tpu executor: {field} {value!r} is not valid (like {example!r}); an empty setting in a "
+                    "profile's config.yaml becomes the profile's folder: leave the key out instead"
+                )
 
     @property
     def version(self) -> str:
@@ -120,11 +151,27 @@ def scp_back_command(node: TpuNode, remote: str, local: str) -> str:
     return _gcloud("tpu-vm", "scp", f"{node.name}:{remote}", local, *_where(node), "--worker=0")
 
 
-def ssh_command(node: TpuNode, command: str) -> str:
-    return _gcloud(
-        "tpu-vm", "ssh", node.name, *_where(node), "--worker=all",
-        "--ssh-flag=-o ServerAliveInterval=60", "--command", command,
-    )  # fmt: skip
+def ssh_command(node: TpuNode, command: str, prefix_variable: str = "") -> str:
+    """Run `command` on every worker; with `prefix_variable`, the driver's shell
+    variable of that name is put before it (the exports built at run time)."""
+    head = _gcloud("tpu-vm", "ssh", node.name, *_where(node), "--worker=all", "--ssh-flag=-o ServerAliveInterval=60")
+    prefix = f'"${{{prefix_variable}}}"' if prefix_variable else ""
+    return f"{head} --command {prefix}{shlex.quote(command)}"
+
+
+def _exports(names: Sequence[str]) -> list[str]:
+    """Driver lines that set EXPORTS to `export NAME=<value, quoted by bash> && ...`
+    for each variable named, from the driver's environment."""
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError(f"tpu executor: {name!r} is not an environment variable name (--envvars)")
+    return [
+        "EXPORTS=",
+        f"for name in {' '.join(names)}; do",
+        '  printf -v value %q "${!name-}"',
+        '  EXPORTS+="export $name=$value && "',
+        "done",
+    ]
 
 
 def pod_env_exports() -> str:
@@ -141,11 +188,12 @@ def pod_env_exports() -> str:
 
 def worker_command(
     job_command: str, workdir: str, setup: str = "", archives: Sequence[str] = (), outputs: Sequence[str] = (),
-    outputs_archive: str = "",
+    outputs_archive: str = "", logs: Sequence[str] = (),
 ) -> str:  # fmt: skip
     """What every worker runs: unpack the copied archives into the workdir, cd, set up,
     learn its place in the slice, run the job command; then worker 0 packs the job's
-    `outputs` (paths relative to the workdir) into `~/outputs_archive` for the driver."""
+    `outputs` and `logs` (paths relative to the workdir; after a failure the logs
+    alone) into `~/outputs_archive` for the driver. Exits with the job's status."""
     parts = []
     if archives:
         parts.append(f"mkdir -p {shlex.quote(workdir)}")
@@ -154,34 +202,53 @@ def worker_command(
     if setup:
         parts.append(f"( {setup} )")
     parts.append(pod_env_exports())
-    parts.append(job_command)
-    if outputs:
-        pack = f'tar -czf "$HOME"/{shlex.quote(outputs_archive)} --ignore-failed-read -- {shlex.join(outputs)}'
-        parts.append(f'{{ [ "${ENV_PROCESS_ID}" != 0 ] || {pack}; }}')
-    return " && ".join(parts)
+    if not (outputs or logs):
+        return " && ".join([*parts, job_command])
+
+    def pack(files: Sequence[str]) -> str:
+        return f'tar -czf "$HOME"/{shlex.quote(outputs_archive)} --ignore-failed-read -- {shlex.join(files)}'
+
+    on_failure = pack(logs) if logs else ":"
+    finish = (
+        f'if [ "${ENV_PROCESS_ID}" = 0 ]; then if [ "$code" = 0 ]; then {pack([*outputs, *logs])} || code=$?; '
+        f"else {on_failure}; fi; fi"
+    )
+    return " && ".join(parts) + f" && {{ ( {job_command} ); code=$?; {finish}; exit $code; }}"
+
+
+def _safe_comment(text: str) -> str:
+    return re.sub(r"[\x00-\x1f\x7f]", "?", text)
 
 
 def driver_script(
     node: TpuNode, worker_cmd: str, *, uploads: Sequence[tuple[str, str]] = (),
     download: tuple[str, str, str] | None = None, delete: bool = True, title: str = "",
+    env_names: Sequence[str] = (),
 ) -> str:  # fmt: skip
     """The bash script that creates (or reuses) the node, waits for it, copies each
     `(local file, remote name)` of `uploads` to every worker, runs `worker_cmd` on all
-    workers, on success fetches `download = (remote name, local file, directory)` from
-    worker 0 and unpacks it into that directory, and deletes the node on exit."""
+    workers (after exporting the variables `env_names` from the driver's environment),
+    fetches `download = (remote name, local file, directory)` from worker 0 and unpacks
+    it into that directory (required after a success, tried after a failure), and
+    deletes the node on exit in a process group of its own."""
     ready = "|".join(READY_STATES)
     failed = "|".join(FAILED_STATES)
     kind = "queued resource" if node.queued else "TPU VM"
     lines = [
         "#!/usr/bin/env bash",
-        f"# snakemake tpu executor driver{': ' + title if title else ''}",
+        f"# snakemake tpu executor driver{': ' + _safe_comment(title) if title else ''}",
         f"# {kind} {node.name} ({node.accelerator_type}, runtime {node.version})",
         "set -uo pipefail",
     ]
     if delete:
+        deleting = shlex.quote(f"tpu executor: deleting {kind} {node.name}")
+        deleted = shlex.quote(f"tpu executor: deleted {kind} {node.name}")
+        failed_delete = shlex.quote(f"tpu executor: could not delete {node.name}; delete it yourself: {delete_command(node)}")
         lines += [
-            f"cleanup() {{ echo 'tpu executor: deleting {kind} {node.name}' >&2; {delete_command(node)} || "
-            f"echo 'tpu executor: could not delete {node.name}; delete it yourself: {delete_command(node)}' >&2; }}",
+            # set -m: the delete gets a process group of its own, so the SIGKILL that ends
+            # a cancelled driver after its grace does not stop it (it logs here either way)
+            f"cleanup() {{ echo {deleting} >&2; set -m; "
+            f"( if {delete_command(node)}; then echo {deleted} >&2; else echo {failed_delete} >&2; fi ) & wait $!; }}",
             "trap cleanup EXIT",
         ]
     lines += [
@@ -203,12 +270,15 @@ def driver_script(
         "done",
     ]
     lines += [f"{scp_command(node, local, remote)} || exit 1" for local, remote in uploads]
-    lines.append(f"{ssh_command(node, worker_cmd)} || exit $?")
+    if env_names:
+        lines += _exports(env_names)
+    lines.append(f"{ssh_command(node, worker_cmd, 'EXPORTS' if env_names else '')}; code=$?")
     if download is not None:
         remote, local, directory = download
-        lines.append(f"{scp_back_command(node, remote, local)} || exit 1")
         # -m: outputs get this host's time of arrival, so they are newer than their inputs
-        lines.append(f"{shlex.join(['tar', '-xmzf', local, '-C', directory])} || exit 1")
+        fetch = f"{scp_back_command(node, remote, local)} && {shlex.join(['tar', '-xmzf', local, '-C', directory])}"
+        lines.append(f'if ! {{ {fetch}; }} && [ "$code" = 0 ]; then exit 1; fi  # a failed job may have no logs to fetch')
+    lines.append("exit $code")
     return "\n".join(lines) + "\n"
 
 
@@ -216,8 +286,9 @@ def start_driver(script: str, job_dir: Path, env: Mapping[str, str] | None = Non
     """Write the driver script to `job_dir/driver.sh` and run it; its log is `driver.log`."""
     job_dir.mkdir(parents=True, exist_ok=True)
     path = job_dir / "driver.sh"
+    path.touch(mode=0o700)
+    path.chmod(0o700)
     path.write_text(script)
-    path.chmod(0o755)
     return ProcessGroup.start(
         [f"exec bash {shlex.quote(str(path.resolve()))}"], [dict(env if env is not None else os.environ)],
         [job_dir / "driver.log"], cwd=cwd,

@@ -10,14 +10,19 @@ values, so a retry of the same job reuses its node. Nothing here runs a process.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
 from typing import Any, Mapping
+
+from snakemake_interface_common.exceptions import WorkflowError
 
 from snakemake_executor_plugin_tpu.gcloud import TpuNode
 
 RESOURCE = "tpu"  # resources: tpu="v5p-8" | "default"
 ZONE_RESOURCE = "tpu_zone"  # resources: tpu_zone="us-east5-a" (optional)
 DEFAULT = "default"  # the executor's --tpu-type
+QUOTES = ("'", '"')
 WORKER_PYTHON = "python3"  # the interpreter on TPU VM images (a venv activated by --tpu-setup wins)
 
 
@@ -55,17 +60,41 @@ def job_description(rule: str, wildcards: Mapping[str, Any]) -> str:
     return f"rule {rule}" + (f" ({shown})" if shown else "")
 
 
-def node_name(rule: str, wildcards: Mapping[str, Any], fixed: str = "") -> str:
+def node_name(rule: str, wildcards: Mapping[str, Any], workdir: str, fixed: str = "") -> str:
     """A valid TPU node name for a job: `snakemake-<slug>-<hash8>` (or the fixed one).
 
-    Names must match [a-z]([-a-z0-9]*[a-z0-9])?; the hash keeps distinct jobs apart
-    after the slug is cut short."""
+    Names must match [a-z]([-a-z0-9]*[a-z0-9])?, so the slug loses characters; the
+    hash is of the rule, the exact wildcard values and the working directory, so two
+    jobs (`b c` and `b_c`), or the same job run from two checkouts, never share a node
+    (a driver deletes its node when done), while a retry of one job reuses its own."""
     if fixed:
         return fixed
-    key = "/".join(job_parts(rule, wildcards))
-    slug = re.sub(r"[^a-z0-9]+", "-", key.lower()).strip("-")[:30].strip("-")
+    slug = re.sub(r"[^a-z0-9]+", "-", "/".join(job_parts(rule, wildcards)).lower()).strip("-")[:30].strip("-")
+    key = json.dumps([rule, [[str(k), str(v)] for k, v in wildcards.items()], os.path.abspath(workdir)])
     digest = hashlib.sha1(key.encode()).hexdigest()[:8]
     return f"snakemake-{slug}-{digest}" if slug else f"snakemake-{digest}"
+
+
+def check_target_wildcards(rule: str, wildcards: Mapping[str, Any]) -> None:
+    """Refuse wildcard values that Snakemake's `--target-jobs RULE:NAME=VALUE,...`
+    (how every executor plugin names the job to run) cannot carry: it splits on `,`
+    and strips quotes at both ends of a value, so the job would build another file."""
+    for name, value in wildcards.items():
+        text = str(value)
+        if "," in text or text[:1] in QUOTES or text[-1:] in QUOTES:
+            raise WorkflowError(
+                f"tpu executor: rule {rule}: wildcard {name}={text!r} cannot be passed to a job run by an executor "
+                "plugin (Snakemake's --target-jobs splits values on ',' and strips quotes at their ends); "
+                "use a file name without them, or run this rule locally (localrules:)"
+            )
+
+
+def host_cores(workflow: Any) -> int:
+    """Cores for jobs run on this host: `--local-cores` (Snakemake's setting for the
+    submitting machine in cluster mode; defaults to every core), else every core."""
+    settings = getattr(workflow, "resource_settings", None)  # Snakemake's Workflow; not in the plugin interface
+    cores = getattr(settings, "local_cores", None)
+    return max(1, int(cores)) if cores else max(1, os.cpu_count() or 1)
 
 
 def tpu_node(settings: Any, name: str, tpu_type: str, zone: Any = None) -> TpuNode:

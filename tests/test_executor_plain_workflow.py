@@ -1,0 +1,79 @@
+"""A lab's own plain Snakefile (not ours) run with `--executor tpu`: what works with
+Snakemake's local executor works the same here. Host jobs share the machine's cores
+(`--local-cores`), `envvars:` values reach jobs unchanged, a job the executor cannot
+run fails alone under `--keep-going`, and a pod job on the gcloud backend (against
+the FAKE `gcloud` of tests/executor_helpers: no cloud is called) brings back its
+`benchmark:` file, and its `log:` when it fails."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from conftest import SNAKEMAKE
+from executor_helpers.fake_cloud import gcloud_calls, install_fake_cloud
+
+
+def _snakemake(workdir: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    command = [SNAKEMAKE, "--executor", "tpu", "--jobs", "4", *args]
+    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=300, env=env or dict(os.environ))
+
+
+def test_host_jobs_take_their_threads_of_the_local_cores_one_after_another(tmp_path):
+    (tmp_path / "Snakefile").write_text(
+        'rule all:\n    input: expand("t/{i}.txt", i=range(3))\n'
+        "rule busy:\n    output: 't/{i}.txt'\n    threads: 64\n"
+        "    shell: 'python3 -c \"import time; print(time.time())\" > {output}; "
+        "python3 -c \"import time; print(time.time())\" >> {output}'\n"
+    )
+    proc = _snakemake(tmp_path, "--local-cores", "1")
+    assert proc.returncode == 0, proc.stderr
+    spans = sorted(tuple(map(float, (tmp_path / "t" / f"{i}.txt").read_text().split())) for i in range(3))
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert start >= end  # never two at once on one core
+    assert "(1 of 1 cores)" in proc.stderr
+
+
+def test_envvars_reach_host_jobs_unchanged(tmp_path):
+    value = "it's $(echo INJECTED) `echo X` \"q\" $HOME"
+    (tmp_path / "Snakefile").write_text(
+        'envvars: "MYVAR"\nrule all:\n    input: "v.txt"\nrule v:\n    output: "v.txt"\n    shell: "printenv MYVAR > {output}"\n'
+    )
+    proc = _snakemake(tmp_path, env={**os.environ, "MYVAR": value})
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "v.txt").read_text() == value + "\n"
+
+
+def test_a_job_the_executor_refuses_fails_alone_under_keep_going(tmp_path):
+    (tmp_path / "Snakefile").write_text(
+        "rule w:\n    output: 'out/{n}.txt'\n    shell: 'echo {wildcards.n:q} > {output:q}'\n"
+    )
+    proc = _snakemake(tmp_path, "--keep-going", "out/a,b.txt", "out/ok.txt")
+    assert proc.returncode != 0
+    assert "wildcard n='a,b' cannot be passed to a job run by an executor plugin" in proc.stderr
+    assert (tmp_path / "out" / "ok.txt").read_text() == "ok\n"
+    assert not (tmp_path / "out" / "a,b.txt").exists()
+
+
+def test_a_gcloud_pod_job_brings_back_its_benchmark_and_a_failed_ones_log(tmp_path):
+    (tmp_path / "Snakefile").write_text(
+        "rule all:\n    input: 'out/good.txt'\n"
+        "rule good:\n    output: 'out/good.txt'\n    benchmark: 'bench/good.tsv'\n    resources: tpu='v5p-8'\n"
+        "    shell: 'echo done > {output}'\n"
+        "rule bad:\n    output: 'out/bad.txt'\n    log: 'logs/bad.log'\n    resources: tpu='v5p-8'\n"
+        "    shell: 'echo BAD-LOG-LINE > {log}; exit 3'\n"
+    )
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, timeout=30)
+    (tmp_path / ".gitignore").write_text(".snakemake/\nbin/\ncloud/\n")
+    cloud = tmp_path / "cloud"
+    env = {**os.environ, **install_fake_cloud(tmp_path / "bin", cloud, workers=2)}
+    zone = ["--tpu-zone", "us-east5-a", "--tpu-workdir", "wf"]
+    proc = _snakemake(tmp_path, *zone, "--keep-going", "--show-failed-logs", "all", "out/bad.txt", env=env)
+    assert proc.returncode != 0
+    assert (tmp_path / "out" / "good.txt").read_text() == "done\n"
+    assert (tmp_path / "bench" / "good.tsv").read_text().startswith("s\th:m:s")  # Snakemake's benchmark table
+    assert "BAD-LOG-LINE" in (tmp_path / "logs" / "bad.log").read_text()
+    assert "BAD-LOG-LINE" in proc.stdout + proc.stderr  # --show-failed-logs found it
+    nodes = {c[4] for c in gcloud_calls(cloud) if c[2:4] == ["tpu-vm", "ssh"]}
+    assert len(nodes) == 2 and not any((cloud / "nodes" / n).exists() for n in nodes)
