@@ -9,7 +9,7 @@
   marin history KEY                            every attempt and forced rebuild of one artifact
   marin dag [EXPERIMENT] [-o dag.svg]          a picture of the experiment, coloured by state
 
-Every command takes `--prefix P` (a local folder or gs:// URL, default `artifacts`) and
+Every command takes `--prefix P` (a local folder, file:// or gs:// URL, default `artifacts`) and
 `--configfile X` (the experiment, spelled as for snakemake). Nothing is run or written
 on the prefix. Errors are one line on stderr and a non-zero exit status.
 """
@@ -28,7 +28,7 @@ from marin_rules.artifacts.records import read_failures
 from marin_rules.experiment import DEFAULT_EXPERIMENT, Experiment, load_experiment
 from marin_rules.inspect import reading
 from marin_rules.mirror import records_root
-from marin_rules.workflow.options import DEFAULT_PREFIX
+from marin_rules.workflow.options import DEFAULT_PREFIX, parse_prefix
 
 EXPERIMENT_COMMANDS = ("status", "show", "path", "verify", "plan", "dag")
 
@@ -98,9 +98,7 @@ def _verify(key: str, location: str, prefix: str, artifact: ArtifactId) -> int:
 def _run(args) -> int:
     from marin_rules.inspect import status as st
 
-    prefix = args.prefix.rstrip("/")
-    if prefix.startswith("file://"):
-        prefix = storage.local_path(prefix)
+    prefix = parse_prefix(args.prefix, "--prefix ")
     if args.command in ("diff", "history"):
         experiment = _load(args, required=False)
         if args.command == "history":

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Annotated, Any, Callable, Iterator, Mapping
 
 from marin_rules.artifacts.canonical import canonical_value, fingerprint, fingerprint_payload
 from marin_rules.artifacts.errors import ConfigError, ExperimentError, got
@@ -41,7 +41,7 @@ from marin_rules.steps import (
     BUILTIN_STEPS, SHARDED_STEPS, check_dep_kinds, check_step_config, check_upstream_configs, check_user_step, is_valid_step,
 )
 from marin_rules.sweeps import expand_sweep
-from marin_rules.validation import suggest_key
+from marin_rules.validation import Int, Number, Rule, Text, check_fields, suggest_key
 from marin_rules.yaml_file import load_yaml_file
 
 __all__ = [
@@ -54,6 +54,45 @@ ENTRY_FIELDS = {"step", "adopt", "deps", "config", "runtime", "expect_fingerprin
 TOP_FIELDS = {"artifacts", "sweeps", "description"}
 ROLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ADOPT = "adopt"  # the built-in step of an entry's `adopt:` (marin_rules.adopt.STEP)
+TPU_TYPE = r"[a-z][a-z0-9]*-[0-9]+"  # an accelerator type, as gcloud and the tpu executor take it
+ZONE = r"[a-z]+-[a-z]+[0-9]+-[a-z]"  # a Google Cloud zone
+
+
+class Distributed(Rule):
+    """`runtime.distributed`: checked by the train step's own parser (no JAX import)."""
+
+    what = "'auto' or {coordinator: 'host:port', num_processes: N, process_id: i}"
+
+    def check(self, value: Any, field: str) -> Any:
+        from marin_rules.train.distributed import parse_distributed
+
+        try:
+            parse_distributed(value)
+        except ConfigError as e:  # its fields read `runtime.distributed...`
+            raise ConfigError(field + e.field[len("runtime.distributed"):], e.message) from None
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        props = {"coordinator": {"type": "string"}, "num_processes": {"type": "integer", "minimum": 1},
+                 "process_id": {"type": "integer", "minimum": 0}}  # fmt: skip
+        mapping = {"type": "object", "properties": props, "additionalProperties": False}
+        return {"anyOf": [{"enum": ["auto", False]}, mapping]}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """An entry's `runtime:`: execution choices, recorded but never fingerprinted. Every
+    key is checked at load: `tpu` and `zone` travel into job resources and from there
+    into the executor's commands, so they must have the form gcloud takes."""
+
+    shards: Annotated[int, Int(min=1, max=MAX_SHARDS), "tokenize and dedup: how many shard jobs build it (any executor), then one gathers"] = 1
+    tpu: Annotated[str | None, Text("an accelerator type such as v5p-8, v5litepod-16 or v6e-8, or 'default' (the executor's --tpu-type)", f"default|{TPU_TYPE}"), "run on a TPU pod of this type (the tpu executor); train jobs default to 'default'"] = None
+    zone: Annotated[str | None, Text("a zone such as us-east5-a or europe-west4-b", ZONE), "the TPU pod's zone (default: the executor's --tpu-zone)"] = None
+    num_workers: Annotated[int | None, Int(min=1), "tokenize and dedup: worker processes (speed only)"] = None
+    batch_size: Annotated[int | None, Int(min=1), "tokenize: documents per encode_batch call handed to a worker (speed only)"] = None
+    accelerator: Annotated[str | None, Text("an accelerator such as h100-8 or v5p-8", r"[a-z][a-z0-9]*(-[0-9]+)?"), "what `marin plan` prices (instead of tpu), e.g. for GPUs"] = None
+    peak_flops: Annotated[float | None, Number(gt=0), "train: peak FLOP/s of the devices, for the reported MFU"] = None
+    distributed: Annotated[Any, Distributed(), "train: join several processes ('auto' on a TPU VM); set per run on a pod"] = None
 
 
 @dataclass(frozen=True)
@@ -249,12 +288,12 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
         runtime = canonical_value(runtime, "runtime")
     except ConfigError as e:
         raise fail(e.field, e.message) from None
-    if "shards" in runtime:
-        shards = runtime["shards"]
-        if step not in SHARDED_STEPS:
-            raise fail("runtime.shards", f"only {' and '.join(SHARDED_STEPS)} run in shards; remove it from this {step} step")
-        if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
-            raise fail("runtime.shards", f"expected a whole number of shard jobs from 1 to {MAX_SHARDS}, got {got(shards)}")
+    if "shards" in runtime and step not in SHARDED_STEPS:
+        raise fail("runtime.shards", f"only {' and '.join(SHARDED_STEPS)} run in shards; remove it from this {step} step")
+    try:
+        check_fields(Runtime, runtime, "runtime")
+    except ConfigError as e:
+        raise fail(e.field, e.message) from None
     return step, config, deps, runtime, pin
 
 

@@ -3,11 +3,12 @@
 Model: the schema is generated, never written by hand: entry fields and key
 patterns come from the loader (experiment.py, identity.py; an entry has either
 `step:` or `adopt:`, whose fields come from marin_rules.adopt.AdoptConfig), and each built-in
-step's `config:` from the validation rules of its config dataclass
-(`BuiltinStep.settings`), so the editor checks what `load_experiment` checks. The
+step's `config:` and the entry's `runtime:` (experiment.Runtime) from the validation
+rules of their dataclasses (`BuiltinStep.settings`), so the editor checks what
+`load_experiment` checks. The
 loader still has the last word (relations between fields, findable user steps,
 deps that exist, cycles); sweep entries get the entry structure but a free-form
-`config:` (their values may be `{var}` placeholders). The committed copy is
+`config:` and `runtime:` values (they may be `{var}` placeholders). The committed copy is
 `schema/experiment.schema.json`; `python -m marin_rules.schema --write` renews it
 and a test fails when it is out of date. Point an editor at it with the first line
 `# yaml-language-server: $schema=<path or URL of experiment.schema.json>`.
@@ -15,16 +16,15 @@ and a test fails when it is out of date. Point an editor at it with the first li
 
 from __future__ import annotations
 
-from marin_rules.artifacts.shards import MAX_SHARDS
-
 import json
 import os
 import sys
 from typing import Any
 
-from marin_rules.experiment import ADOPT
+from marin_rules.experiment import ADOPT, Runtime
 from marin_rules.steps import BUILTIN_STEPS, USER_STEP, import_function
-from marin_rules.validation import json_schema
+from marin_rules.sweeps import MAX_SWEEP_ARTIFACTS
+from marin_rules.validation import json_schema, specs
 
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "schema", "experiment.schema.json")
 SEGMENT = "[a-z0-9][a-z0-9._-]*"
@@ -57,14 +57,8 @@ def experiment_schema() -> dict[str, Any]:
         },
         "config": {"description": "the step's settings; fingerprinted", "type": "object"},
         "runtime": {
-            "description": "where and how it runs (tpu, distributed, ...); recorded, not fingerprinted",
-            "type": "object",
-            "properties": {
-                "shards": {
-                    "description": "tokenize and dedup: how many shard jobs build it (any executor), then one gathers",
-                    "type": "integer", "minimum": 1, "maximum": MAX_SHARDS,
-                },
-            },
+            "description": "where and how it runs (tpu, zone, shards, ...); recorded, not fingerprinted",
+            **json_schema(Runtime),
         },
         "expect_fingerprint": {"description": "pin: loading fails if the recipe no longer fingerprints to this", "type": "string", "pattern": "^[0-9a-f]{16}$"},
         "description": {"type": "string"},
@@ -85,6 +79,8 @@ def experiment_schema() -> dict[str, Any]:
         })  # fmt: skip
     sweep_props = {
         **entry_props,
+        "runtime": {"description": entry_props["runtime"]["description"], "type": "object",
+                    "propertyNames": {"enum": [spec.name for spec in specs(Runtime)]}},  # values may be {var}
         "grid": {"description": "variable -> list of values (or {range: [start, stop]}); every combination",
                  "type": "object", "additionalProperties": {"anyOf": [{"type": "array", "minItems": 1}, _ref("range")]}},
         "cases": {"description": "a list of {variable: value}; one artifact each",
@@ -107,8 +103,9 @@ def experiment_schema() -> dict[str, Any]:
             "key": {"type": "string", "pattern": KEY_PATTERN, "description": "name@version, e.g. checkpoints/nano-moe@v1"},
             "mixture": {"type": "object", "minProperties": 1, "propertyNames": _ref("key"),
                         "additionalProperties": {"type": "number", "minimum": 0}},
-            "range": {"type": "object", "properties": {"range": {"type": "array", "items": {"type": "integer"}}},
-                      "required": ["range"], "additionalProperties": False},
+            "range": {"type": "object", "required": ["range"], "additionalProperties": False,
+                      "properties": {"range": {"description": f"[start, stop]: the integers start .. stop - 1 (at most {MAX_SWEEP_ARTIFACTS})",
+                                               "type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}}},
             "entry": {"type": "object", "properties": entry_props, "additionalProperties": False, "allOf": per_step,
                       "oneOf": [{"required": ["step"], "not": {"required": ["adopt"]}},
                                 {"required": ["adopt"], "not": {"anyOf": [{"required": [f]} for f in ("step", "config", "deps")]}}]},

@@ -1,8 +1,9 @@
 """Sweeps: one template entry expanded over a grid or a list of cases.
 
 Model: a sweep key is a `name@version` template with `{var}` placeholders; `grid:`
-(var -> list of values, or `{range: [start, stop]}`) expands to every combination,
-`cases:` to the listed ones. Each expansion substitutes the case into the key and
+(var -> list of values, or `{range: [start, stop]}`: the integers start .. stop - 1)
+expands to every combination, `cases:` to the listed ones; one sweep makes at most
+`MAX_SWEEP_ARTIFACTS` (10,000) artifacts, checked before any is expanded. Each expansion substitutes the case into the key and
 into every string of the entry; a string that is exactly `{var}` takes the value
 with its type. Two expansions that would share one key are refused, naming the
 variable the key leaves out.
@@ -11,14 +12,16 @@ variable the key leaves out.
 from __future__ import annotations
 
 import itertools
+import math
 import re
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from marin_rules.artifacts.errors import ExperimentError
 from marin_rules.validation import suggest_key
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 SWEEP_ONLY_FIELDS = {"grid", "cases"}
+MAX_SWEEP_ARTIFACTS = 10_000  # per sweep: beyond it, loading and planning take minutes
 
 
 def expand_sweep(template: Any, sweep: Any, entry_fields: Iterable[str]) -> Iterator[tuple[str, dict]]:
@@ -39,19 +42,31 @@ def expand_sweep(template: Any, sweep: Any, entry_fields: Iterable[str]) -> Iter
         if not isinstance(grid, Mapping) or not grid:
             raise ExperimentError(f"sweep {template}: grid: expected a mapping of variable -> list of values")
         names = list(grid)
-        columns = []
+        columns: list[Sequence[Any]] = []
         for name in names:
             values = grid[name]
             if isinstance(values, Mapping) and set(values) == {"range"}:
-                values = list(range(*values["range"]))
-            if not isinstance(values, list) or not values:
+                values = _range(template, name, values["range"])
+            if not isinstance(values, (list, range)) or not values:
                 raise ExperimentError(f"sweep {template}: grid.{name}: expected a non-empty list (or {{range: [start, stop]}})")
             columns.append(values)
+        count = math.prod(len(c) for c in columns)
+        if count > MAX_SWEEP_ARTIFACTS:
+            sizes = " x ".join(f"{len(c)} {n}" for n, c in zip(names, columns))
+            raise ExperimentError(
+                f"sweep {template}: grid: expands to {count} artifacts ({sizes}); a sweep makes at most "
+                f"{MAX_SWEEP_ARTIFACTS}: narrow the grid or split it into several sweeps"
+            )
         cases = [dict(zip(names, combo)) for combo in itertools.product(*columns)]
     else:
         cases = sweep["cases"]
         if not isinstance(cases, list) or not cases or not all(isinstance(c, Mapping) for c in cases):
             raise ExperimentError(f"sweep {template}: cases: expected a non-empty list of mappings")
+        if len(cases) > MAX_SWEEP_ARTIFACTS:
+            raise ExperimentError(
+                f"sweep {template}: cases: lists {len(cases)} cases; a sweep makes at most {MAX_SWEEP_ARTIFACTS} "
+                "artifacts: split it into several sweeps"
+            )
     used = set(PLACEHOLDER.findall(template))
     body = {k: v for k, v in sweep.items() if k not in ("grid", "cases")}
     form = "grid" if "grid" in sweep else "cases"
@@ -65,6 +80,26 @@ def expand_sweep(template: Any, sweep: Any, entry_fields: Iterable[str]) -> Iter
             raise ExperimentError(_collision(template, form, cases[first_case[key]], case, used, key))
         first_case[key] = i
         yield key, _substitute(body, case, template)
+
+
+def _range(template: str, name: str, bounds: Any) -> range:
+    """`{range: [start, stop]}`: the integers start, start + 1, ..., stop - 1."""
+    where = f"sweep {template}: grid.{name}.range"
+    ints = isinstance(bounds, list) and all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)
+    if not (ints and len(bounds) == 2):
+        raise ExperimentError(
+            f"{where}: expected two integers [start, stop] (giving start .. stop - 1), got {bounds!r}; "
+            f"list any other values instead, e.g. {name}: [0.5, 1, 2]"
+        )
+    start, stop = bounds
+    if start >= stop:
+        raise ExperimentError(f"{where}: start {start} must be below stop {stop} (the values are start .. stop - 1)")
+    if stop - start > MAX_SWEEP_ARTIFACTS:
+        raise ExperimentError(
+            f"{where}: [{start}, {stop}] gives {stop - start} values; a sweep makes at most {MAX_SWEEP_ARTIFACTS} "
+            "artifacts: narrow the range or split it into several sweeps"
+        )
+    return range(start, stop)
 
 
 def _collision(template: str, form: str, a: Mapping[str, Any], b: Mapping[str, Any], used: set[str], key: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -139,14 +140,21 @@ class OneOf(Rule):
 
 @dataclass(frozen=True)
 class Text(Rule):
+    """A non-empty string; with `pattern`, one that matches it whole (say its form in `what`)."""
+
     what: str = "a non-empty string"
+    pattern: str = ""  # a regular expression the whole string must match
 
     def check(self, value: Any, field: str) -> str:
         if not isinstance(value, str) or not value.strip():
             raise self.refuse(value, field)
+        if self.pattern and not re.fullmatch(self.pattern, value):
+            raise self.refuse(value, field)
         return value
 
     def schema(self) -> dict[str, Any]:
+        if self.pattern:
+            return {"type": "string", "pattern": f"^(?:{self.pattern})$"}
         return {"type": "string", "minLength": 1}
 
 

@@ -1,10 +1,15 @@
 """What the user typed: `--config` keys, the experiment file, the prefix, the targets.
 
 Model: every `--config KEY=VALUE` is checked before anything is planned or written.
-Keys are the glue's own (`GLUE_KEYS`) or an experiment file's top-level keys (an
-experiment given as `--configfile` lands in the config); anything else is refused in
-one line with the nearest known key, so `prefx=` never quietly builds into
-`./artifacts`. Values that travel to job processes (prefix, experiment, target) are
+Keys are the glue's own (`GLUE_KEYS`) or an experiment file's top-level keys with the
+file's own values (an experiment given as `--configfile` lands in the config; an
+`artifacts=` or `sweeps=` typed on the command line is refused, never ignored);
+anything else is refused in one line with the nearest known key, so `prefx=` never
+quietly builds into `./artifacts`. The text keys (`STRING_KEYS`) must be non-empty
+strings (`prefix=` is YAML null, not `./None`). The prefix is read in one place,
+`parse_prefix` (the `marin` command's too): a local folder, `file://` or `gs://`.
+Lease timings are finite, >= 0.01 s, and `lease_stale_s` > 2 x `lease_heartbeat_s`.
+Values that travel to job processes (prefix, experiment, target) are
 refused when they hold a quote, `$`, a backtick, a backslash or a control character:
 Snakemake re-quotes config values with `repr()` on the command lines of spawned and
 remote jobs, where a shell would expand them. Spaces and `;` work literally (every
@@ -25,12 +30,21 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.experiment import DEFAULT_EXPERIMENT, TOP_FIELDS, Experiment
 from marin_rules.steps import BUILTIN_STEPS
+from marin_rules.validation import is_number
 from marin_rules.validation import suggest_key as suggestion
 
 DEFAULT_PREFIX = "artifacts"
 CUSTOM_RULE = "custom"
 LEASE_KEYS = {"lease_wait", "lease_heartbeat_s", "lease_stale_s", "lease_poll_s"}
-GLUE_KEYS = {"experiment", "prefix", "target", "dev_user"} | LEASE_KEYS
+MIN_LEASE_S = 0.01  # below it, lease timings only hammer the storage
+STRING_KEYS = {  # the text-valued keys, and what each expects
+    "experiment": "an experiment file such as experiments/other.yaml",
+    "prefix": "a local folder, file:///path or gs://bucket/path",
+    "target": "name@version or a step kind such as train (comma-separate several)",
+    "dev_user": "a user name such as alice",
+}
+GLUE_KEYS = set(STRING_KEYS) | LEASE_KEYS
+GCS_URL = re.compile(r"gs://[a-z0-9][a-z0-9._-]*(/.*)?")
 UNSAFE = re.compile(r"['\"$`\\\x00-\x1f\x7f]")
 SECRET = re.compile(r"token|secret|password|passwd|key", re.IGNORECASE)
 REDACTED = "<redacted>"
@@ -42,31 +56,74 @@ def rule_of(step: str) -> str:
 
 
 def check_config(config: dict, configfiles: list[str]) -> None:
-    """Refuse unknown keys and unsafe values (one line each, before anything runs). Keys
-    from a `--configfile` are left to the experiment loader, which names the file."""
-    known = GLUE_KEYS | TOP_FIELDS
-    from_files = set().union(*(_top_keys(f) for f in configfiles))
+    """Refuse unknown keys, experiment sections given as `--config`, and bad or unsafe
+    values (one line each, before anything runs). Keys from a `--configfile` are left to
+    the experiment loader, which names the file."""
+    files = [_top_level(f) for f in configfiles]
     for key in config:
-        if key not in known and key not in from_files:
+        if key in GLUE_KEYS:
+            continue
+        if key in TOP_FIELDS and not any(key in data and data[key] == config[key] for data in files):
             raise MarinError(
-                f"--config {key}=...: unknown key{suggestion(key, known)}; "
+                f"--config {key}=...: an experiment's '{key}:' is read from its file only; write it in "
+                "the experiment file (the one given by --configfile or --config experiment=)"
+            )
+        if not any(key in data for data in files):
+            raise MarinError(
+                f"--config {key}=...: unknown key{suggestion(key, GLUE_KEYS | TOP_FIELDS)}; "
                 f"marin-rules reads {', '.join(sorted(GLUE_KEYS))}"
             )
-    for key in ("experiment", "prefix", "target", "dev_user"):
-        value = config.get(key)
-        if value is None:
+    for key, what in STRING_KEYS.items():
+        if key not in config:
             continue
-        found = UNSAFE.search(str(value))
+        value = config[key]
+        if not isinstance(value, str) or not value.strip():
+            raise MarinError(f"--config {key}={_shown(value)}: expected {what}, got {_kind(value)}")
+        found = UNSAFE.search(value)
         if found:
             raise MarinError(
                 f"--config {key}=: holds {found.group()!r}; quotes, $, backticks, backslashes and "
                 "line breaks are refused in paths and names (Snakemake passes them on to job command lines)"
             )
+    check_lease_settings(config)
+
+
+def check_lease_settings(config: dict) -> None:
+    """The lease timings: finite numbers of seconds >= `MIN_LEASE_S`, and a lease that
+    stays fresh through one late renewal: `lease_stale_s` > 2 x `lease_heartbeat_s`
+    (the holder loses a lease not renewed for `lease_stale_s`, and renews it every
+    `lease_heartbeat_s`); each side defaults to the lease module's value."""
+    from marin_rules.artifacts import lease
+
     for key in ("lease_heartbeat_s", "lease_stale_s", "lease_poll_s"):
-        if key in config and not _positive(config[key]):
-            raise MarinError(f"--config {key}={config[key]}: expected a number of seconds > 0")
+        if key in config and not (is_number(config[key]) and config[key] >= MIN_LEASE_S):
+            raise MarinError(f"--config {key}={_shown(config[key])}: expected a finite number of seconds >= {MIN_LEASE_S}")
+    beat = config.get("lease_heartbeat_s", lease.HEARTBEAT_S)
+    stale = config.get("lease_stale_s", lease.STALE_S)
+    if stale <= 2 * beat:
+        given = " ".join(f"{k}={config[k]}" for k in ("lease_heartbeat_s", "lease_stale_s") if k in config)
+        raise MarinError(
+            f"--config {given}: lease_stale_s ({stale:g} s) must be more than twice lease_heartbeat_s ({beat:g} s), "
+            "or a lease is lost whenever one renewal is late; raise lease_stale_s or lower lease_heartbeat_s"
+        )
     if "lease_wait" in config and _flag(config["lease_wait"]) is None:
-        raise MarinError(f"--config lease_wait={config['lease_wait']}: expected true or false")
+        raise MarinError(f"--config lease_wait={_shown(config['lease_wait'])}: expected true or false")
+
+
+def _shown(value: Any) -> str:
+    """A `--config` value as the user typed it (`prefix=` for nothing)."""
+    return "" if value is None else str(value) if isinstance(value, (str, int, float)) else repr(value)
+
+
+def _kind(value: Any) -> str:
+    """What Snakemake made of a value that is not text."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return "nothing (leave the key out for the default)"
+    if isinstance(value, bool):
+        return f"the yes/no value {value}"
+    if isinstance(value, (int, float)):
+        return f"the number {value} (Snakemake reads digits as a number)"
+    return f"a {'list' if isinstance(value, list) else 'mapping' if isinstance(value, dict) else type(value).__name__}"
 
 
 def dev_user(config: dict) -> str | None:
@@ -83,17 +140,14 @@ def _flag(value: Any) -> bool | None:
     return {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}.get(str(value).lower())
 
 
-def _top_keys(path: str) -> set[str]:
+def _top_level(path: str) -> dict:
+    """A `--configfile`'s top-level mapping ({} when unreadable: the loader reports it)."""
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except (OSError, yaml.YAMLError):
-        return set()
-    return set(data) if isinstance(data, dict) else set()
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def lease_options(config: dict) -> str:
@@ -108,18 +162,37 @@ def lease_options(config: dict) -> str:
 
 
 def checked_prefix(config: dict) -> str:
-    """The prefix (`--config prefix=`, default `artifacts`); refused when it is a file."""
-    prefix = str(config.get("prefix", DEFAULT_PREFIX)).rstrip("/") or DEFAULT_PREFIX
-    if prefix.startswith("file://"):
-        prefix = storage.local_path(prefix)
-    if not storage.is_remote(prefix):
-        probe = os.path.abspath(prefix)
-        while probe and not os.path.exists(probe):
-            probe = os.path.dirname(probe)
-        if os.path.exists(probe) and not os.path.isdir(probe):
-            raise MarinError(
-                f"--config prefix={prefix}: {probe} is a file, not a folder; give a folder for the artifacts"
-            )
+    """The prefix of `--config prefix=` (default `artifacts`): see `parse_prefix`."""
+    return parse_prefix(config.get("prefix", DEFAULT_PREFIX), "--config prefix=")
+
+
+def parse_prefix(text: Any, option: str) -> str:
+    """The one reading of a prefix, for snakemake (`option` = "--config prefix=") and
+    `marin` ("--prefix "): a local folder (a `file://` URL is read as its path) or
+    `gs://bucket[/path]`, without a trailing `/`. Anything else is refused in one line:
+    other URL schemes (leases need conditional writes, which only these have), a local
+    path that is or lies under a file, nothing at all."""
+    if not isinstance(text, str) or not text.strip():
+        raise MarinError(f"{option}{_shown(text)}: expected {STRING_KEYS['prefix']}, got {_kind(text)}")
+    scheme = text.split("://", 1)[0] if "://" in text else ""
+    if scheme not in ("", "file", "gs"):
+        raise MarinError(
+            f"{option}{text}: {scheme}:// is not supported; give {STRING_KEYS['prefix']} "
+            "(leases need the conditional writes of a local filesystem or Google Cloud Storage)"
+        )
+    if scheme == "gs":
+        if not GCS_URL.fullmatch(text):
+            raise MarinError(f"{option}{text}: expected gs://bucket or gs://bucket/path (a bucket name of a-z, 0-9, ., _, -)")
+        return text.rstrip("/")
+    path = storage.local_path(text)
+    if not path:
+        raise MarinError(f"{option}{text}: expected {STRING_KEYS['prefix']}, got nothing after file://")
+    prefix = path.rstrip("/") or path
+    probe = os.path.abspath(prefix)
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if os.path.exists(probe) and not os.path.isdir(probe):
+        raise MarinError(f"{option}{text}: {probe} is a file, not a folder; give a folder for the artifacts")
     return prefix
 
 

@@ -108,9 +108,10 @@ class Session:
         return [f"{root}/{s.folder}/{SHARD_RECORD}" for s in all_shards(shard_count(artifact.runtime))]
 
     def shard_threads(self, wildcards) -> int:
-        """A shard job's threads: its tokenizer/signing processes (`num_workers`)."""
+        """A shard job's threads: its tokenizer/signing processes (`num_workers` of the
+        runtime, else of the config: integers >= 1, both checked at load)."""
         artifact = self.experiment.by_path[wildcards.artifact]
-        return max(1, int(artifact.runtime.get("num_workers") or artifact.config.get("num_workers") or 1))
+        return artifact.runtime.get("num_workers") or artifact.config.get("num_workers") or 1
 
     def constraint(self, rule: str) -> str:
         """Regex for the `artifact` wildcard: exactly the artifacts this rule builds."""
@@ -140,17 +141,15 @@ class Session:
         }  # fmt: skip
 
     def tpu(self, wildcards) -> str:
-        """The `tpu` resource: the artifact's runtime.tpu; "default" for training jobs
-        that name none (the executor's --tpu-type), "" (this host) for other steps."""
+        """The `tpu` resource: the artifact's runtime.tpu (its form checked at load:
+        `experiment.Runtime`); "default" for training jobs that name none (the
+        executor's --tpu-type), "" (this host) for other steps."""
         artifact = self.experiment.by_path[wildcards.artifact]
-        tpu = artifact.runtime.get("tpu")
-        if tpu:
-            return str(tpu)
-        return "default" if artifact.step == "train" else ""
+        return artifact.runtime.get("tpu") or ("default" if artifact.step == "train" else "")
 
     def tpu_zone(self, wildcards) -> str:
         """The `tpu_zone` resource: the artifact's runtime.zone, or "" (the executor's)."""
-        return str(self.experiment.by_path[wildcards.artifact].runtime.get("zone") or "")
+        return self.experiment.by_path[wildcards.artifact].runtime.get("zone") or ""
 
     # ---- forcing -----------------------------------------------------------------
     def is_forced(self, key: str) -> bool:

@@ -1,0 +1,249 @@
+"""What a user types is checked before anything runs: an entry's whole `runtime:`
+(whose `tpu` and `zone` reach the TPU executor's shell commands), sweep ranges and
+sizes, the `--config` values (text keys, lease timings, experiment sections), and the
+prefix, read in one place for snakemake and `marin`. Each refusal is one line naming
+the artifact or option and the field; nothing is written."""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+import jsonschema
+import pytest
+
+from conftest import REPO
+from marin_rules.artifacts.errors import MarinError
+from marin_rules.cli import main as marin
+from marin_rules.experiment import build_experiment
+from marin_rules.sweeps import MAX_SWEEP_ARTIFACTS
+from marin_rules.workflow.options import check_config, checked_prefix, lease_options, parse_prefix
+from marin_rules.workflow.session import Session
+
+TOK = {"step": "tokenize", "deps": {"corpus": "raw/a@v1", "tokenizer": "tok/t@v1"}}
+CHAIN = {"raw/a@v1": {"step": "download"}, "tok/t@v1": {"step": "train_tokenizer", "deps": {"corpus": "raw/a@v1"},
+         "config": {"vocab_size": 512}}}  # fmt: skip
+
+
+def with_runtime(key: str, runtime: dict) -> dict:
+    """The chain plus a tokenize entry, `key`'s runtime set."""
+    artifacts = {**CHAIN, "data/x@v1": dict(TOK)}
+    artifacts[key] = {**artifacts[key], "runtime": runtime}
+    return {"artifacts": artifacts}
+
+
+def refusal(data: dict) -> str:
+    with pytest.raises(MarinError) as e:
+        build_experiment(data, "exp.yaml")
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+# ---- runtime ---------------------------------------------------------------------------
+
+
+def test_runtime_tpu_with_a_newline_is_refused_at_load():
+    message = refusal(with_runtime("data/x@v1", {"tpu": "v5p-8\ntouch /tmp/pwned #"}))
+    assert message.startswith("data/x@v1: runtime.tpu: expected an accelerator type such as v5p-8")
+
+
+def test_runtime_zone_with_a_command_substitution_is_refused_at_load():
+    message = refusal(with_runtime("data/x@v1", {"zone": "us-east5-a$(touch /tmp/pwned)"}))
+    assert message.startswith("data/x@v1: runtime.zone: expected a zone such as us-east5-a")
+
+
+@pytest.mark.parametrize("runtime", [{"tpu": 8}, {"tpu": "V5P-8"}, {"tpu": "v5p-8 "}, {"tpu": ""}, {"zone": "us-east5"},
+                                     {"zone": ["us-east5-a"]}, {"num_workers": 0}, {"num_workers": True},
+                                     {"batch_size": 1.5}, {"peak_flops": -1}, {"accelerator": "h100 x8"},
+                                     {"distributed": {"num_processes": 2}}, {"shards": 0}])  # fmt: skip
+def test_runtime_values_not_of_their_form_are_refused_naming_the_field(runtime):
+    (field,) = runtime
+    assert refusal(with_runtime("data/x@v1", runtime)).startswith(f"data/x@v1: runtime.{field}")
+
+
+def test_runtime_key_nothing_reads_is_refused_with_the_nearest_known_one():
+    message = refusal(with_runtime("data/x@v1", {"zoen": "us-east5-a"}))
+    assert message.startswith("data/x@v1: runtime.zoen: unknown setting (did you mean zone?); known: ")
+
+
+def test_runtime_num_workers_lots_is_refused_at_load_not_in_shard_threads():
+    assert refusal(with_runtime("data/x@v1", {"num_workers": "lots"})) == (
+        "data/x@v1: runtime.num_workers: expected an integer >= 1, got 'lots'"
+    )
+
+
+def test_runtime_of_every_documented_form_loads_and_is_kept_as_given():
+    runtime = {"tpu": "v5litepod-16", "zone": "europe-west4-b", "shards": 2, "num_workers": 2, "batch_size": 64,
+               "peak_flops": 1.0e11, "accelerator": "h100-8", "distributed": "auto"}  # fmt: skip
+    experiment = build_experiment(with_runtime("data/x@v1", runtime))
+    assert experiment["data/x@v1"].runtime == runtime
+    for tpu in ("v5p-8", "v6e-8", "default"):
+        assert build_experiment(with_runtime("raw/a@v1", {"tpu": tpu}))["raw/a@v1"].runtime == {"tpu": tpu}
+
+
+def test_session_resources_are_the_checked_runtime_values():
+    runtime = {"tpu": "v6e-8", "zone": "us-east5-a", "shards": 2, "num_workers": 3}
+    experiment = build_experiment(with_runtime("data/x@v1", runtime))
+    session = SimpleNamespace(experiment=experiment)
+    wildcards = SimpleNamespace(artifact="data/x/v1")
+    assert Session.tpu(session, wildcards) == "v6e-8"
+    assert Session.tpu_zone(session, wildcards) == "us-east5-a"
+    assert Session.shard_threads(session, wildcards) == 3
+    plain = SimpleNamespace(artifact="raw/a/v1")
+    assert (Session.tpu(session, plain), Session.tpu_zone(session, plain), Session.shard_threads(session, plain)) == ("", "", 1)
+
+
+def test_schema_and_loader_agree_on_runtime():
+    validator = jsonschema.Draft7Validator(json.loads((REPO / "schema" / "experiment.schema.json").read_text()))
+    good = {"tpu": "v5p-8", "zone": "us-east5-a", "num_workers": 2, "distributed": "auto"}
+    assert not list(validator.iter_errors(with_runtime("raw/a@v1", good)))
+    build_experiment(with_runtime("raw/a@v1", good))
+    for bad in ({"tpu": "v5p-8\ntouch x"}, {"zone": "us-east5-a$(x)"}, {"num_workers": "lots"}, {"region": "us"}):
+        assert list(validator.iter_errors(with_runtime("raw/a@v1", bad))), bad
+        refusal(with_runtime("raw/a@v1", bad))
+
+
+# ---- sweeps ----------------------------------------------------------------------------
+
+
+def sweep(grid: dict, template: str = "s/n{i}@v1") -> dict:
+    return {"sweeps": {template: {"step": "download", "grid": grid}}}
+
+
+@pytest.mark.parametrize("bounds", [[0.5, 3], "1-5", [0, 6, 2], [1], [True, 3], None])
+def test_sweep_range_that_is_not_two_integers_is_one_line_not_a_traceback(bounds):
+    message = refusal(sweep({"i": {"range": bounds}}))
+    assert message.startswith(f"sweep s/n{{i}}@v1: grid.i.range: expected two integers [start, stop] (giving start .. stop - 1), got {bounds!r}")
+
+
+def test_sweep_range_with_start_not_below_stop_is_refused():
+    assert "start 5 must be below stop 2" in refusal(sweep({"i": {"range": [5, 2]}}))
+
+
+def test_sweep_range_of_ten_million_is_refused_at_once_naming_the_cap():
+    started = time.monotonic()
+    message = refusal(sweep({"i": {"range": [0, 10_000_000]}}))
+    assert time.monotonic() - started < 1.0
+    assert f"at most {MAX_SWEEP_ARTIFACTS} artifacts" in message and "grid.i.range" in message
+
+
+def test_sweep_grid_whose_product_passes_the_cap_is_refused_before_expanding():
+    message = refusal(sweep({"i": {"range": [0, 101]}, "j": list(range(100))}, "s/n{i}-{j}@v1"))
+    assert message.startswith("sweep s/n{i}-{j}@v1: grid: expands to 10100 artifacts (101 i x 100 j)")
+
+
+def test_sweep_range_gives_start_to_stop_minus_one():
+    assert list(build_experiment(sweep({"i": {"range": [2, 5]}})).artifacts) == ["s/n2@v1", "s/n3@v1", "s/n4@v1"]
+
+
+# ---- --config values -------------------------------------------------------------------
+
+
+def config_refusal(config: dict, configfiles: list[str] | None = None) -> str:
+    with pytest.raises(MarinError) as e:
+        check_config(config, configfiles or [])
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_config_prefix_given_nothing_is_refused_instead_of_building_into_None():
+    assert config_refusal({"prefix": None}) == (
+        "--config prefix=: expected a local folder, file:///path or gs://bucket/path, got nothing "
+        "(leave the key out for the default)"
+    )
+
+
+def test_config_prefix_given_a_list_says_a_string_is_expected():
+    message = config_refusal({"prefix": ["a", "b"]})
+    assert message == "--config prefix=['a', 'b']: expected a local folder, file:///path or gs://bucket/path, got a list"
+
+
+@pytest.mark.parametrize("key", ["experiment", "prefix", "target", "dev_user"])
+@pytest.mark.parametrize("value", [None, "", "  ", 5, True, {"a": "b"}])
+def test_config_text_keys_refuse_nothing_and_non_strings(key, value):
+    assert config_refusal({key: value}).startswith(f"--config {key}=")
+
+
+def test_config_artifacts_and_sweeps_are_refused_not_ignored():
+    assert config_refusal({"artifacts": {"raw/a@v1": {"step": "download"}}}).startswith(
+        "--config artifacts=...: an experiment's 'artifacts:' is read from its file only"
+    )
+    assert config_refusal({"sweeps": 5}).startswith("--config sweeps=...: an experiment's 'sweeps:' is read from its file only")
+
+
+def test_config_keys_of_an_experiment_configfile_pass_but_overriding_them_is_refused(tmp_path):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("artifacts:\n  raw/a@v1: {step: download}\n")
+    from_file = {"artifacts": {"raw/a@v1": {"step": "download"}}}
+    check_config(from_file, [str(exp)])
+    overridden = {"artifacts": {"raw/a@v1": {"step": "download"}, "raw/b@v1": {"step": "download"}}}
+    assert config_refusal(overridden, [str(exp)]).startswith("--config artifacts=...")
+
+
+# ---- lease settings ----------------------------------------------------------------------
+
+
+def test_lease_stale_at_or_below_twice_the_heartbeat_is_refused_stating_the_rule():
+    assert config_refusal({"lease_stale_s": 30}) == (
+        "--config lease_stale_s=30: lease_stale_s (30 s) must be more than twice lease_heartbeat_s (30 s), or a "
+        "lease is lost whenever one renewal is late; raise lease_stale_s or lower lease_heartbeat_s"
+    )
+    assert "must be more than twice" in config_refusal({"lease_heartbeat_s": 0.5, "lease_stale_s": 1.0})
+    assert "must be more than twice" in config_refusal({"lease_heartbeat_s": 45})  # against the default 90 s
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 0.001, 0, -1, "soon", True])
+@pytest.mark.parametrize("key", ["lease_heartbeat_s", "lease_stale_s", "lease_poll_s"])
+def test_lease_timings_not_finite_or_below_a_hundredth_of_a_second_are_refused(key, value):
+    assert config_refusal({key: value}).endswith("expected a finite number of seconds >= 0.01")
+
+
+def test_lease_defaults_and_the_documented_and_tested_timings_pass():
+    for config in ({}, {"lease_heartbeat_s": 30, "lease_stale_s": 90, "lease_poll_s": 5},
+                   {"lease_heartbeat_s": 0.3, "lease_stale_s": 1.5, "lease_poll_s": 0.1}, {"lease_poll_s": 0.01}):  # fmt: skip
+        check_config(config, [])
+    assert lease_options({"lease_heartbeat_s": 0.3, "lease_stale_s": 1.5}) == "wait=1,heartbeat_s=0.3,stale_s=1.5,poll_s=5.0"
+
+
+# ---- the prefix ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/x", "memory://x", "http://host/x"])
+def test_prefix_with_an_unsupported_scheme_is_refused_in_one_line(url):
+    scheme = url.split("://")[0]
+    with pytest.raises(MarinError, match=rf"^--config prefix={url}: {scheme}:// is not supported; give a local folder"):
+        checked_prefix({"prefix": url})
+
+
+def test_prefix_forms_that_are_supported_are_read_the_same_everywhere(tmp_path):
+    assert parse_prefix("gs://bucket/marin/", "--prefix ") == "gs://bucket/marin"
+    assert parse_prefix(f"file://{tmp_path}/art/", "--prefix ") == f"{tmp_path}/art"
+    assert checked_prefix({"prefix": "art/"}) == "art" and checked_prefix({}) == "artifacts"
+    with pytest.raises(MarinError, match=r"^--prefix gs://: expected gs://bucket"):
+        parse_prefix("gs://", "--prefix ")
+
+
+def test_marin_prefix_with_an_unsupported_scheme_or_naming_a_file_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exp.yaml").write_text("artifacts:\n  raw/a@v1: {step: download}\n")
+    (tmp_path / "afile").write_text("x")
+    assert marin(["status", "exp.yaml", "--prefix", "s3://bucket/x"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("marin: --prefix s3://bucket/x: s3:// is not supported") and err.count("\n") == 1
+    assert marin(["status", "exp.yaml", "--prefix", str(tmp_path / "afile")]) == 1
+    err = capsys.readouterr().err
+    assert "afile is a file, not a folder" in err and "Traceback" not in err and err.count("\n") == 1
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+@pytest.mark.parametrize("prefix,message", [("", "--config prefix=: expected a local folder"),
+                                            ("s3://bucket/x", "--config prefix=s3://bucket/x: s3:// is not supported")])  # fmt: skip
+def test_snakemake_with_an_empty_or_unsupported_prefix_stops_in_one_line_writing_nothing(tmp_path, snakemake_cmd, prefix, message):
+    (tmp_path / "exp.yaml").write_text("artifacts:\n  raw/a@v1: {step: download}\n")
+    proc = snakemake_cmd("-n", "--configfile", "exp.yaml", "--config", f"prefix={prefix}", cwd=tmp_path, check=False)
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("marin-rules: ")]
+    assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith(f"marin-rules: {message}"), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "None").exists() and not (tmp_path / "artifacts").exists()
