@@ -21,6 +21,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -33,7 +34,8 @@ import pytest
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
-from marin_rules.artifacts.lease import LeaseHeld, acquire, read_lease
+from marin_rules.artifacts.lease import LeaseHeld, acquire, pid_namespace, read_lease
+from marin_rules.artifacts.provenance import iso, utc_now
 
 WORKER = r'''
 import os, sys, threading, time
@@ -212,7 +214,7 @@ def test_two_processes_contending_build_once_and_the_other_serves_it(place, tmp_
     assert len(builds(tmp_path)) == 1 and read_lease(location) is None
 
 
-def test_a_holder_killed_by_sigkill_is_taken_over_after_staleness(place, tmp_path):
+def test_a_holder_on_another_host_killed_by_sigkill_is_taken_over_after_staleness(place, tmp_path):
     location, env = place
     first = start(location, env, tmp_path)
     wait_for(lambda: len(builds(tmp_path)) == 1, what="the first build")
@@ -220,6 +222,9 @@ def test_a_holder_killed_by_sigkill_is_taken_over_after_staleness(place, tmp_pat
     first.wait(timeout=30)
     dead = read_lease(location)
     assert dead is not None and dead.pid == first.pid
+    # as if it ran on another machine: its pid cannot be checked from here, only its age
+    moved = json.loads(storage.read_bytes(location + "/.lease.json"))
+    storage.write_bytes_atomic(location + "/.lease.json", json.dumps({**moved, "host": "another-host"}).encode())
     second = start(location, env, tmp_path)
     wait_for(lambda: len(builds(tmp_path)) == 2, what="the takeover")
     took_over_at = float(builds(tmp_path)[1].split()[1])
@@ -266,6 +271,81 @@ def test_without_waiting_a_live_holder_is_reported_by_name(tmp_path):
         lease.release()
     assert read_lease(location) is None
     lease.release()  # idempotent
+
+
+def write_lease(location: str, **fields) -> None:
+    now = iso(utc_now())
+    holder = {"user": "someone", "host": "another-host", "pid": os.getpid(), "since": now, "renewed": now,
+              "token": "f" * 32, **fields}  # fmt: skip
+    storage.makedirs(location)
+    storage.write_bytes_atomic(location + "/.lease.json", json.dumps(holder).encode())
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=60)  # reaped: the pid no longer exists
+    return proc.pid
+
+
+def test_a_dead_holder_on_this_host_is_taken_over_at_once_saying_so(tmp_path, capsys):
+    location = str(tmp_path / "a" / "v1")
+    pid = dead_pid()
+    here = pid_namespace()
+    write_lease(location, host=socket.gethostname(), pid=pid, pid_namespace=here)  # renewed just now: not stale
+    since = read_lease(location).since
+    lease = acquire(location, is_done=lambda: False, wait=False, stale_s=3600)
+    try:
+        assert lease.holder.pid == os.getpid()
+        err = capsys.readouterr().err
+        assert err == (f"{location}/.lease.json: holder someone@{socket.gethostname()} pid {pid} since "
+                       f"{since} is no longer running "
+                       "on this host; taking the lease over\n")  # fmt: skip
+    finally:
+        lease.release()
+
+
+@pytest.mark.parametrize(
+    "host, pid, namespace",
+    [("this host", "this process", "this one"), ("another-host", "dead", "this one"),
+     ("this host", "dead", "another container's"), ("this host", "dead", "none (an older lease)")],
+)  # fmt: skip
+def test_a_live_holder_or_a_dead_pid_elsewhere_still_holds_the_lease(tmp_path, host, pid, namespace):
+    """Elsewhere: another host, or this host's name in another pid namespace (containers
+    sharing a host name, e.g. docker --network host), or a lease that does not say."""
+    location = str(tmp_path / "a" / "v1")
+    ns = {"this one": pid_namespace(), "another container's": "pid:[1]"}.get(namespace)
+    write_lease(location, host=socket.gethostname() if host == "this host" else host,
+                pid=os.getpid() if pid == "this process" else dead_pid(),
+                **({"pid_namespace": ns} if ns is not None else {}))  # fmt: skip
+    with pytest.raises(LeaseHeld, match=r"\(lease renewed 0 s ago\)"):
+        acquire(location, is_done=lambda: False, wait=False, stale_s=3600)
+
+
+@pytest.mark.parametrize("fields, why", [
+    ({"renewed": "2099-01-01T00:00:00.000Z"}, "renewed 2099-01-01T00:00:00.000Z, more than 300 s in the future"),
+    ({"since": "x"}, "since 'x' is not an ISO time with a zone"),
+    ({"renewed": "2026-01-01T00:00:00"}, "renewed '2026-01-01T00:00:00' is not an ISO time with a zone"),
+    ({"pid": "12"}, "pid or host is not a number or a name"),
+])  # fmt: skip
+def test_a_lease_with_impossible_times_is_unreadable_and_taken_over_naming_the_file(tmp_path, capsys, fields, why):
+    location = str(tmp_path / "a" / "v1")
+    write_lease(location, **fields)
+    assert read_lease(location) is None
+    lease = acquire(location, is_done=lambda: False, wait=False, stale_s=3600)
+    try:
+        assert capsys.readouterr().err == f"{location}/.lease.json: unreadable lease ({why}); taking it over\n"
+        assert read_lease(location) == lease.holder
+    finally:
+        lease.release()
+
+
+def test_a_lease_renewed_slightly_ahead_by_a_skewed_clock_is_live_and_never_shows_a_negative_age(tmp_path):
+    import datetime as _dt
+
+    location = str(tmp_path / "a" / "v1")
+    write_lease(location, renewed=iso(utc_now() + _dt.timedelta(seconds=120)))
+    with pytest.raises(LeaseHeld, match=r"\(lease renewed 0 s ago\)"):
+        acquire(location, is_done=lambda: False, wait=False, stale_s=3600)
 
 
 def test_a_finished_artifact_is_served_without_taking_the_lease(tmp_path):

@@ -156,6 +156,28 @@ def killed_at_10(baseline_output: Path, dest: Path) -> Path:
     return dest
 
 
+def test_a_damaged_last_checkpoint_is_set_aside_and_the_run_resumes_bitwise_from_the_one_before(baseline, tokens, cache, tmp_path):
+    result, baseline_output = baseline
+    output = tmp_path / "artifact"
+    shutil.copytree(baseline_output, output)
+    for name in ("model.json", "loss.png"):  # as if stopped right after saving the last checkpoint
+        (output / name).unlink()
+    chunk = sorted((output / "checkpoints" / str(STEPS) / "model").glob("params.*/0*"))[0]
+    chunk.write_bytes(os.urandom(chunk.stat().st_size))
+    spec = runs.write_spec(tmp_path / "spec.json", output=str(output), config=runs.tiny_config(), data=tokens,
+                           compile_cache=cache)  # fmt: skip
+    resumed = runs.run(spec, runs.train_env(1), tmp_path / "log")
+    assert resumed["resumed_from_step"] == 10
+    assert_same_run(resumed, output, result, baseline_output)  # bitwise, as if never damaged
+    err = runs.tail(tmp_path / "log")
+    bad = output / "checkpoints" / str(STEPS)
+    assert f"{bad}: checkpoint {STEPS} does not restore (ValueError: " in err and "TensorStore(" not in err
+    (aside,) = (output / "checkpoints").glob(f"{STEPS}.damaged-*")
+    assert f"{bad}: set aside as {aside}; resuming from checkpoint 10\n" in err
+    assert (aside / chunk.relative_to(bad)).read_bytes() != (baseline_output / chunk.relative_to(output)).read_bytes()
+    assert (bad / "commit_success.txt").exists()  # saved again by the resumed run
+
+
 def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 

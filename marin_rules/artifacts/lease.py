@@ -20,6 +20,13 @@ writer last saw, so of two contenders exactly one wins:
   `ifGenerationMatch`); acquisition therefore also reads the lease back and proceeds
   only when its own token is there, which narrows but cannot close that window.
 
+Trust in what a lease says: a lease that is garbled, whose `since`/`renewed` is not an
+ISO time with a zone, or whose `renewed` lies more than `SKEW_S` (5 min) in the future
+(a wrong clock: it would never go stale) is unreadable and taken over, saying so in one
+line naming `.lease.json`. A holder on this host (`host` is `socket.gethostname()`)
+and in this pid namespace (`pid_namespace`) whose pid no longer exists is dead: its
+lease is taken over at once instead of after `stale_s`. Each takeover prints one line on stderr.
+
 Beyond Marin (#8107): the heartbeat notices when the lease was taken over or deleted
 and calls `on_lost(reason)` once; `still_held()` re-reads the lease right before the
 success record is written (fencing), so a holder that lost its lease never records a
@@ -32,6 +39,7 @@ import datetime as dt
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -47,6 +55,7 @@ LEASE_FILE = ".lease.json"
 HEARTBEAT_S = 30.0
 STALE_S = 90.0
 POLL_S = 5.0
+SKEW_S = 300.0  # a lease renewed further in the future than this is unreadable, not live
 
 
 @dataclass(frozen=True)
@@ -57,14 +66,35 @@ class LeaseHolder:
     since: str
     renewed: str
     token: str
+    pid_namespace: str = ""  # this process's /proc/self/ns/pid ("" where there is none, or in older leases)
 
     def describe(self) -> str:
         return f"{self.user or 'unknown'}@{self.host} pid {self.pid} since {self.since}"
 
     def age_s(self, now: dt.datetime | None = None) -> float:
         """Seconds since the last renewal (by this machine's clock)."""
-        renewed = dt.datetime.fromisoformat(self.renewed.replace("Z", "+00:00"))
-        return ((now or utc_now()) - renewed).total_seconds()
+        return ((now or utc_now()) - _instant(self.renewed)).total_seconds()
+
+    def problem(self) -> str | None:
+        """Why this lease cannot be trusted, or None: a time that is not an ISO time with
+        a zone, or a renewal further in the future than clocks disagree (`SKEW_S`)."""
+        for name in ("since", "renewed"):
+            try:
+                _instant(getattr(self, name))
+            except (ValueError, TypeError, AttributeError):
+                return f"{name} {getattr(self, name)!r} is not an ISO time with a zone"
+        if self.age_s() < -SKEW_S:
+            return f"renewed {self.renewed}, more than {SKEW_S:.0f} s in the future"
+        if not isinstance(self.pid, int) or isinstance(self.pid, bool) or not isinstance(self.host, str):
+            return "pid or host is not a number or a name"
+        return None
+
+
+def _instant(text: str) -> dt.datetime:
+    instant = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if instant.tzinfo is None:
+        raise ValueError(f"{text!r} has no zone")
+    return instant
 
 
 class LeaseHeld(MarinError):
@@ -73,7 +103,7 @@ class LeaseHeld(MarinError):
     def __init__(self, location: str, holder: LeaseHolder, detail: str = ""):
         self.holder = holder
         super().__init__(
-            f"{location}: being built by {holder.describe()} (lease renewed {holder.age_s():.0f} s ago){detail}; "
+            f"{location}: being built by {holder.describe()} (lease renewed {max(0.0, holder.age_s()):.0f} s ago){detail}; "
             "wait for it to finish, or run again later"
         )
 
@@ -87,17 +117,71 @@ def _encode(holder: LeaseHolder) -> bytes:
     return (json.dumps(asdict(holder), sort_keys=True) + "\n").encode("utf-8")
 
 
-def _decode(data: bytes | None) -> LeaseHolder | None:
-    """The holder in a lease file's bytes; None when there is none or it is unreadable."""
+def _unreadable(data: bytes | None) -> str | None:
+    """Why a lease file's bytes hold no usable holder (None: absent or fine)."""
     if data is None:
         return None
     try:
         fields = json.loads(data)
-        holder = LeaseHolder(**{k: fields[k] for k in LeaseHolder.__dataclass_fields__})
-        holder.age_s()
-        return holder
-    except (ValueError, TypeError, KeyError, AttributeError):
+        holder = _holder(fields)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        return f"not a lease ({type(e).__name__})"
+    return holder.problem()
+
+
+def _decode(data: bytes | None) -> LeaseHolder | None:
+    """The holder in a lease file's bytes; None when there is none or it is unreadable
+    (`_unreadable`: garbled, bad times, renewed in the future)."""
+    if data is None or _unreadable(data) is not None:
         return None
+    return _holder(json.loads(data))
+
+
+def _holder(fields: dict) -> LeaseHolder:
+    """A LeaseHolder from a lease's JSON fields (`pid_namespace` is optional: older leases lack it)."""
+    return LeaseHolder(
+        **{k: fields[k] for k in LeaseHolder.__dataclass_fields__ if k != "pid_namespace"},
+        pid_namespace=fields.get("pid_namespace", ""),
+    )
+
+
+def pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")  # e.g. pid:[4026531836]
+    except OSError:
+        return ""
+
+
+def _gone(holder: LeaseHolder) -> bool:
+    """True when the holder ran on this host, in this pid namespace (containers sharing a
+    host name, e.g. docker --network host, number their processes apart), and its
+    process no longer exists."""
+    here = pid_namespace()
+    if holder.host != socket.gethostname() or holder.pid <= 0 or not here or holder.pid_namespace != here:
+        return False
+    try:
+        os.kill(holder.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # exists, another user's
+        return False
+    return False
+
+
+def _takeover_reason(location: str, data: bytes | None, current: LeaseHolder | None, stale_s: float) -> str | None:
+    """One line on why the lease in `data` may be taken over; None when it may not
+    (a live holder). No lease at all: an empty reason."""
+    where = storage.join(location, LEASE_FILE)
+    if data is None:
+        return ""
+    if current is None:
+        return f"{where}: unreadable lease ({_unreadable(data)}); taking it over"
+    if _gone(current):
+        return f"{where}: holder {current.describe()} is no longer running on this host; taking the lease over"
+    age = current.age_s()
+    if age >= stale_s:
+        return f"{where}: lease of {current.describe()} not renewed for {age:.0f} s; taking it over"
+    return None
 
 
 class Lease:
@@ -140,8 +224,10 @@ class Lease:
                     if self.renew():
                         last_ok = time.monotonic()
                         continue
-                    now = _decode(self._store.read()[0])
-                    reason = "deleted" if now is None else f"taken over by {now.describe()}"
+                    data = self._store.read()[0]
+                    now = _decode(data)
+                    reason = ("deleted" if data is None else "replaced by an unreadable lease") if now is None \
+                        else f"taken over by {now.describe()}"
                 except Exception as e:  # noqa: BLE001 - a failed renewal is retried, then lost
                     if time.monotonic() - last_ok < self._stale_s:
                         continue
@@ -175,7 +261,7 @@ class Lease:
 
 def new_holder() -> LeaseHolder:
     now = iso(utc_now())
-    return LeaseHolder(user(), socket.gethostname(), os.getpid(), now, now, uuid.uuid4().hex)
+    return LeaseHolder(user(), socket.gethostname(), os.getpid(), now, now, uuid.uuid4().hex, pid_namespace())
 
 
 def read_lease(location: str) -> LeaseHolder | None:
@@ -210,7 +296,10 @@ def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
     while True:
         data, version = store.read()
         current = _decode(data)
-        if current is None or current == tried or current.age_s() >= stale_s:
+        why = "" if current is not None and current == tried else _takeover_reason(location, data, current, stale_s)
+        if why is not None:
+            if why:
+                print(why, file=sys.stderr, flush=True)
             lease, tried = _take(location, store, data, version, tried, heartbeat_s, stale_s)
             if lease is not None:
                 if is_done():  # built by a holder that released just before we took it

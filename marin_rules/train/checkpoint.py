@@ -17,6 +17,18 @@ exists. `neutral_commit_notes` rewrites that text without the location once save
 have finished, so a finished artifact names no folder of the machine that built it
 and reads the same after its prefix moved (`data/relative.py`).
 
+A checkpoint that does not restore (a damaged file, a cut-off copy) must not block
+the run forever: `restore_latest` tries the steps newest first, says in one line which
+one failed and why (the innermost cause: orbax wraps tensorstore's error in a dump of
+its spec), and resumes from the newest that restores. Only then are the failed ones
+set aside, renamed `<step>.damaged-<UTC time>`: kept for a look, ignored by orbax
+(step folders are plain integers), and out of the way of the next save of that step
+(orbax refuses to save onto an existing step, even with `force=True`). When none
+restores, the cause may as well be the code or the storage as the files, so nothing is
+moved and the run stops with one line naming the folder and the fix (train from
+scratch) instead of silently throwing the training away. On a multi-process run the
+processes agree on every attempt, so all resume from the same step.
+
 Orbax understands local paths and `gs://` but not `file://`: `checkpoint_dir`
 strips it and makes local paths absolute. Arrays are stored as plain zarr
 (`use_ocdbt=False`): OCDBT's manifest needs conditional writes (object
@@ -26,13 +38,20 @@ implement; for models of this size the per-array files cost nothing noticeable.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
-from typing import Any
+import sys
+from typing import Any, Iterator
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.identity import RECORD_FILE
+from marin_rules.artifacts.provenance import iso, utc_now
 
 
 def checkpoint_dir(output: str) -> str:
@@ -61,7 +80,7 @@ def abstract(tree: Any) -> Any:
 
 
 def save(manager: ocp.CheckpointManager, step: int, model: Any, optimizer: Any) -> None:
-    """Start saving checkpoint `step` (asynchronous; replaces an existing one)."""
+    """Start saving checkpoint `step` (asynchronous; the step must not exist yet)."""
     manager.save(
         step,
         args=ocp.args.Composite(model=ocp.args.StandardSave(model), optimizer=ocp.args.StandardSave(optimizer)),
@@ -81,6 +100,112 @@ def restore(manager: ocp.CheckpointManager, step: int, model: Any, optimizer: An
         items["optimizer"] = ocp.args.StandardRestore(abstract(optimizer))
     restored = manager.restore(step, args=ocp.args.Composite(**items))
     return restored["model"], restored["optimizer"] if optimizer is not None else None
+
+
+DAMAGED = "damaged"
+MAX_REASON_CHARS = 300
+
+
+def failure_reason(error: BaseException) -> str:
+    """One line on why a restore failed: the first line of the innermost cause."""
+    seen: list[BaseException] = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    inner = seen[-1]
+    lines = str(inner).strip().splitlines()
+    text = f"{type(inner).__name__}: {lines[0] if lines else ''}"
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
+
+
+# what orbax leaves behind when one array of a restore fails: the reads of the other
+# arrays are abandoned, and each reports its own copy of the tensorstore dump (and its
+# event loop's closing) as "Exception ignored" when it is collected
+_ABANDONED_READS = ("Encountered error while reading array index", "Event loop is closed")
+
+
+@contextlib.contextmanager
+def _quiet_abandoned_reads() -> Iterator[None]:
+    """Drop orbax's reports of abandoned reads while a restore is tried and cleaned up;
+    every other unraisable exception still reaches the previous hook."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if not str(unraisable.exc_value).startswith(_ABANDONED_READS):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        gc.collect()  # the abandoned reads are reported now, while the hook drops them
+        sys.unraisablehook = previous
+
+
+def _everywhere(ok: bool) -> bool:
+    """True when `ok` holds on every process of the run (a collective on a multi-process run)."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    return bool(np.all(multihost_utils.process_allgather(np.array([ok]))))
+
+
+def set_aside(output: str, step: int) -> str:
+    """Rename checkpoint `step` of the run at `output` so orbax no longer sees it; returns
+    where it went."""
+    folder = checkpoint_dir(output)
+    source = storage.join(folder, str(step))
+    target = storage.join(folder, f"{step}.{DAMAGED}-{iso(utc_now()).replace(':', '').replace('-', '')}")
+    if storage.is_remote(folder):  # copy, then delete: gcsfs's mv retries a move API buckets lack
+        fs, path = storage.filesystem(source)
+        fs.copy(path, storage.filesystem(target)[1], recursive=True)
+        fs.rm(path, recursive=True)
+    else:
+        os.rename(source, target)
+    return target
+
+
+def restore_latest(manager: ocp.CheckpointManager, output: str, model: Any, optimizer: Any) -> tuple[int, Any, Any]:
+    """(step, model, optimizer) of the newest checkpoint of the run at `output` that
+    restores, laid out like `model` and `optimizer`; (0, None, None) when there is none.
+    Checkpoints newer than it are named on stderr and set aside; StepError when some
+    exist but none restores."""
+    folder = checkpoint_dir(output)
+    failed: list[tuple[int, str]] = []
+    for step in sorted(manager.all_steps(), reverse=True):
+        try:
+            with _quiet_abandoned_reads():
+                weights, opt_state = restore(manager, step, model, optimizer)
+            reason = ""
+        except Exception as error:  # noqa: BLE001 - any failure to read it: try the one before
+            reason = failure_reason(error)
+        if not _everywhere(not reason):
+            reason = reason or "it did not restore on another process of the run"
+            print(f"{storage.join(folder, str(step))}: checkpoint {step} does not restore ({reason}); "
+                  "trying the one before", file=sys.stderr, flush=True)  # fmt: skip
+            failed.append((step, reason))
+            continue
+        if failed:
+            if jax.process_index() == 0:
+                for bad, _ in failed:
+                    print(f"{storage.join(folder, str(bad))}: set aside as {set_aside(output, bad)}; "
+                          f"resuming from checkpoint {step}", file=sys.stderr, flush=True)  # fmt: skip
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+
+                multihost_utils.sync_global_devices("marin_rules checkpoints set aside")
+            manager.reload()
+        return step, weights, opt_state
+    if not failed:
+        return 0, None, None
+    step, reason = failed[0]
+    earlier = f", nor does any of the {len(failed) - 1} before it" if len(failed) > 1 else ""
+    raise StepError(
+        f"{storage.join(folder, str(step))}: checkpoint {step} does not restore ({reason}){earlier}; "
+        f"delete {folder} to train from scratch, or rebuild it with: "
+        f"snakemake --forcerun {storage.join(output, RECORD_FILE)}"
+    )
 
 
 COMMIT_NOTE = "commit_success.txt"

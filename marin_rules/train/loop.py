@@ -115,7 +115,7 @@ def check_divisible(config: TrainConfig, shards: int) -> None:
 
 
 def open_checkpoints(output: str, recipe: Mapping[str, Any] | None, writer: bool) -> tuple[Any, int]:
-    """The checkpoint manager at `output` and the step to start from, once the
+    """The checkpoint manager at `output` and its latest step (0: none), once the
     checkpoints there are known to belong to `recipe` (see `recipe.py`; None skips
     the check). On a refusal the manager is closed and nothing is written."""
     manager = checkpoint.open_manager(output)
@@ -129,15 +129,16 @@ def open_checkpoints(output: str, recipe: Mapping[str, Any] | None, writer: bool
     return manager, start
 
 
-def start_state(config: TrainConfig, mesh: Any, manager: Any, start: int) -> tuple[Any, Any, TrainState]:
-    """(graphdef, optimizer, state): fresh weights, or those of checkpoint `start`."""
+def start_state(config: TrainConfig, mesh: Any, manager: Any, output: str) -> tuple[Any, Any, TrainState, int]:
+    """(graphdef, optimizer, state, step): fresh weights at step 0, or those of the newest
+    checkpoint that restores (`checkpoint.restore_latest`: damaged newer ones are set aside)."""
     graphdef, params, state = init_model(config.model, config.seed, mesh)
     tx = make_optimizer(config.optimizer, config.num_train_steps)
     opt_state = jax.jit(tx.init)(params)
+    start, weights, restored = checkpoint.restore_latest(manager, output, {"params": params, "state": state}, opt_state)
     if start:
-        weights, opt_state = checkpoint.restore(manager, start, {"params": params, "state": state}, opt_state)
-        params, state = weights["params"], weights["state"]
-    return graphdef, tx, TrainState(params, state, opt_state)
+        params, state, opt_state = weights["params"], weights["state"], restored
+    return graphdef, tx, TrainState(params, state, opt_state), start
 
 
 def validation_loss(plan: Plan, ts: TrainState) -> float:
@@ -207,11 +208,15 @@ def run(
     writer = distributed.is_writer()
     data_size, expert_size = mesh_shape(config)
     check_divisible(config, data_size * expert_size)
-    manager, start = open_checkpoints(output, recipe, writer)  # refuse before compiling anything
+    manager, _ = open_checkpoints(output, recipe, writer)  # refuse before compiling anything
     mesh = make_mesh(data_size, expert_size)
     peak = float(runtime.get("peak_flops") or run_peak_flops(config.model.compute_dtype))
     with jax.set_mesh(mesh):
-        graphdef, tx, ts = start_state(config, mesh, manager, start)
+        try:
+            graphdef, tx, ts, start = start_state(config, mesh, manager, output)  # may fall back to an earlier step
+        except BaseException:
+            manager.close()
+            raise
         plan = Plan(config, data, output, batch_sharding(mesh), make_train_step(graphdef, tx, config.grad_accum_steps),
                     make_eval_step(graphdef), peak, writer)  # fmt: skip
         log = MetricsLog.resume(storage.join(output, "metrics.jsonl"), start)

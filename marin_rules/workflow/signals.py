@@ -11,6 +11,10 @@ handler in front of the current ones: it sends the signal to every registered jo
 process, then calls the previous handler, so Snakemake stops as it would anyway. Each
 job process stops its step, writes a failure record naming the signal and exits
 non-zero; no success record is written.
+
+Entries of processes that no longer exist (a job killed with SIGKILL, a run whose
+machine went down) are pruned whenever a job registers, and a registry folder is
+removed once empty, so `.snakemake/marin-jobs/` does not grow.
 """
 
 from __future__ import annotations
@@ -28,18 +32,62 @@ def registry_dir(main_pid: int | None = None) -> str:
     return os.path.abspath(os.path.join(REGISTRY_ROOT, str(main_pid or os.getpid())))
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
+
+
+def _remove_if_empty(folder: str) -> None:
+    try:
+        os.rmdir(folder)
+    except OSError:  # not empty (or gone, or not ours): leave it
+        pass
+
+
+def prune(root: str) -> None:
+    """Under the registries' root: remove entries of processes that no longer exist, and
+    registries left empty (runs killed before they could clean up). Only folders named
+    by a pid are registries; nothing else there is touched."""
+    try:
+        registries = [n for n in os.listdir(root) if n.isdigit() and os.path.isdir(os.path.join(root, n))]
+    except FileNotFoundError:
+        return
+    for name in registries:
+        registry = os.path.join(root, name)
+        for pid in registered(registry):
+            if not _alive(pid):
+                try:
+                    os.remove(os.path.join(registry, str(pid)))
+                except FileNotFoundError:
+                    pass
+        _remove_if_empty(registry)
+
+
 def register(registry: str, pid: int) -> Callable[[], None]:
-    """Record a running job process; returns the function that removes the entry."""
-    os.makedirs(registry, exist_ok=True)
+    """Record a running job process (after pruning dead entries and empty registries
+    beside it); returns the function that removes the entry, and the registry once empty."""
+    prune(os.path.dirname(os.path.abspath(registry)))
     entry = os.path.join(registry, str(pid))
-    with open(entry, "w", encoding="utf-8") as f:
-        f.write(str(pid))
+    for _ in range(10):  # another job's prune may remove the empty folder between the two calls
+        os.makedirs(registry, exist_ok=True)
+        try:
+            with open(entry, "w", encoding="utf-8") as f:
+                f.write(str(pid))
+            break
+        except FileNotFoundError:
+            continue
 
     def unregister() -> None:
         try:
             os.remove(entry)
         except FileNotFoundError:
             pass
+        _remove_if_empty(registry)
 
     return unregister
 
@@ -60,7 +108,10 @@ def forward(registry: str, signum: int) -> list[int]:
             os.kill(pid, signum)
             reached.append(pid)
         except ProcessLookupError:  # finished meanwhile
-            os.remove(os.path.join(registry, str(pid)))
+            try:
+                os.remove(os.path.join(registry, str(pid)))
+            except FileNotFoundError:
+                pass
         except PermissionError:
             pass
     return reached
