@@ -6,7 +6,7 @@ rule download:
     input:
         unpack(M.inputs),
     output:
-        M.record_pattern(),
+        update(M.record_pattern()),
     log:
         M.log_pattern(),
     params:
@@ -22,7 +22,7 @@ rule train_tokenizer:
     input:
         unpack(M.inputs),
     output:
-        M.record_pattern(),
+        update(M.record_pattern()),
     log:
         M.log_pattern(),
     params:
@@ -39,7 +39,7 @@ rule tokenize_shard:
     input:
         unpack(M.inputs),
     output:
-        M.shard_pattern(),
+        update(M.shard_pattern()),
     log:
         M.shard_log_pattern(),
     params:
@@ -57,7 +57,7 @@ rule tokenize:
     input:
         unpack(M.inputs),
     output:
-        M.record_pattern(),
+        update(M.record_pattern()),
     log:
         M.log_pattern(),
     params:

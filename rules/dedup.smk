@@ -7,7 +7,7 @@ rule dedup_shard:
     input:
         unpack(M.inputs),
     output:
-        M.shard_pattern(),
+        update(M.shard_pattern()),
     log:
         M.shard_log_pattern(),
     params:
@@ -24,7 +24,7 @@ rule dedup:
     input:
         unpack(M.inputs),
     output:
-        M.record_pattern(),
+        update(M.record_pattern()),
     log:
         M.log_pattern(),
     params:

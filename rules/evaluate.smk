@@ -6,7 +6,7 @@ rule evaluate:
     input:
         unpack(M.inputs),
     output:
-        M.record_pattern(),
+        update(M.record_pattern()),
     log:
         M.log_pattern(),
     params:

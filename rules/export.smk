@@ -6,7 +6,7 @@ rule export_hf:
     input:
         unpack(M.inputs),
     output:
-        M.record_pattern(),
+        update(M.record_pattern()),
     log:
         M.log_pattern(),
     params:

@@ -6,7 +6,7 @@ rule scaling_fit:
     input:
         unpack(M.inputs),
     output:
-        M.record_pattern(),
+        update(M.record_pattern()),
     log:
         M.log_pattern(),
     params:
@@ -22,7 +22,7 @@ rule scaling_check:
     input:
         unpack(M.inputs),
     output:
-        M.record_pattern(),
+        update(M.record_pattern()),
     log:
         M.log_pattern(),
     params:

@@ -7,7 +7,7 @@ rule train:
     input:
         unpack(M.inputs),
     output:
-        M.record_pattern(),
+        update(M.record_pattern()),
     log:
         M.log_pattern(),
     params:

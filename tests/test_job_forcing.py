@@ -1,6 +1,7 @@
 """Forcing means rebuilding: a forced artifact (training-like, with checkpoints) builds
 from scratch with the current recipe, the old build moves whole to `.history/<time>/`,
-`marin status` tells the truth throughout, and a stopped (not forced) run resumes.
+`marin status` tells the truth throughout, a stopped (not forced) run resumes, and a
+forced rebuild that fails puts the old build back.
 
 The step `steps:train` stands in for training (real training takes minutes here): it
 resumes from `ckpt.txt` in its output folder, writes it after every step, and crashes
@@ -64,13 +65,18 @@ def test_forcing_a_trained_artifact_rebuilds_from_scratch_and_keeps_the_old_buil
     now = ws.record("ck/t@v1")
     assert now["result"] == {"resumed_from": 0, "steps": 7} and now["config"] == {"steps": 7}
 
-    (tmp_path / "crash-at").write_text("2")  # a forced rebuild that fails
-    assert ws.snakemake("-R", "custom", check=False).returncode != 0
-    assert not (folder / ".artifact.json").exists()
+    (tmp_path / "crash-at").write_text("2")  # a forced rebuild that fails: the old build serves again
+    proc = ws.snakemake("-R", "custom", check=False)
+    assert proc.returncode != 0 and "ck/t@v1: the forced rebuild failed; the previous build is back in place" in proc.stderr
+    assert ws.record("ck/t@v1") == now and (folder / "ckpt.txt").read_text() == "7"
+    (attempt,) = (folder / ".history").glob("*-failed")
+    assert (attempt / "ckpt.txt").read_text() == "2" and not (attempt / ".artifact.json").exists()
     row = _status(ws)["ck/t@v1"]
-    assert " built " not in row and " failed " in row  # the truth: not built now
+    assert " built " in row and "last retry failed" in row  # the truth: the old build, and the failed try
     kept = [json.loads(p.read_text()) for p in (folder / ".history").glob("*/.artifact.json")]
-    assert now in kept and len(kept) == 3 and (folder / "ckpt.txt").read_text() == "2"
+    assert len(kept) == 2 and now not in kept  # the restored build left .history
+    dry = ws.snakemake("-n")
+    assert "rule custom" not in dry.stdout + dry.stderr  # nothing to do: it is built
 
 
 def test_forcing_on_a_gcs_prefix_moves_the_old_build_to_history_there(tmp_path, snakemake_cmd, gcs_prefix, gcs_env):

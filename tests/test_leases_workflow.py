@@ -147,9 +147,62 @@ def test_a_lease_left_by_a_killed_run_is_taken_over_once_stale(tmp_path):
     first.communicate(timeout=60)
     assert (tmp_path / "art/ck/l/v1/.lease.json").exists()
     (tmp_path / "runs.log.release").write_text("")
-    second = _start(tmp_path / "bob", prefix, env, "lease_stale_s=2")
+    second = _start(tmp_path / "bob", prefix, env, "lease_heartbeat_s=0.5", "lease_stale_s=2")  # stale > 2 x heartbeat
     out, _ = second.communicate(timeout=180)
     assert second.returncode == 0, out
     assert len((tmp_path / "runs.log").read_text().split()) == 2  # built again, by the second run
     assert storage.read_text(f"{prefix}/ck/l/v1/data.txt") == "built"
     assert not (tmp_path / "art/ck/l/v1/.lease.json").exists()  # released after the build
+
+
+CHAIN_STEPS = '''
+import os
+from marin_rules.artifacts import storage
+
+def make(ctx):
+    with open(os.environ["RUNS_LOG"], "a") as f:
+        f.write(ctx.name + "\\n")
+    storage.write_text_atomic(storage.join(ctx.output, "data.txt"), ctx.name)
+    return {"pid": os.getpid()}
+'''
+
+
+def test_a_run_serves_what_another_run_finished_after_it_planned_instead_of_deleting_it(tmp_path):
+    """Bob plans l and m while neither exists; then another run finishes both (here: a
+    copy of a build made elsewhere, while this test holds l's lease so Bob's l job
+    waits). Snakemake would delete m's finished record before Bob's m job starts (it
+    was missing when Bob planned) and the job would build m again under readers of it:
+    records are `update()` outputs, so Bob serves m as it is."""
+    import shutil
+
+    from marin_rules.artifacts.lease import acquire
+
+    (tmp_path / "chainsteps.py").write_text(CHAIN_STEPS)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "RUNS_LOG": str(tmp_path / "runs.log")}
+    experiment = 'artifacts:\n  ck/l@v1: {step: "chainsteps:make"}\n  ck/m@v1: {step: "chainsteps:make", deps: {l: ck/l@v1}}\n'
+    runs = []
+    for name, prefix in (("carol", tmp_path / "elsewhere"), ("bob", tmp_path / "art")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "exp.yaml").write_text(experiment)
+        runs.append([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "exp.yaml",
+                     "--config", f"prefix={prefix}", "lease_poll_s=0.2"])  # fmt: skip
+    subprocess.run(runs[0], cwd=tmp_path / "carol", env=env, check=True, capture_output=True, timeout=300)
+    built = {key: storage.read_json(f"{tmp_path}/elsewhere/ck/{key}/v1/.artifact.json") for key in "lm"}
+    held = acquire(str(tmp_path / "art/ck/l/v1"), is_done=lambda: False, wait=False)
+    bob = subprocess.Popen(runs[1], cwd=tmp_path / "bob", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        bob_log = tmp_path / "bob/.snakemake/marin-logs/ck/l/v1/job.log"
+        deadline = time.monotonic() + 120
+        while not (bob_log.exists() and "being built by" in bob_log.read_text()):  # Bob planned both, waits on l
+            assert time.monotonic() < deadline and bob.poll() is None, bob.communicate()[0] if bob.poll() else "timeout"
+            time.sleep(0.1)
+        for key in "lm":  # the other run finishes both
+            shutil.copytree(tmp_path / f"elsewhere/ck/{key}/v1", tmp_path / f"art/ck/{key}/v1", dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns(".lease.json*"))  # fmt: skip
+    finally:
+        held.release()
+    out, _ = bob.communicate(timeout=300)
+    assert bob.returncode == 0, out
+    assert (tmp_path / "runs.log").read_text().split() == ["ck/l", "ck/m"]  # Carol's builds only
+    for key in "lm":
+        assert storage.read_json(f"{tmp_path}/art/ck/{key}/v1/.artifact.json") == built[key]

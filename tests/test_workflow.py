@@ -122,7 +122,7 @@ def started(ws, key):
 def test_build_writes_complete_records_without_secrets_and_second_run_serves_cache(ws):
     ws.write(chain())
     proc = ws.snakemake(env={"MY_API_TOKEN": "s3cr3t-value-123"})
-    shown = re.search(r"output: \S*top/c/v1/\.artifact\.json\n(?:.*\n)*?\s+jobid: (\d+)", proc.stdout + proc.stderr)
+    shown = re.search(r"output: \S*top/c/v1/\.artifact\.json \(update\)\n(?:.*\n)*?\s+jobid: (\d+)", proc.stdout + proc.stderr)
     for path in Path(ws.prefix).rglob("*.json"):
         assert "s3cr3t-value-123" not in path.read_text()
     rec = ws.record("top/c@v1")
@@ -281,19 +281,21 @@ def test_forcerun_rule_and_forceall_rebuild_every_job(built):
     assert all(f"artifact={Path(k.replace('@', '/'))}" in proc.stdout for k in times)
 
 
-def test_forced_rebuild_that_fails_keeps_previous_record_in_history(ws):
+def test_forced_rebuild_that_fails_puts_the_previous_build_back(ws):
     ws.write({"ck/f@v1": {"step": "usersteps:fail", "config": {"ok": True}}})
     ws.snakemake()
     good = ws.record("ck/f@v1")
+    folder = Path(ws.prefix) / "ck/f/v1"
+    data = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ".artifact.json"}
     ws.write({"ck/f@v1": {"step": "usersteps:fail", "config": {"ok": True}, "deps": {}}})
     (ws.root / "usersteps.py").write_text(STEPS.replace('if not ctx.config.get("ok")', "if True"))
     proc = ws.snakemake("-F", check=False)
     assert proc.returncode != 0
-    folder = Path(ws.prefix) / "ck/f/v1"
-    assert not (folder / ".artifact.json").exists()  # only a finished build counts
-    history = [json.loads(p.read_text()) for p in (folder / ".history").glob("*/.artifact.json")]
-    assert history == [good] and not (folder / "data.txt").exists()  # the old build is kept, not served
+    assert ws.record("ck/f@v1") == good  # the previous build serves again, files and all
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ".artifact.json"} == data
+    assert [p.name.endswith("-failed") for p in (folder / ".history").iterdir()] == [True]  # what the attempt left
     assert len(list((folder / ".failures").glob("*.json"))) == 1
+    assert nothing_to_do(ws.snakemake())
 
 
 def test_dag_labels_show_name_at_version(ws):

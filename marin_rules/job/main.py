@@ -131,7 +131,7 @@ def lease_settings(text: str) -> dict[str, Any]:
 def build(args: argparse.Namespace) -> int:
     from marin_rules.cluster.pod import pod_process_from_env
     from marin_rules.experiment import dev_user_in_path, load_experiment, owned_by
-    from marin_rules.workflow.forcing import MARKER, move_old_build
+    from marin_rules.workflow.forcing import MARKER, discard_old_build, move_old_build, restore_old_build
 
     experiment = load_experiment(args.experiment)
     if args.artifact not in experiment.by_path:  # a dev version: its path names its owner
@@ -156,10 +156,20 @@ def build(args: argparse.Namespace) -> int:
         if held is None:
             return serve(artifact, location, args)
     try:
-        moved = move_old_build(location, keep=not artifact.id.is_dev) if not process else None
+        moved = move_old_build(location) if not process else None
         if moved:
             print(f"{artifact.key}: forced: the old build moved to {moved}", file=sys.stderr, flush=True)
-        return run(artifact, experiment, location, args, process, held)
+        try:
+            code = run(artifact, experiment, location, args, process, held)
+        except BaseException:
+            if moved:  # the rebuild failed or was stopped: the old build serves again
+                failed = restore_old_build(location, moved)
+                print(f"{artifact.key}: the forced rebuild failed; the previous build is back in place "
+                      f"(what the attempt left: {failed})", file=sys.stderr, flush=True)  # fmt: skip
+            raise
+        if moved and artifact.id.is_dev:  # a dev version keeps no history
+            discard_old_build(moved)
+        return code
     finally:
         if held is not None:
             held.release()

@@ -2,16 +2,21 @@
 
 Model: Snakemake decides which jobs are forced (`--forcerun RULE|RECORD`, `-R`, `-f`
 on a target record, `-F`), and forcing cascades to consumers as in plain Snakemake;
-`forced_directly` reads the same settings so the glue knows it too. Snakemake deletes a
-forced job's success record before the job starts, so the main process first saves it
-as the marker `{location}/.history/.forced-record` (`mark_forced`, real runs only). The
-job process, once it holds the lease, sees the marker and moves everything the old
-build left (data, checkpoints, the saved record) into `.history/<UTC time>/`
+`forced_directly` reads the same settings so the glue knows it too. The main process
+saves a forced job's success record as the marker `{location}/.history/.forced-record`
+(`mark_forced`, real runs only), which tells the job to rebuild although a record is
+there. The job process, once it holds the lease, sees the marker and moves everything
+the old build left (data, checkpoints, the saved record) into `.history/<UTC time>/`
 (`move_old_build`): the new build starts from an empty folder with the current recipe,
-and nothing is lost. A job without the marker is a first build, or a stopped one that
-resumes from what it left (its checkpoints). `.failures/`, `.history/` and the lease
-stay where they are. A dev version (rebuilt on every run) keeps no history: its old
-build is deleted instead (`keep=False`), so iterating does not pile up copies.
+and nothing is lost. If the rebuild fails (or is stopped), the old build goes back in
+place and what the attempt left moves to `.history/<UTC time>-failed/`
+(`restore_old_build`): Snakemake declares records `update()` outputs, so it never
+deletes one before a job (another run may have just written it) and puts a failed
+job's record back, which then describes the build that is there again. A job without
+the marker is a first build, or a stopped one that resumes from what it left (its
+checkpoints). `.failures/`, `.history/` and the lease stay where they are. A dev
+version (rebuilt on every run) keeps no history: once its rebuild succeeded the old
+build is deleted (`discard_old_build`), so iterating does not pile up copies.
 """
 
 from __future__ import annotations
@@ -63,10 +68,9 @@ def mark_forced(location: str) -> None:
     storage.write_bytes_atomic(storage.join(location, HISTORY_DIR, MARKER), data)
 
 
-def move_old_build(location: str, keep: bool = True) -> str | None:
+def move_old_build(location: str) -> str | None:
     """In the job, under the lease: if the main process marked this build forced, move
-    what the old build left into `.history/<UTC time>/`; returns that folder or None.
-    With `keep=False` (dev versions) the old build is deleted; returns None."""
+    what the old build left into `.history/<UTC time>/`; returns that folder or None."""
     marker = storage.join(location, HISTORY_DIR, MARKER)
     try:
         saved = storage.read_bytes(marker)
@@ -74,31 +78,52 @@ def move_old_build(location: str, keep: bool = True) -> str | None:
         return None
     stamp = iso(utc_now()).replace(":", "").replace("-", "")
     target = storage.join(location, HISTORY_DIR, stamp)
-    fs, root = storage.filesystem(location)
+    storage.makedirs(target)
+    _move_entries(location, target)
+    if saved.strip() not in (b"", b"null"):
+        storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
+    fs, _ = storage.filesystem(location)
+    fs.rm(storage.filesystem(marker)[1])
+    return target
+
+
+def restore_old_build(location: str, moved: str) -> str:
+    """A forced rebuild failed: move what it left to `<moved>-failed/` and the old build
+    (in `moved`, from `move_old_build`) back in place; returns where the attempt went."""
+    failed = moved.rstrip("/") + "-failed"
+    storage.makedirs(failed)
+    _move_entries(location, failed)
+    _move_entries(moved, location)
+    fs, path = storage.filesystem(moved)
+    fs.rm(path, recursive=True)
+    return failed
+
+
+def discard_old_build(moved: str) -> None:
+    """Delete an old build `move_old_build` set aside (a dev version's, once rebuilt)."""
+    fs, path = storage.filesystem(moved)
+    fs.rm(path, recursive=True)
+
+
+def _move_entries(source: str, target: str) -> None:
+    """Move every entry of folder `source` but `.history/`, `.failures/` and the lease into `target`."""
+    fs, root = storage.filesystem(source)
     root = root.rstrip("/")
     try:
         entries = fs.ls(root, detail=False)
     except FileNotFoundError:
         entries = []
-    if keep:
-        storage.makedirs(target)
     target_root = storage.filesystem(target)[1].rstrip("/")
     for entry in entries:
         entry = entry.rstrip("/")
         name = entry.rsplit("/", 1)[-1]
         if name in KEEP or name.startswith(LEASE_FILE):
             continue
-        if not keep:
-            fs.rm(entry, recursive=True)
-        elif storage.is_remote(location):  # copy, then delete: gcsfs's mv retries a move API buckets lack
+        if storage.is_remote(source):  # copy, then delete: gcsfs's mv retries a move API buckets lack
             fs.copy(entry, f"{target_root}/{name}", recursive=True)
             fs.rm(entry, recursive=True)
         else:
             os.replace(entry, f"{target_root}/{name}")
-    if keep and saved.strip() not in (b"", b"null"):
-        storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
-    fs.rm(storage.filesystem(marker)[1])
-    return target if keep else None
 
 
 def retire_now(location: str, keep: bool = True, stale_s: float | None = None) -> str | None:
@@ -122,6 +147,9 @@ def retire_now(location: str, keep: bool = True, stale_s: float | None = None) -
                 if holder is not None and holder.age_s() < stale_s:
                     raise leases.LeaseHeld(folder, holder, "; force it once that run has finished")
         mark_forced(location)
-        return move_old_build(location, keep=keep)
+        moved = move_old_build(location)
+        if moved and not keep:
+            discard_old_build(moved)
+        return moved if keep else None
     finally:
         held.release()
