@@ -164,6 +164,17 @@ def _run(args) -> int:
     return 0
 
 
+def _fraction(text: str) -> float:
+    """An MFU: a number in (0, 1] (argparse shows the message on one line)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1] such as 0.4, got {text!r}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="marin", description=__doc__.splitlines()[0])
     sub = top.add_subparsers(dest="command", required=True)
@@ -187,7 +198,7 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("--only-changed", action="store_true", help="leave out results that are equal")
         if name == "plan":
             p.add_argument("keys", nargs="*", help="[EXPERIMENT.yaml] train artifacts to price (default: not built)")
-            p.add_argument("--mfu", type=float, default=0.4, help="model FLOP utilisation on accelerators")
+            p.add_argument("--mfu", type=_fraction, default=0.4, help="model FLOP utilisation on accelerators (0 < mfu <= 1)")
         p.add_argument("--configfile", help="the experiment YAML file, spelled as for snakemake")
         if name not in ("plan", "diff"):
             p.add_argument("experiment", nargs="?", help=f"experiment YAML (default {DEFAULT_EXPERIMENT})")

@@ -163,6 +163,7 @@ def build_experiment(data: Any, path: str = "<experiment>", dev_user: str | None
     if not raw:
         raise ExperimentError(f"{path}: no artifacts defined; add entries under 'artifacts:'")
 
+    _refuse_nested_folders(raw, path)
     entries = {key: _validated_entry(key, entry, raw) for key, entry in raw.items()}
     found: set[str] = set()  # user steps whose module was found (sweeps repeat one step)
     for key, (step, *_) in entries.items():
@@ -202,6 +203,22 @@ def build_experiment(data: Any, path: str = "<experiment>", dev_user: str | None
             )
         artifacts[key] = Artifact(parse_key(key), step, config, deps, runtime, fp, pin)
     return owned_by(Experiment(path, artifacts), dev_user or default_dev_user())
+
+
+def _refuse_nested_folders(keys: Mapping[str, Any], path: str) -> None:
+    """Refuse an artifact whose folder would lie inside another's (`raw/a@v1` is stored
+    at raw/a/v1, so `raw/a/v1@v2` at raw/a/v1/v2 would be moved away with it when it
+    is forced, and read as its data)."""
+    folders = {parse_key(key).path: key for key in keys}
+    for folder, key in folders.items():
+        parts = folder.split("/")
+        for depth in range(1, len(parts)):
+            outer = folders.get("/".join(parts[:depth]))
+            if outer is not None:
+                raise ExperimentError(
+                    f"{path}: {key} would be stored inside {outer}'s folder ({folder}/ in {'/'.join(parts[:depth])}/); "
+                    "rename one of them"
+                )
 
 
 def _kind_step(step: str, config: Mapping[str, Any]) -> str:

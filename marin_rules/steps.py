@@ -79,6 +79,7 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
         "marin_rules.data.checks:check_tokenize",
         "marin_rules.data.checks:TokenizeConfig",
         {"corpus": CORPUS, "tokenizer": "train_tokenizer"},
+        check_upstream="marin_rules.data.checks:check_tokenize_upstream",
         shard="marin_rules.data.tokenize:tokenize_shard",
     ),
     "train": BuiltinStep(

@@ -108,6 +108,36 @@ def test_schema_and_loader_agree_on_runtime():
 # ---- sweeps ----------------------------------------------------------------------------
 
 
+def test_an_artifact_whose_folder_lies_inside_anothers_is_refused_at_load():
+    nested = {"raw/a@v1": {"step": "download"}, "raw/a/v1@v2": {"step": "download"}}
+    message = refusal({"artifacts": nested})
+    assert message == (
+        "exp.yaml: raw/a/v1@v2 would be stored inside raw/a@v1's folder (raw/a/v1/v2/ in raw/a/v1/); rename one of them"
+    )
+    build_experiment({"artifacts": {"raw/a@v1": {"step": "download"}, "raw/a/v2@v1": {"step": "download"}}}, "exp.yaml")
+
+
+def test_a_uint16_dtype_below_the_tokenizers_vocab_is_refused_at_load():
+    chain = {**CHAIN, "tok/t@v1": {**CHAIN["tok/t@v1"], "config": {"vocab_size": 70000}}}
+    message = refusal({"artifacts": {**chain, "data/x@v1": {**TOK, "config": {"dtype": "uint16"}}}})
+    assert message == (
+        "data/x@v1: config.dtype: uint16 holds ids below 65,536 but the tokenizer's vocab_size is 70,000; "
+        "use uint32, or leave dtype out"
+    )
+    build_experiment({"artifacts": {**chain, "data/x@v1": {**TOK, "config": {"dtype": "uint32"}}}}, "exp.yaml")
+
+
+def test_an_expert_mesh_axis_that_does_not_divide_the_experts_is_refused_at_load():
+    train = {"step": "train", "deps": {"data": "data/x@v1"}, "config": {
+        "model": {"d_model": 64, "n_heads": 4, "n_experts": 4}, "num_train_steps": 10, "batch_size": 4, "seq_len": 32}}  # fmt: skip
+    artifacts = {**CHAIN, "data/x@v1": dict(TOK)}
+    build_experiment({"artifacts": {**artifacts, "ck/m@v1": {**train, "config": {**train["config"], "mesh": {"expert": 2}}}}})
+    bad = {**train, "config": {**train["config"], "mesh": {"expert": 3}}}
+    assert refusal({"artifacts": {**artifacts, "ck/m@v1": bad}}) == (
+        "ck/m@v1: config.mesh.expert: must divide model.n_experts=4 (each device holds whole experts), got 3"
+    )
+
+
 def sweep(grid: dict, template: str = "s/n{i}@v1") -> dict:
     return {"sweeps": {template: {"step": "download", "grid": grid}}}
 

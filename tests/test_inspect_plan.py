@@ -98,3 +98,13 @@ def test_plan_names_an_unknown_accelerator(experiment_file, tmp_path):  # noqa: 
     path.write_text(text)
     line = plan_lines(load_experiment(str(path)), str(tmp_path / "artifacts"))[1]
     assert "no accelerator named in runtime" in line and "no peak FLOP/s known for 'v9z-8'" in line
+
+
+@pytest.mark.parametrize("mfu", ["nan", "-1", "0", "5", "inf", "lots"])
+def test_plan_refuses_an_mfu_that_is_not_a_fraction(mfu, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--mfu", mfu])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"marin plan: error: argument --mfu: expected a fraction in (0, 1] such as 0.4, got '{mfu}'"
+    )

@@ -141,6 +141,18 @@ def check_tokenize(config: Mapping[str, Any], deps: Mapping[str, Any]) -> None:
         raise ConfigError(f"deps.{extra[0]}", "tokenize takes only deps `tokenizer` and `corpus`")
 
 
+def check_tokenize_upstream(config: Mapping[str, Any], upstream: Mapping[str, Mapping[str, Any]]) -> None:
+    """At load: an explicit `dtype` must hold every id of the tokenizer's `vocab_size`
+    (when the tokenizer entry trains one; a pretrained one is checked when it runs)."""
+    vocab = (upstream.get("tokenizer") or {}).get("vocab_size")
+    dtype = config.get("dtype")
+    if isinstance(vocab, int) and dtype and token_dtype(vocab) == "uint32" and dtype == "uint16":
+        raise ConfigError(
+            "config.dtype",
+            f"uint16 holds ids below 65,536 but the tokenizer's vocab_size is {vocab:,}; use uint32, or leave dtype out",
+        )
+
+
 def check_mixture(value: Any, field: str = "deps.data") -> dict[Any, float]:
     """Validate a data role: one upstream, or a mapping upstream -> weight whose
     weights are numbers >= 0 summing to a positive number. Returns the weights

@@ -101,6 +101,11 @@ def parse_train_config(config: Any, vocab_size: int | None = None) -> TrainConfi
         raise ConfigError(
             "config.seq_len", f"expected at most model.max_seq_len={tc.model.max_seq_len}{default}, got {tc.seq_len}"
         )
+    ep = tc.mesh.expert
+    if ep > 1 and tc.model.moe_every > 0 and tc.model.n_experts % ep:
+        raise ConfigError(
+            "config.mesh.expert", f"must divide model.n_experts={tc.model.n_experts} (each device holds whole experts), got {ep}"
+        )
     if tc.optimizer.warmup_steps > tc.num_train_steps:
         raise ConfigError(
             "config.optimizer.warmup_steps",
