@@ -232,6 +232,18 @@ def test_suggested_yaml_number_form_loads_as_that_number(tmp_path):
     assert yaml.safe_load("x: 1.0e+5")["x"] == 1e5
 
 
+def test_a_whole_number_in_e_notation_is_suggested_as_an_integer_that_an_integer_field_takes(tmp_path):
+    text = TRAIN_YAML % ("", "", "0.001")
+    message = load_yaml_error(tmp_path, text.replace("num_train_steps: 10", "num_train_steps: 1e3"))
+    assert message == (
+        "checkpoints/x@v1: config.num_train_steps: expected an integer >= 1, "
+        "got '1e3' (a string: YAML reads 1e3 as text; write 1000)"
+    )
+    path = tmp_path / "exp.yaml"
+    path.write_text(text.replace("num_train_steps: 10", "num_train_steps: 1000"))
+    assert load_experiment(str(path))["checkpoints/x@v1"].config["num_train_steps"] == 1000
+
+
 def test_quoted_number_hint_says_drop_the_quotes(tmp_path):
     message = load_yaml_error(tmp_path, TRAIN_YAML % ("", "", "'0.001'"))
     assert message.endswith("got '0.001' (a string; write 0.001 without quotes)")

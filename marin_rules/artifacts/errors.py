@@ -70,7 +70,11 @@ def number_text_hint(value: Any) -> str:
     if _yaml_number(text):
         return f" (a string; write {text} without quotes)"
     sign, whole, frac, exp_sign, exp = m.groups()
-    written = f"{sign}{whole or '0'}.{frac or '0'}" + (f"e{exp_sign or '+'}{exp}" if exp else "")
+    number = float(text)
+    if number.is_integer() and abs(number) < 1e15:  # 1e3 -> 1000: right for integer fields, and number fields take it
+        written = str(int(number))
+    else:
+        written = f"{sign}{whole or '0'}.{frac or '0'}" + (f"e{exp_sign or '+'}{exp}" if exp else "")
     suggestion = f"; write {written}" if _yaml_number(written) else ""
     return f" (a string: YAML reads {text} as text{suggestion})"
 
