@@ -50,16 +50,21 @@ POLL_SECONDS = 1  # status checks only poll local processes: cheap
 
 
 class Executor(RemoteExecutor):
+    def __init__(self, workflow, logger):
+        # RemoteExecutor.__init__ starts the polling thread (check_active_jobs) before it
+        # calls __post_init__: what that thread reads must exist first
+        self.host_cores = placement.host_cores(workflow)
+        self._host_waiting: collections.deque[SubmittedJobInfo] = collections.deque()
+        self._host_threads_running = 0
+        self._host_lock = threading.Lock()  # run_job (scheduler thread) and check_active_jobs (polling thread)
+        super().__init__(workflow, logger)
+
     def __post_init__(self):
         self.settings = self.workflow.executor_settings
         self.local_pod = LocalPodSpec(self.settings.local_processes, self.settings.local_devices)
         self.next_seconds_between_status_checks = POLL_SECONDS
         self._on_worker = False
         self._workflow_archive: tuple[Path, str] | None = None
-        self.host_cores = placement.host_cores(self.workflow)
-        self._host_waiting: collections.deque[SubmittedJobInfo] = collections.deque()
-        self._host_threads_running = 0
-        self._host_lock = threading.Lock()  # run_job (scheduler thread) and check_active_jobs (polling thread)
 
     # ---- the job command ------------------------------------------------------------
     def get_python_executable(self) -> str:
