@@ -331,3 +331,26 @@ def test_the_tpu_profile_sets_no_empty_value_that_snakemake_would_turn_into_its_
 
     config = yaml.safe_load((REPO / "profiles" / "tpu" / "config.yaml").read_text())
     assert [key for key, value in config.items() if value == ""] == []
+
+
+def test_jobs_can_be_checked_before_post_init_as_the_polling_thread_may(monkeypatch):
+    """RemoteExecutor.__init__ starts the polling thread, which may call check_active_jobs
+    before __post_init__ runs (seen in CI: the thread died and snakemake hung). Stand-in:
+    an __init__ that polls at once, as that thread's first round does."""
+    import asyncio
+
+    from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
+
+    from snakemake_executor_plugin_tpu.executor import Executor
+
+    rounds = []
+
+    def polls_at_once(self, workflow, logger):
+        async def first_round():
+            return [info async for info in self.check_active_jobs([])]
+
+        rounds.append(asyncio.run(first_round()))
+
+    monkeypatch.setattr(RemoteExecutor, "__init__", polls_at_once)
+    executor = Executor(SimpleNamespace(resource_settings=SimpleNamespace(local_cores=3)), None)
+    assert rounds == [[]] and executor.host_cores == 3
