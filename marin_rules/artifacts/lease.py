@@ -159,13 +159,18 @@ def _gone(holder: LeaseHolder) -> bool:
     here = pid_namespace()
     if holder.host != socket.gethostname() or holder.pid <= 0 or not here or holder.pid_namespace != here:
         return False
+    return not process_exists(holder.pid)
+
+
+def process_exists(pid: int) -> bool:
+    """Does process `pid` exist on this machine (another user's too)?"""
     try:
-        os.kill(holder.pid, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
-        return True
-    except PermissionError:  # exists, another user's
         return False
-    return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
 
 
 def _takeover_reason(location: str, data: bytes | None, current: LeaseHolder | None, stale_s: float) -> str | None:

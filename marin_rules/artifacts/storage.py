@@ -54,6 +54,17 @@ def makedirs(location: str) -> None:
         os.makedirs(local_path(location), exist_ok=True)
 
 
+def move(source: str, target: str) -> None:
+    """Move a file or folder: `os.replace` locally; on a bucket a copy, then a delete
+    (gcsfs's mv retries a move API buckets lack)."""
+    if is_remote(source):
+        fs, path = filesystem(source)
+        fs.copy(path, filesystem(target)[1], recursive=True)
+        fs.rm(path, recursive=True)
+    else:
+        os.replace(local_path(source), local_path(target))
+
+
 def open_file(location: str, mode: str = "rb", **kwargs: Any):
     """Open a file for reading or writing; parent directories are created locally."""
     if "w" in mode or "a" in mode:

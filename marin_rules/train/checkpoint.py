@@ -157,12 +157,7 @@ def set_aside(output: str, step: int) -> str:
     folder = checkpoint_dir(output)
     source = storage.join(folder, str(step))
     target = storage.join(folder, f"{step}.{DAMAGED}-{iso(utc_now()).replace(':', '').replace('-', '')}")
-    if storage.is_remote(folder):  # copy, then delete: gcsfs's mv retries a move API buckets lack
-        fs, path = storage.filesystem(source)
-        fs.copy(path, storage.filesystem(target)[1], recursive=True)
-        fs.rm(path, recursive=True)
-    else:
-        os.rename(source, target)
+    storage.move(source, target)
     return target
 
 

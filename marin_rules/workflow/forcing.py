@@ -94,8 +94,7 @@ def restore_old_build(location: str, moved: str) -> str:
     storage.makedirs(failed)
     _move_entries(location, failed)
     _move_entries(moved, location)
-    fs, path = storage.filesystem(moved)
-    fs.rm(path, recursive=True)
+    discard_old_build(moved)
     return failed
 
 
@@ -113,17 +112,11 @@ def _move_entries(source: str, target: str) -> None:
         entries = fs.ls(root, detail=False)
     except FileNotFoundError:
         entries = []
-    target_root = storage.filesystem(target)[1].rstrip("/")
     for entry in entries:
-        entry = entry.rstrip("/")
-        name = entry.rsplit("/", 1)[-1]
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
         if name in KEEP or name.startswith(LEASE_FILE):
             continue
-        if storage.is_remote(source):  # copy, then delete: gcsfs's mv retries a move API buckets lack
-            fs.copy(entry, f"{target_root}/{name}", recursive=True)
-            fs.rm(entry, recursive=True)
-        else:
-            os.replace(entry, f"{target_root}/{name}")
+        storage.move(storage.join(source, name), storage.join(target, name))
 
 
 def retire_now(location: str, keep: bool = True, stale_s: float | None = None) -> str | None:

@@ -23,6 +23,8 @@ import os
 import signal
 from typing import Callable
 
+from marin_rules.artifacts.lease import process_exists
+
 REGISTRY_ROOT = ".snakemake/marin-jobs"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -30,16 +32,6 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def registry_dir(main_pid: int | None = None) -> str:
     """This invocation's registry (absolute: job processes may change directory)."""
     return os.path.abspath(os.path.join(REGISTRY_ROOT, str(main_pid or os.getpid())))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, another user's
-        return True
-    return True
 
 
 def _remove_if_empty(folder: str) -> None:
@@ -60,7 +52,7 @@ def prune(root: str) -> None:
     for name in registries:
         registry = os.path.join(root, name)
         for pid in registered(registry):
-            if not _alive(pid):
+            if not process_exists(pid):
                 try:
                     os.remove(os.path.join(registry, str(pid)))
                 except FileNotFoundError:
