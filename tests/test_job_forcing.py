@@ -94,3 +94,59 @@ def test_forcing_on_a_gcs_prefix_moves_the_old_build_to_history_there(tmp_path, 
     assert storage.read_json(old) == first
     assert storage.read_text(storage.join(storage.parent(old), "data.txt")) == "a"
     assert json.loads(mirror.read_text()) == now
+
+
+def test_a_forced_cascade_stopped_before_a_consumer_rebuilt_is_finished_by_the_next_run(tmp_path, snakemake_cmd, monkeypatch):
+    ws = Workspace(tmp_path, snakemake_cmd)
+    (tmp_path / "steps.py").write_text(TRAIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ws.write({
+        "raw/a@v1": {"step": "usersteps:make", "config": {"text": "a"}},
+        "ck/t@v1": {"step": "steps:train", "deps": {"src": "raw/a@v1"}, "config": {"steps": 4}},
+    })  # fmt: skip
+    ws.snakemake()
+    first = ws.record("ck/t@v1")
+    marker = Path(ws.prefix) / "ck/t/v1/.history/.forced-record"
+
+    # stopped before the consumer's job ran: --until ends the forced run after raw/a
+    raw = ws.record_path("raw/a@v1")
+    ws.snakemake("--forcerun", raw, "--until", raw)
+    assert ws.record("ck/t@v1") == first and marker.exists()
+    assert "a forced run stopped before rebuilding it: the next run rebuilds it" in _status(ws)["ck/t@v1"]
+    dry = ws.snakemake("-n")
+    assert "ck/t@v1: a forced run stopped after rebuilding its upstream raw/a@v1 but before rebuilding it" in dry.stderr
+    assert "ck/t/v1/.artifact.json" in dry.stdout  # listed as a job
+    ws.snakemake()
+    second = ws.record("ck/t@v1")
+    assert second["result"] == {"resumed_from": 0, "steps": 4}  # rebuilt from scratch, not resumed
+    assert not marker.exists() and " built " in _status(ws)["ck/t@v1"]  # on the rebuilt raw/a: not "upstream rebuilt"
+    (old,) = (Path(ws.prefix) / "ck/t/v1/.history").glob("*/.artifact.json")
+    assert json.loads(old.read_text()) == first
+    assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(ws.snakemake("-n"))
+
+    # the consumer's forced rebuild itself failed: the old build is back, still owed
+    (tmp_path / "crash-at").write_text("2")
+    assert ws.snakemake("--forcerun", raw, check=False).returncode != 0
+    assert ws.record("ck/t@v1") == second and marker.exists()
+    (tmp_path / "crash-at").unlink()
+    ws.snakemake()
+    assert ws.record("ck/t@v1")["result"] == {"resumed_from": 0, "steps": 4}
+    assert ws.record("ck/t@v1")["provenance"]["started"] != second["provenance"]["started"]
+    assert not marker.exists()
+
+
+def test_a_failed_forced_rebuild_with_no_upstream_rebuilt_is_served_by_the_next_run(tmp_path, snakemake_cmd, monkeypatch):
+    ws = Workspace(tmp_path, snakemake_cmd)
+    (tmp_path / "steps.py").write_text(TRAIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ws.write({
+        "raw/a@v1": {"step": "usersteps:make", "config": {"text": "a"}},
+        "ck/t@v1": {"step": "steps:train", "deps": {"src": "raw/a@v1"}, "config": {"steps": 4}},
+    })  # fmt: skip
+    ws.snakemake()
+    first = ws.record("ck/t@v1")
+    (tmp_path / "crash-at").write_text("2")
+    assert ws.snakemake("--forcerun", ws.record_path("ck/t@v1"), check=False).returncode != 0
+    (tmp_path / "crash-at").unlink()
+    proc = ws.snakemake()
+    assert "Nothing to be done" in proc.stdout + proc.stderr and ws.record("ck/t@v1") == first

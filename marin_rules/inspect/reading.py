@@ -58,6 +58,11 @@ def history_files(location: str) -> list[str]:
     return sorted(out)
 
 
+def forced_rebuild_owed(location: str) -> bool:
+    """Was the artifact marked forced by a run that has not rebuilt it (yet)?"""
+    return storage.exists(storage.join(location, HISTORY_DIR, FORCED_MARKER))
+
+
 def history_failure_files(location: str) -> list[str]:
     """Failure records moved under `.history/<time>/.failures/` by a forced rebuild."""
     found, base = _history_listing(location)

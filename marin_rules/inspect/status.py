@@ -13,6 +13,8 @@ recipe and its upstreams' records:
                    newer failure exists)
   drifted          the record was built from another recipe (how many fields differ)
   upstream rebuilt an upstream's record differs from the one this was built on
+                   (and, when a forced run stopped before rebuilding this one too,
+                   that the next run rebuilds it)
   code changed     the step's code hash differs from the one recorded at build time
                    (`marin_rules.artifacts.code`; added to the reason of the states above)
   corrupt          the record cannot be read (the records module's one line)
@@ -191,6 +193,8 @@ def location_status(
         )
     elif rebuilt:
         state, reason = "upstream rebuilt", f"{rebuilt[0]}{' (and more)' if len(rebuilt) > 1 else ''}"
+        if reading.forced_rebuild_owed(location):
+            reason += "; a forced run stopped before rebuilding it: the next run rebuilds it"
     change = code_change(artifact.step, record.get("provenance")) if artifact is not None else None
     if change is not None:
         then, now, version = change

@@ -131,7 +131,7 @@ def lease_settings(text: str) -> dict[str, Any]:
 def build(args: argparse.Namespace) -> int:
     from marin_rules.cluster.pod import pod_process_from_env
     from marin_rules.experiment import dev_user_in_path, load_experiment, owned_by
-    from marin_rules.workflow.forcing import MARKER, discard_old_build, move_old_build, restore_old_build
+    from marin_rules.workflow.forcing import discard_old_build, marker_of, move_old_build, restore_old_build
 
     experiment = load_experiment(args.experiment)
     if args.artifact not in experiment.by_path:  # a dev version: its path names its owner
@@ -147,7 +147,7 @@ def build(args: argparse.Namespace) -> int:
     process = None if pod is None else pod.process_id
     held = None
     if not process:
-        marker = storage.join(location, ".history", MARKER)
+        marker = marker_of(location)
 
         def is_done() -> bool:
             return storage.exists(storage.join(location, RECORD_FILE)) and not storage.exists(marker)

@@ -45,22 +45,30 @@ def report(
     change = code_change(artifact.step, record.provenance)
     if change is not None:
         print(change_message(artifact.key, change, rebuild_hint), file=sys.stderr)
+    for upstream, how in rebuilt_upstreams(artifact, record, recorded):
+        print(
+            f"{artifact.key}: upstream {upstream} was rebuilt since this artifact was built "
+            f"({how}); serving the cached output (--forcerun {rebuild_hint} rebuilds it).",
+            file=sys.stderr,
+        )
+
+
+def rebuilt_upstreams(
+    artifact: Artifact, record: Record, recorded: Callable[[str], Record | None]
+) -> list[tuple[str, str]]:
+    """(upstream key, how it differs) for each upstream whose record now is not the one
+    `record` was built on: another fingerprint, or the same recipe built at another time."""
+    out = []
     for upstream in artifact.upstream_keys():
         seen = recorded_dep(record.deps, upstream)
         now = recorded(upstream)
         if now is None:
             continue
         if seen.get("fingerprint") and seen["fingerprint"] != now.fingerprint:
-            how = f"fingerprint {seen['fingerprint']} then, {now.fingerprint} now"
+            out.append((upstream, f"fingerprint {seen['fingerprint']} then, {now.fingerprint} now"))
         elif seen.get("built") and now.built and seen["built"] != now.built:
-            how = f"same recipe, built {seen['built']} then, {now.built} now"  # a forced rebuild
-        else:
-            continue
-        print(
-            f"{artifact.key}: upstream {upstream} was rebuilt since this artifact was built "
-            f"({how}); serving the cached output (--forcerun {rebuild_hint} rebuilds it).",
-            file=sys.stderr,
-        )
+            out.append((upstream, f"same recipe, built {seen['built']} then, {now.built} now"))  # a forced rebuild
+    return out
 
 
 def dep_keys(recorded_deps: dict) -> dict:

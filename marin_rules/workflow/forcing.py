@@ -55,6 +55,11 @@ def forced_directly(dag_settings: Any, rule: str, records: set[str]) -> bool:
     )
 
 
+def marker_of(location: str) -> str:
+    """Where `mark_forced` saves the record of the artifact at `location`."""
+    return storage.join(location, HISTORY_DIR, MARKER)
+
+
 def mark_forced(location: str) -> None:
     """Before Snakemake deletes a forced job's record: save it as the marker (a marker
     with `null` when only data of an unfinished build is there; nothing when empty)."""
@@ -65,13 +70,13 @@ def mark_forced(location: str) -> None:
         if not storage.exists(location):
             return
         data = b"null"
-    storage.write_bytes_atomic(storage.join(location, HISTORY_DIR, MARKER), data)
+    storage.write_bytes_atomic(marker_of(location), data)
 
 
 def move_old_build(location: str) -> str | None:
     """In the job, under the lease: if the main process marked this build forced, move
     what the old build left into `.history/<UTC time>/`; returns that folder or None."""
-    marker = storage.join(location, HISTORY_DIR, MARKER)
+    marker = marker_of(location)
     try:
         saved = storage.read_bytes(marker)
     except FileNotFoundError:
@@ -89,12 +94,15 @@ def move_old_build(location: str) -> str | None:
 
 def restore_old_build(location: str, moved: str) -> str:
     """A forced rebuild failed: move what it left to `<moved>-failed/` and the old build
-    (in `moved`, from `move_old_build`) back in place; returns where the attempt went."""
+    (in `moved`, from `move_old_build`) back in place, marked forced again (the rebuild
+    is still owed: a later run finishes it once an upstream was rebuilt, see
+    `session.Session._left_pending`); returns where the attempt went."""
     failed = moved.rstrip("/") + "-failed"
     storage.makedirs(failed)
     _move_entries(location, failed)
     _move_entries(moved, location)
     discard_old_build(moved)
+    mark_forced(location)
     return failed
 
 

@@ -22,8 +22,11 @@ planning (`forcing.retire_now`, under its lease), since its shard jobs run befor
 its own job does; `--forcerun tokenize_shard` forces it as `--forcerun tokenize` does.
 
 Dev versions (`name@dev`, `*-dev`) count as forced on every run: they are never drift-
-checked, and in the main process each gets the input `.snakemake/marin-dev/run`, touched
+checked, and in the main process each gets the input `.snakemake/marin-run/stamp`,
 rewritten once per invocation, so Snakemake's mtime trigger rebuilds them (and shows them in `-n`).
+A forced run that was stopped after rebuilding an upstream but before rebuilding its
+consumer left the consumer's marker (`forcing.MARKER`): the next run counts that
+consumer as forced and gives it the stamp too, so the cascade is finished (`_left_pending`).
 Adopted data (`adopt:`) has its source's layout checked while planning, unless it is
 already recorded (a copied source may be gone since); a recorded one adopted in place
 gets a warning when its source's files changed since.
@@ -40,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marin_rules.adopt import STEP as ADOPT_STEP, check_layout, source_problems
+from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.records import Record, read_record_file
@@ -50,7 +54,7 @@ from marin_rules.workflow import advisory, forcing
 from marin_rules.workflow.options import rule_of, target_keys
 
 LOG_ROOT = ".snakemake/marin-logs"
-DEV_STAMP = ".snakemake/marin-dev/run"  # touched once per invocation: newer than every dev record
+RUN_STAMP = ".snakemake/marin-run/stamp"  # rewritten once per invocation: newer than every record
 
 
 class Stop(SystemExit):
@@ -79,6 +83,7 @@ class Session:
     warned: set[str] = field(default_factory=set)
     training: list[str] = field(default_factory=list)  # train jobs that will run: the priced plan's
     _forced: dict[str, bool] = field(default_factory=dict)
+    _pending: dict[str, str] = field(default_factory=dict)  # key -> the rebuilt upstream (`_left_pending`)
     _records: dict[str, Record | None] = field(default_factory=dict)
     _stamped: bool = False
 
@@ -165,8 +170,24 @@ class Session:
                 forcing.forced_directly(self.workflow.dag_settings, r, records)
                 for r in ((rule, f"{rule}_shard") if artifact.step in SHARDED_STEPS else (rule,))
             )
-            self._forced[key] = direct or any(self.is_forced(u) for u in artifact.upstream_keys())
+            upstream = any(self.is_forced(u) for u in artifact.upstream_keys())
+            self._forced[key] = direct or upstream or self._left_pending(key)
         return self._forced[key]
+
+    def _left_pending(self, key: str) -> bool:
+        """Did a forced run stop after rebuilding an upstream of this artifact but before
+        rebuilding it? Its marker (`forcing.MARKER`) is still there and an upstream's
+        record is not the one it was built on: this run finishes that rebuild, as
+        Snakemake's mtime trigger finishes a plain workflow's stopped run."""
+        artifact = self.experiment[key]
+        record = self.recorded(key)
+        if record is None or artifact.id.is_dev:
+            return False
+        rebuilt = advisory.rebuilt_upstreams(artifact, record, self.recorded)
+        if not rebuilt or not storage.exists(forcing.marker_of(self.location(key))):
+            return False
+        self._pending[key] = rebuilt[0][0]
+        return True
 
     # ---- input functions -----------------------------------------------------------
     def inputs(self, wildcards) -> dict[str, Any]:
@@ -180,8 +201,8 @@ class Session:
             self.warned.add(artifact.key)
             self._plan(artifact, record, forced)
         inputs: dict[str, Any] = {}
-        if artifact.id.is_dev and self.main_process:
-            inputs["marin_dev_run"] = self._dev_stamp()
+        if (artifact.id.is_dev or artifact.key in self._pending) and self.main_process:
+            inputs["marin_run_stamp"] = self._run_stamp()  # newer than the record: Snakemake reruns it
         for role, dep in artifact.deps.items():
             upstreams = [dep] if isinstance(dep, str) else list(dep)
             for i, upstream in enumerate(upstreams):
@@ -195,14 +216,14 @@ class Session:
                 inputs[f"shard_{i}"] = path
         return inputs
 
-    def _dev_stamp(self) -> str:
-        """The run stamp, touched at the first dev artifact of this invocation."""
+    def _run_stamp(self) -> str:
+        """The run stamp, touched at the first dev or pending artifact of this invocation."""
         if not self._stamped:
-            os.makedirs(os.path.dirname(DEV_STAMP), exist_ok=True)
-            with open(DEV_STAMP, "w", encoding="utf-8") as f:  # new content: Snakemake skips
+            os.makedirs(os.path.dirname(RUN_STAMP), exist_ok=True)
+            with open(RUN_STAMP, "w", encoding="utf-8") as f:  # new content: Snakemake skips
                 f.write(f"{time.time_ns()} {os.getpid()}\n")  # newer inputs with an unchanged checksum
             self._stamped = True
-        return DEV_STAMP
+        return RUN_STAMP
 
     def _plan(self, artifact: Artifact, record: Record | None, forced: bool) -> None:
         if artifact.step == ADOPT_STEP and record is None:
@@ -225,6 +246,13 @@ class Session:
                 atexit.register(self.print_plan)  # `onstart:` does not run in dry runs
         if forced:
             dry = getattr(self.workflow, "dryrun", False)
+            if artifact.key in self._pending:
+                print(
+                    f"{artifact.key}: a forced run stopped after rebuilding its upstream {self._pending[artifact.key]} "
+                    f"but before rebuilding it: rebuilding it now (to keep this build instead, delete "
+                    f"{forcing.marker_of(self.location(artifact.key))})",
+                    file=sys.stderr,
+                )
             if artifact.step in SHARDED_STEPS:
                 self._retire_sharded(artifact, dry)
             elif not dry:
