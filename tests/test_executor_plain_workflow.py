@@ -35,6 +35,23 @@ def test_host_jobs_take_their_threads_of_the_local_cores_one_after_another(tmp_p
     assert "(1 of 1 cores)" in proc.stderr
 
 
+def test_host_jobs_share_the_mem_mb_of_resources_as_in_local_mode(tmp_path):
+    # Snakemake's cluster mode leaves mem_mb to each job: without the executor's own
+    # count these three would run at once (checked by hand: they overlapped)
+    (tmp_path / "Snakefile").write_text(
+        'rule all:\n    input: expand("t/{i}.txt", i=range(3))\n'
+        "rule big:\n    output: 't/{i}.txt'\n    resources: mem_mb=800\n"
+        "    shell: 'python3 -c \"import time; print(time.time())\" > {output}; "
+        "python3 -c \"import time; print(time.time())\" >> {output}'\n"
+    )
+    proc = _snakemake(tmp_path, "--local-cores", "4", "--resources", "mem_mb=1000")
+    assert proc.returncode == 0, proc.stderr
+    spans = sorted(tuple(map(float, (tmp_path / "t" / f"{i}.txt").read_text().split())) for i in range(3))
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert start >= end  # 800 + 800 > 1000: never two at once
+    assert "(1 of 4 cores, 800 of 1000 MB)" in proc.stderr
+
+
 def test_envvars_reach_host_jobs_unchanged(tmp_path):
     value = "it's $(echo INJECTED) `echo X` \"q\" $HOME"
     (tmp_path / "Snakefile").write_text(

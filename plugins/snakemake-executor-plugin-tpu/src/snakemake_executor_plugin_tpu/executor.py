@@ -19,9 +19,11 @@ driver exports them on the workers, quoted at run time from its own environment,
 their values are never written to disk. A job succeeds iff every process exits 0.
 Logs go to `.snakemake/tpu/<rule>/<wildcard values>/<UTC time>/`.
 
-Host jobs share this machine's cores as Snakemake's local mode would: a job takes
-its `threads` (at most `--local-cores`), and one waits, counted as submitted, until
-enough cores are free (`--jobs` alone bounds pod jobs). A job the executor cannot run
+Host jobs share this machine's cores and memory as Snakemake's local mode would: a
+job takes its `threads` (at most `--local-cores`) and its `mem_mb` (of `--resources
+mem_mb=N` when given: in cluster mode Snakemake itself leaves memory to each job, a
+pod's memory is the pod's; a job asking for more runs alone), and one waits, counted
+as submitted, until enough is free (`--jobs` alone bounds pod jobs). A job the executor cannot run
 (an input outside the workdir, a tpu inside a group, an unknown TPU type, a wildcard
 value Snakemake's `--target-jobs` cannot carry) fails alone, with the reason, so
 `--keep-going` goes on with the others.
@@ -54,8 +56,10 @@ class Executor(RemoteExecutor):
         # RemoteExecutor.__init__ starts the polling thread (check_active_jobs) before it
         # calls __post_init__: what that thread reads must exist first
         self.host_cores = placement.host_cores(workflow)
+        self.host_mem_mb = placement.host_mem_mb(workflow)
         self._host_waiting: collections.deque[SubmittedJobInfo] = collections.deque()
         self._host_threads_running = 0
+        self._host_mem_running = 0
         self._host_lock = threading.Lock()  # run_job (scheduler thread) and check_active_jobs (polling thread)
         super().__init__(workflow, logger)
 
@@ -104,8 +108,9 @@ class Executor(RemoteExecutor):
         label = placement.job_label(description, tpu_type, self.settings.backend, self.settings)
         if tpu_type is None:
             threads = min(max(int(job.threads or 1), 1), self.host_cores)
+            mem_mb = min(placement.job_mem_mb(job.resources), self.host_mem_mb) if self.host_mem_mb else 0
             command = self.job_command(job, on_worker=False)  # here, in the scheduler's thread
-            aux = {"group": None, "dir": job_dir, "threads": threads, "label": label, "command": command}
+            aux = {"group": None, "dir": job_dir, "threads": threads, "mem_mb": mem_mb, "label": label, "command": command}
             info = SubmittedJobInfo(job, aux=aux)
             self.report_job_submission(info)
             with self._host_lock:
@@ -129,15 +134,21 @@ class Executor(RemoteExecutor):
     def _start_host_jobs_locked(self) -> None:
         while self._host_waiting:
             info = self._host_waiting[0]
-            threads = info.aux["threads"]
-            if self._host_threads_running and self._host_threads_running + threads > self.host_cores:
+            threads, mem_mb = info.aux["threads"], info.aux["mem_mb"]
+            cores_full = self._host_threads_running + threads > self.host_cores
+            mem_full = bool(self.host_mem_mb) and self._host_mem_running + mem_mb > self.host_mem_mb
+            if self._host_threads_running and (cores_full or mem_full):
                 return
             self._host_waiting.popleft()
             job_dir = info.aux["dir"]
             info.aux["group"] = ProcessGroup.start([info.aux["command"]], [os.environ], [job_dir / "job.log"])
             info.external_jobid = ",".join(map(str, info.aux["group"].pids))
             self._host_threads_running += threads
-            self.logger.info(f"tpu executor: {info.aux['label']} ({threads} of {self.host_cores} cores); logs in {job_dir}/")
+            self._host_mem_running += mem_mb
+            memory = f", {mem_mb} of {self.host_mem_mb} MB" if self.host_mem_mb else ""
+            self.logger.info(
+                f"tpu executor: {info.aux['label']} ({threads} of {self.host_cores} cores{memory}); logs in {job_dir}/"
+            )
 
     def _tpu_type(self, job: JobExecutorInterface) -> str | None:
         def asked(j) -> str | None:
@@ -198,6 +209,7 @@ class Executor(RemoteExecutor):
             if "threads" in info.aux:
                 with self._host_lock:
                     self._host_threads_running -= info.aux["threads"]
+                    self._host_mem_running -= info.aux["mem_mb"]
             if code != 0:
                 index = group.first_failure[0] if group.first_failure else 0
                 self.report_job_error(

@@ -97,6 +97,22 @@ def host_cores(workflow: Any) -> int:
     return max(1, int(cores)) if cores else max(1, os.cpu_count() or 1)
 
 
+def host_mem_mb(workflow: Any) -> int | None:
+    """Memory for jobs run on this host: `--resources mem_mb=N`, which Snakemake's
+    local mode enforces but its cluster mode leaves to each job (`mem_mb` is a local
+    resource there); None when not given (no limit, as in local mode)."""
+    settings = getattr(workflow, "resource_settings", None)  # Snakemake's Workflow; not in the plugin interface
+    value = resource(getattr(settings, "resources", None) or {}, "mem_mb")
+    value = getattr(value, "value", value)  # a parsed snakemake.resources.Resource
+    return int(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def job_mem_mb(resources: Any) -> int:
+    """A job's `mem_mb` resource as a whole number (0 when it has none or it is not a number)."""
+    value = resource(resources, "mem_mb")
+    return max(0, int(value)) if isinstance(value, (int, float)) else 0
+
+
 def tpu_node(settings: Any, name: str, tpu_type: str, zone: Any = None) -> TpuNode:
     """The node for one job from the executor settings; a `tpu_zone` resource wins."""
     return TpuNode(
