@@ -96,7 +96,8 @@ def test_forcing_on_a_gcs_prefix_moves_the_old_build_to_history_there(tmp_path, 
     assert json.loads(mirror.read_text()) == now
 
 
-def test_a_forced_cascade_stopped_before_a_consumer_rebuilt_is_finished_by_the_next_run(tmp_path, snakemake_cmd, monkeypatch):
+def _built_raw_and_train(tmp_path, snakemake_cmd, monkeypatch) -> Workspace:
+    """raw/a@v1 -> ck/t@v1 (the stand-in training of 4 steps), built."""
     ws = Workspace(tmp_path, snakemake_cmd)
     (tmp_path / "steps.py").write_text(TRAIN)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -105,6 +106,11 @@ def test_a_forced_cascade_stopped_before_a_consumer_rebuilt_is_finished_by_the_n
         "ck/t@v1": {"step": "steps:train", "deps": {"src": "raw/a@v1"}, "config": {"steps": 4}},
     })  # fmt: skip
     ws.snakemake()
+    return ws
+
+
+def test_a_forced_cascade_stopped_before_a_consumer_rebuilt_is_finished_by_the_next_run(tmp_path, snakemake_cmd, monkeypatch):
+    ws = _built_raw_and_train(tmp_path, snakemake_cmd, monkeypatch)
     first = ws.record("ck/t@v1")
     marker = Path(ws.prefix) / "ck/t/v1/.history/.forced-record"
 
@@ -136,14 +142,7 @@ def test_a_forced_cascade_stopped_before_a_consumer_rebuilt_is_finished_by_the_n
 
 
 def test_a_failed_forced_rebuild_with_no_upstream_rebuilt_is_served_by_the_next_run(tmp_path, snakemake_cmd, monkeypatch):
-    ws = Workspace(tmp_path, snakemake_cmd)
-    (tmp_path / "steps.py").write_text(TRAIN)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    ws.write({
-        "raw/a@v1": {"step": "usersteps:make", "config": {"text": "a"}},
-        "ck/t@v1": {"step": "steps:train", "deps": {"src": "raw/a@v1"}, "config": {"steps": 4}},
-    })  # fmt: skip
-    ws.snakemake()
+    ws = _built_raw_and_train(tmp_path, snakemake_cmd, monkeypatch)
     first = ws.record("ck/t@v1")
     (tmp_path / "crash-at").write_text("2")
     assert ws.snakemake("--forcerun", ws.record_path("ck/t@v1"), check=False).returncode != 0
