@@ -149,3 +149,31 @@ def test_a_failed_forced_rebuild_with_no_upstream_rebuilt_is_served_by_the_next_
     (tmp_path / "crash-at").unlink()
     proc = ws.snakemake()
     assert "Nothing to be done" in proc.stdout + proc.stderr and ws.record("ck/t@v1") == first
+
+
+def test_leftovers_made_from_a_rebuilt_upstream_are_set_aside_not_resumed(tmp_path, snakemake_cmd, monkeypatch):
+    # `--delete-all-output` deletes the records (Snakemake's outputs), not the data: the
+    # next run rebuilds raw/a from a changed recipe, and ck/t must not resume from
+    # checkpoints made from the old raw/a
+    ws = _built_raw_and_train(tmp_path, snakemake_cmd, monkeypatch)
+    folder = Path(ws.prefix) / "ck/t/v1"
+    first = ws.record("ck/t@v1")
+    ws.snakemake("--delete-all-output")
+    assert not (folder / ".artifact.json").exists() and (folder / "ckpt.txt").read_text() == "4"
+    ws.write({
+        "raw/a@v1": {"step": "usersteps:make", "config": {"text": "changed"}},
+        "ck/t@v1": {"step": "steps:train", "deps": {"src": "raw/a@v1"}, "config": {"steps": 4}},
+    })  # fmt: skip
+    ws.snakemake()
+    log = tmp_path / ".snakemake/marin-logs/ck/t/v1/job.log"
+    assert "ck/t@v1: what an earlier attempt left was made from other upstream builds (upstream raw/a@v1:" in log.read_text()
+    assert ws.record("ck/t@v1")["result"] == {"resumed_from": 0, "steps": 4}  # from scratch
+    (stale,) = (folder / ".history").glob("*-stale")
+    assert (stale / "ckpt.txt").read_text() == "4"  # set aside, not lost
+    assert ws.record("ck/t@v1")["files"] == first["files"]  # the bookkeeping file is not data
+
+    # what a build made from the same upstream builds left is resumed
+    (folder / ".artifact.json").unlink()
+    ws.snakemake()
+    assert "made from other upstream builds" not in log.read_text()
+    assert ws.record("ck/t@v1")["result"] == {"resumed_from": 4, "steps": 4}

@@ -367,3 +367,14 @@ def test_the_emulator_alone_ignores_generation_preconditions(gcs_env):
     blob.upload_from_string(b"first", if_generation_match=0)
     blob.upload_from_string(b"second", if_generation_match=0)  # real GCS: 412 PreconditionFailed
     assert blob.download_as_bytes() == b"second"
+
+
+def test_a_lease_taken_is_released_when_is_done_refuses_what_it_found(tmp_path):
+    # a shard job's is_done raises on a shard record of another recipe: the lease it just
+    # took must not stay behind (marin status would show the dead job "building")
+    def refuses() -> bool:
+        raise MarinError("shard 00001-of-00004: built from another recipe")
+
+    with pytest.raises(MarinError, match="another recipe"):
+        acquire(str(tmp_path), is_done=refuses)
+    assert read_lease(str(tmp_path)) is None and not (tmp_path / ".lease.json").exists()

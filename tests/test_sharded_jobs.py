@@ -112,6 +112,27 @@ def test_forcerun_tokenize_rebuilds_its_shards_and_keeps_the_old_build(tmp_path,
     assert new["provenance"]["started"] > old["provenance"]["started"] and new["result"]["tokens"] == old["result"]["tokens"]
 
 
+def test_shards_made_from_a_rebuilt_tokenizer_are_built_again_not_served(tmp_path, snakemake_cmd):
+    # `--delete-all-output` deletes the records, not the data: the tokenizer is then
+    # rebuilt with another vocabulary, and the finished shards of the old one must not
+    # be gathered into the new artifact
+    exp = experiment(tmp_path, tokenize_shards=2, dedup_shards=1)
+    prefix = tmp_path / "art"
+    base = ["--configfile", str(exp), "--cores", "2", "--config", f"prefix={prefix}"]
+    snakemake_cmd(*base, cwd=tmp_path)
+    snakemake_cmd(*base, "--delete-all-output", cwd=tmp_path)
+    assert (prefix / TOKENS / "shards/00000-of-00002/shard.json").exists()  # not a Snakemake output of this DAG
+    exp.write_text(exp.read_text().replace("vocab_size: 400", "vocab_size: 350"))
+    snakemake_cmd(*base, cwd=tmp_path)
+    index = json.loads((prefix / TOKENS / "index.json").read_text())
+    assert index["vocab_size"] == 350
+    assert streams(prefix / TOKENS) == in_one_process(prefix, tmp_path / "direct")  # bitwise, from the new tokenizer
+    stale = sorted((prefix / TOKENS / ".history").glob("*-stale/shards/*/shard.json"))
+    assert len(stale) == 2  # both old shards set aside, not lost
+    log = (tmp_path / ".snakemake/marin-logs" / TOKENS / "shard-00000-of-00002.log").read_text()
+    assert "shard 00000-of-00002 was made from other upstream builds (upstream " in log
+
+
 def _job_pid(shard: str) -> int | None:
     """The job process (`python -m marin_rules.job ... --shard SHARD`) of one shard, if running."""
     for entry in os.listdir("/proc"):

@@ -1,7 +1,7 @@
 """The data files of an artifact, with their sizes.
 
 Model: an artifact's data is every file under its folder except the bookkeeping: the
-success record (and its temporary siblings), `.failures/`, `.history/` and the lease
+success record (and its temporary siblings), `.failures/`, `.history/`, `.attempt.json` and the lease
 (`.lease.json` and its `.lock`, `.tmp-*` siblings), at the top and in shard folders
 (`shards/*/`, which hold their own lease and `.failures/`). The success record lists them with
 their sizes (one listing, local or remote); `file_problems` compares a listing made now
@@ -15,7 +15,8 @@ from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE
 from marin_rules.artifacts.lease import LEASE_FILE
 
 HISTORY_DIR = ".history"
-NOT_DATA = (RECORD_FILE, FAILURES_DIR, HISTORY_DIR, LEASE_FILE)
+ATTEMPT_FILE = ".attempt.json"  # the upstream builds the data in place was made from (`job/attempt.py`)
+NOT_DATA = (RECORD_FILE, FAILURES_DIR, HISTORY_DIR, LEASE_FILE, ATTEMPT_FILE)
 
 
 def list_data_files(location: str) -> dict[str, int]:

@@ -307,7 +307,12 @@ def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
                 print(why, file=sys.stderr, flush=True)
             lease, tried = _take(location, store, data, version, tried, heartbeat_s, stale_s)
             if lease is not None:
-                if is_done():  # built by a holder that released just before we took it
+                try:
+                    done = is_done()  # built by a holder that released just before we took it?
+                except BaseException:  # is_done refused what it found: the lease is not left behind
+                    lease.release()
+                    raise
+                if done:
                     lease.release()
                     return None
                 if lease.renew():  # is_done() may have been slow: start the clock afresh

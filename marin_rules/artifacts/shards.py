@@ -5,9 +5,10 @@ ranges of documents, given by the artifact's `runtime.shards` (an execution choi
 the gathered result does not depend on it, so it is not in the fingerprint). Shard
 `k` of `count` is one job writing under `{location}/shards/{kkkkk}-of-{nnnnn}/` and,
 last, its shard record `shard.json` there (identity, fingerprint, the shard's result,
-its files, provenance); its existence means the shard is whole. A shard folder has
-its own lease, so two runs on one prefix build each shard once, and a finished shard
-is never built again. The gather job (the artifact's own job) reads every shard
+its files, the upstream builds it was made from, provenance); its existence means the
+shard is whole. A shard folder has its own lease, so two runs on one prefix build each
+shard once, and a finished shard is never built again unless an upstream was rebuilt
+since it was made (its job then sets it aside under `.history/` and builds it anew). The gather job (the artifact's own job) reads every shard
 record of the current count, refusing a missing one or one of another recipe, and
 writes the artifact's success record: once, last, and only when every shard is done.
 Shard folders of another count (the user changed `runtime.shards` between attempts)
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from marin_rules.artifacts import storage
+from marin_rules.artifacts.builds import builds_in_deps, upstream_change
 from marin_rules.artifacts.errors import StepError
 
 SHARDS_DIR = "shards"
@@ -82,6 +84,7 @@ def write_shard_record(artifact_location: str, shard: Shard, entry: Mapping[str,
         "fingerprint": entry["fingerprint"],
         "shard": {"index": shard.index, "count": shard.count},
         "status": "success",
+        "upstreams": builds_in_deps(entry.get("deps") or {}),  # what it was made from (builds.py)
         "result": result,
         "files": list_data_files(shard.location(artifact_location)),
         "provenance": dict(provenance),
@@ -105,15 +108,21 @@ def read_shard_record(artifact_location: str, shard: Shard, fingerprint: str) ->
     if not ok or not isinstance(record.get("result"), dict):
         raise StepError(f"shard {shard.name}: {path} is not a shard record of this shard; {fix}")
     if record.get("fingerprint") != fingerprint:
+        every = storage.join(artifact_location, SHARDS_DIR)
         raise StepError(
             f"shard {shard.name}: {path} was built from another recipe (fingerprint "
-            f"{record.get('fingerprint')}, now {fingerprint}); {fix}"
+            f"{record.get('fingerprint')}, now {fingerprint}): the recipe changed without a version bump while "
+            f"this artifact was unfinished; bump the version, or delete {every} (every shard of the old recipe) "
+            "and run again"
         )
     return record
 
 
-def gathered_results(artifact_location: str, count: int, fingerprint: str) -> list[dict[str, Any]]:
-    """Every shard's result, in order, for the gather; a missing shard is refused."""
+def gathered_results(
+    artifact_location: str, count: int, fingerprint: str, upstreams: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Every shard's result, in order, for the gather; a missing shard, or one made from
+    other `upstreams` builds (builds.py) than the gather's, is refused."""
     from marin_rules.artifacts.files import file_problems
 
     results = []
@@ -123,6 +132,12 @@ def gathered_results(artifact_location: str, count: int, fingerprint: str) -> li
             raise StepError(
                 f"runtime.shards: shard {shard.name} has no record at {shard.location(artifact_location)}: "
                 "its job has not finished; run snakemake again (finished shards are kept)"
+            )
+        how = None if upstreams is None else upstream_change(record.get("upstreams"), upstreams)
+        if how is not None:
+            raise StepError(
+                f"shard {shard.name}: made from other upstream builds than this gather's ({how}); "
+                "run snakemake again: its shard job builds it again"
             )
         problems = file_problems(shard.location(artifact_location), record.get("files") or {})
         if problems:

@@ -18,6 +18,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
+from marin_rules.artifacts.builds import build_of
 from marin_rules.artifacts.records import Provenance, read_record, verify_files
 
 
@@ -77,10 +78,25 @@ def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: di
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise MarinError(f"{artifact.key}: upstream {key}: {problems[0]}{more}; {how}")
-        seen[key] = {"fingerprint": record.fingerprint, "built": record.built}
+        seen[key] = build_of(record)
     for dep in deps_record.values():
         for d in dep if isinstance(dep, list) else [dep]:
             d.update(seen[f"{d['name']}@{d['version']}"])
+
+
+def upstream_builds(artifact: Any, experiment: Any, prefix: str) -> dict[str, dict[str, Any]] | None:
+    """Each upstream's build now (`build_of`), by key; None when one has no readable
+    record (`check_upstreams` refuses it, with a failure record, when the step starts)."""
+    builds = {}
+    for key in artifact.upstream_keys():
+        try:
+            record = read_record(artifact_location(prefix, experiment[key].id), experiment[key].id)
+        except MarinError:
+            return None
+        if record is None:
+            return None
+        builds[key] = build_of(record)
+    return builds
 
 
 def _jobid(text: str | None) -> int | str | None:

@@ -131,6 +131,7 @@ def lease_settings(text: str) -> dict[str, Any]:
 def build(args: argparse.Namespace) -> int:
     from marin_rules.cluster.pod import pod_process_from_env
     from marin_rules.experiment import dev_user_in_path, load_experiment, owned_by
+    from marin_rules.steps import SHARDED_STEPS
     from marin_rules.workflow.forcing import discard_old_build, marker_of, move_old_build, restore_old_build
 
     experiment = load_experiment(args.experiment)
@@ -160,6 +161,8 @@ def build(args: argparse.Namespace) -> int:
         if moved:
             print(f"{artifact.key}: forced: the old build moved to {moved}", file=sys.stderr, flush=True)
         try:
+            if not process and artifact.step not in SHARDED_STEPS:  # shards check their own (shards.py)
+                begin_attempt(artifact, experiment, location, args.prefix)
             code = run(artifact, experiment, location, args, process, held)
         except BaseException:
             if moved:  # the rebuild failed or was stopped: the old build serves again
@@ -173,6 +176,19 @@ def build(args: argparse.Namespace) -> int:
     finally:
         if held is not None:
             held.release()
+
+
+def begin_attempt(artifact: Any, experiment: Any, location: str, prefix: str) -> None:
+    """Record which upstream builds this attempt uses; set aside leftovers made from
+    others (`attempt.py`). Skipped when an upstream is unreadable: the step refuses it."""
+    from marin_rules.job import attempt
+    from marin_rules.job.context import upstream_builds
+
+    upstreams = upstream_builds(artifact, experiment, prefix)
+    stale = None if upstreams is None else attempt.begin(location, artifact.fingerprint, upstreams)
+    if stale:
+        print(f"{artifact.key}: what an earlier attempt left was made from other upstream builds ({stale[1]}); "
+              f"moved to {stale[0]}, building from scratch", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def take_lease(args: argparse.Namespace, key: str, location: str, what: str, is_done: Callable[[], bool]) -> Any:
@@ -208,6 +224,7 @@ def _mirror(record: Any, artifact: Any, args: argparse.Namespace) -> None:
 
 
 def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace, process: int | None, held: Any) -> int:
+    from marin_rules.artifacts.builds import builds_in_deps
     from marin_rules.artifacts.shards import gathered_results, shard_count
     from marin_rules.steps import SHARDED_STEPS, step_function
 
@@ -219,7 +236,8 @@ def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace,
     def step(c: StepContext) -> Any:
         check_upstreams(artifact, experiment, args.prefix, deps_record)  # fills in what was seen
         if sharded:  # the gather: every shard job has finished
-            return step_function(artifact.step)(c, gathered_results(location, shard_count(c.runtime), artifact.fingerprint))
+            shards = gathered_results(location, shard_count(c.runtime), artifact.fingerprint, builds_in_deps(deps_record))
+            return step_function(artifact.step)(c, shards)
         return step_function(artifact.step)(c)
 
     record = run_step(ctx, entry, provenance, step, process, None if held is None else held.still_held)

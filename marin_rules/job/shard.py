@@ -3,7 +3,9 @@
 Model: as the artifact's own job (`main.build`), under a lease, but on the shard's
 folder `{location}/shards/{shard}/` (`marin_rules.artifacts.shards`): a live holder
 (another run building this shard) is waited for, a finished shard is served (its
-record mirrored for Snakemake on a remote prefix) and never built again. Upstreams
+record mirrored for Snakemake on a remote prefix) and never built again, unless it
+was made from other upstream builds than today's (an upstream rebuilt since: it is
+set aside under `.history/<time>-stale/` and built anew). Upstreams
 are checked, then the step's shard function runs; its shard record is written last,
 only while the lease is still held. A failure writes the artifact's failure record
 naming the shard. Nothing here writes the artifact's success record: the gather does.
@@ -12,9 +14,11 @@ naming the shard. Nothing here writes the artifact's success record: the gather 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from marin_rules.artifacts import storage
+from marin_rules.artifacts.builds import upstream_change
 from marin_rules.artifacts.shards import (
     SHARD_RECORD,
     Shard,
@@ -27,7 +31,9 @@ from marin_rules.artifacts.shards import (
 
 def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Namespace) -> int:
     from marin_rules.artifacts.errors import StepError
+    from marin_rules.job.context import upstream_builds
     from marin_rules.job.main import take_lease
+    from marin_rules.workflow.forcing import set_aside
 
     shard = parse_shard(args.shard)
     if shard.count != shard_count(artifact.runtime):
@@ -35,13 +41,27 @@ def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Na
             f"{artifact.key}: runtime.shards is {shard_count(artifact.runtime)}, but this job is shard {shard.name}: "
             "the experiment changed since the run was planned; run snakemake again"
         )
-    held = take_lease(args, artifact.key, shard.location(location), f"shard {shard.name}",
-                      lambda: read_shard_record(location, shard, artifact.fingerprint) is not None)  # fmt: skip
+    upstreams = upstream_builds(artifact, experiment, args.prefix)  # None: one unreadable (the step refuses it)
+
+    def made_from(record: dict[str, Any] | None) -> str | None:
+        """How the upstreams a finished shard was made from differ from today's (None: the same)."""
+        return None if record is None or upstreams is None else upstream_change(record.get("upstreams"), upstreams)
+
+    def is_done() -> bool:
+        record = read_shard_record(location, shard, artifact.fingerprint)
+        return record is not None and made_from(record) is None
+
+    held = take_lease(args, artifact.key, shard.location(location), f"shard {shard.name}", is_done)
     if held is None:
         print(f"{artifact.key}: shard {shard.name} is built already; serving it", flush=True)
         _mirror_shard(location, shard, artifact, args)
         return 0
     try:
+        how = made_from(read_shard_record(location, shard, artifact.fingerprint))
+        if how is not None:
+            moved = set_aside(location, "stale", shard.folder)
+            print(f"{artifact.key}: shard {shard.name} was made from other upstream builds ({how}); "
+                  f"moved to {moved}, building it again", file=sys.stderr, flush=True)  # fmt: skip
         return _run_shard(artifact, experiment, location, shard, args, held)
     finally:
         held.release()

@@ -81,14 +81,22 @@ def move_old_build(location: str) -> str | None:
         saved = storage.read_bytes(marker)
     except FileNotFoundError:
         return None
-    stamp = iso(utc_now()).replace(":", "").replace("-", "")
-    target = storage.join(location, HISTORY_DIR, stamp)
-    storage.makedirs(target)
-    _move_entries(location, target)
+    target = set_aside(location)
     if saved.strip() not in (b"", b"null"):
         storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
     fs, _ = storage.filesystem(location)
     fs.rm(storage.filesystem(marker)[1])
+    return target
+
+
+def set_aside(location: str, why: str = "", part: str = "") -> str:
+    """Move everything in the artifact folder `location` (or in its subfolder `part`, a
+    shard's `shards/<name>`) but `.history/`, `.failures/` and the lease into
+    `.history/<UTC time>[-why][/part]/`; returns that folder."""
+    stamp = iso(utc_now()).replace(":", "").replace("-", "") + (f"-{why}" if why else "")
+    target = storage.join(location, HISTORY_DIR, stamp, *([part] if part else []))
+    storage.makedirs(target)
+    _move_entries(storage.join(location, part) if part else location, target)
     return target
 
 
