@@ -213,6 +213,18 @@ def test_generate_until_stops_at_the_stop_sequence(lm):
     assert full == lm.tok_decode(script[:-1])  # ended at eos
 
 
+def test_generate_until_on_a_model_of_one_position_keeps_one_prompt_token(lm):
+    class OnePosition(ScriptScorer):
+        def prefill(self, prompts, lengths, cache_length):
+            assert prompts.shape[1] == 1 and list(lengths) == [1] and cache_length == 1  # fits max_length 1
+            return super().prefill(prompts, lengths, cache_length)
+
+    script = lm.tok_encode(" Birnam wood")
+    gen = MarinLM(OnePosition(script, 1, max_length=1), lm.tokenizer, lm.special, batch_size=1)
+    (out,) = gen.generate_until(requests("generate_until", [("a long prompt to cut", {"until": ["\n"], "max_gen_toks": 20})]))
+    assert out == lm.tok_decode(script[:1])  # one new token: all a model of one position can give
+
+
 def test_generate_until_with_the_model_is_greedy_decoding(lm, forward):
     prompt = "Out,"
     (out,) = lm.generate_until(requests("generate_until", [(prompt, {"until": ["\n\n\n"], "max_gen_toks": 8})]), disable_tqdm=True)

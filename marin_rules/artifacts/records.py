@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from marin_rules.artifacts import storage
-from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.errors import MarinError, StepError
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, ArtifactId
 from marin_rules.artifacts.files import file_problems, list_data_files
 from marin_rules.artifacts.provenance import Provenance, iso, utc_now
@@ -192,6 +192,19 @@ def write_success(location: str, entry: Mapping[str, Any], result: Any, provenan
     record = record_from_json(data, record_location(location))
     storage.write_json_atomic(record_location(location), record.to_json())
     return record
+
+
+def rebuild_hint(location: str) -> str:
+    """How to rebuild the artifact at `location`: the end of a one-line error."""
+    return f"rebuild it with: snakemake --forcerun {record_location(location)}"
+
+
+def unreadable_file(field: str, path: str, location: str, why: BaseException | str) -> StepError:
+    """A file of the built artifact at `location` that cannot be read (corrupt, though
+    of its recorded size): one line naming the field, the file and the fix."""
+    reason = f"{type(why).__name__}: {why}" if isinstance(why, BaseException) else why
+    reason = " ".join(str(reason).split())[:200]
+    return StepError(f"{field}: {path} is unreadable ({reason}): the artifact is damaged; {rebuild_hint(location)}")
 
 
 def verify_files(location: str, record: Record) -> list[str]:

@@ -35,6 +35,7 @@ import numpy as np
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, StepError
+from marin_rules.artifacts.records import unreadable_file
 from marin_rules.data.checks import check_mixture
 from marin_rules.data.relative import resolve_location
 from marin_rules.data.tokenize import INDEX
@@ -74,7 +75,7 @@ def load_source(location: str, split: str = "train") -> TokenSource:
     index_location = storage.join(location, INDEX)
     if not storage.exists(index_location):
         raise StepError(f"{FIELD}: {index_location} is missing: is {location} a finished `tokenize` artifact?")
-    index = storage.read_json(index_location)
+    index = _read_index(index_location, location)
     capacity = int(np.iinfo(index["dtype"]).max) + 1
     if index["vocab_size"] > capacity:
         raise StepError(
@@ -82,18 +83,39 @@ def load_source(location: str, split: str = "train") -> TokenSource:
         )
     if split not in index["splits"]:
         raise StepError(f"{FIELD}: {location} has no {split!r} split (it has {sorted(index['splits'])})")
-    shards = tuple(_load_shard(storage.join(location, s["path"])) for s in index["splits"][split]["shards"])
+    shards = tuple(_load_shard(storage.join(location, s["path"]), location) for s in index["splits"][split]["shards"])
     for shard, entry in zip(shards, index["splits"][split]["shards"]):
         if len(shard) != entry["tokens"] or shard.dtype != np.dtype(index["dtype"]):
-            raise StepError(f"{FIELD}: shard {entry['path']} of {location} does not match its index.json")
+            raise unreadable_file(FIELD, storage.join(location, entry["path"]), location, "its length or dtype differs from index.json")
     starts = np.concatenate([[0], np.cumsum([len(s) for s in shards], dtype=np.int64)])
     return TokenSource(location, index, shards, starts)
 
 
-def _load_shard(location: str) -> np.ndarray:
-    if storage.is_remote(location):
-        return np.load(io.BytesIO(storage.read_bytes(location)), allow_pickle=False)
-    return np.load(storage.local_path(location), mmap_mode="r", allow_pickle=False)
+def _read_index(index_location: str, location: str) -> dict[str, Any]:
+    """index.json with the fields the loader reads; a damaged one is named (one line)."""
+    try:
+        index = storage.read_json(index_location)
+        np.iinfo(index["dtype"])
+        int(index["vocab_size"]), str(index["tokenizer"]), str(index["tokenizer_digest"])  # noqa: B018
+        for role in ("bos_id", "eos_id", "pad_id"):
+            int(index[role])
+        for entry in index["splits"].values():
+            for shard in entry["shards"]:
+                str(shard["path"]), int(shard["tokens"])  # noqa: B018
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise unreadable_file(FIELD, index_location, location, e) from None
+    return index
+
+
+def _load_shard(location: str, artifact: str) -> np.ndarray:
+    try:
+        if storage.is_remote(location):
+            return np.load(io.BytesIO(storage.read_bytes(location)), allow_pickle=False)
+        return np.load(storage.local_path(location), mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise
+    except (ValueError, OSError, EOFError) as e:  # a garbled header reads as "pickled data"
+        raise unreadable_file(FIELD, location, artifact, "not a numpy array file") from e
 
 
 class TokenLoader:
@@ -144,7 +166,25 @@ class TokenLoader:
             for row in range(local):
                 source, example = self.example_of_row(first + row)
                 out[j * local + row] = self._sequence(source, example)
+        if out.size and (int(out.max()) >= self.vocab_size or int(out.min()) < 0):
+            self._refuse_ids_outside_vocab(out, step, process_index, process_count, micro_batches)
         return out
+
+    def _refuse_ids_outside_vocab(self, out: np.ndarray, step: int, process_index: int, process_count: int,
+                                  micro_batches: int) -> None:  # fmt: skip
+        """Name the source whose tokens lie outside the vocabulary (a damaged shard:
+        the model would look them up out of range and train on NaNs)."""
+        micro = self.batch_size // micro_batches
+        local = micro // process_count
+        bad = int(np.flatnonzero(((out >= self.vocab_size) | (out < 0)).any(axis=1))[0])
+        j, row = divmod(bad, local)
+        source, _ = self.example_of_row(int(step) * self.batch_size + j * micro + process_index * local + row)
+        location = self.sources[source].location
+        value = int(out[bad][(out[bad] >= self.vocab_size) | (out[bad] < 0)][0])
+        raise unreadable_file(
+            FIELD, storage.join(location, INDEX) + " shards", location,
+            f"token id {value} outside the vocabulary of {self.vocab_size} ids",
+        )  # fmt: skip
 
     def example_of_row(self, row: int) -> tuple[int, int]:
         """(source number, that source's example number) of global row `row`."""

@@ -44,6 +44,7 @@ from tqdm import tqdm
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.records import unreadable_file
 from marin_rules.artifacts.shards import Shard, all_shards, shard_count
 from marin_rules.data import dolma
 from marin_rules.data.checks import (
@@ -191,8 +192,11 @@ def describe_tokenizer(location: str, dtype: str | None) -> dict[str, Any]:
     if not storage.exists(path):
         raise StepError(f"deps.tokenizer: {path} is missing: is {location} a finished `train_tokenizer` artifact?")
     special = load_special_tokens(location)
-    tokenizer_json = storage.read_text(path)
-    tokenizer = Tokenizer.from_str(tokenizer_json)
+    try:
+        tokenizer_json = storage.read_text(path)
+        tokenizer = Tokenizer.from_str(tokenizer_json)
+    except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+        raise unreadable_file("deps.tokenizer", path, location, e) from None
     ids = tokenizer.get_vocab(with_added_tokens=True).values()
     vocab_size = max(tokenizer.get_vocab_size(with_added_tokens=True), max(ids) + 1)
     dtype = dtype or token_dtype(vocab_size)

@@ -46,6 +46,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from marin_rules.artifacts import storage
+from marin_rules.artifacts.records import unreadable_file
 from marin_rules.eval import packing
 from marin_rules.eval.config import DEFAULT_BATCH_SIZE
 from marin_rules.eval.packing import Piece
@@ -66,7 +67,12 @@ class SpecialTokens:
 def load_tokenizer(location: str) -> tuple[Tokenizer, SpecialTokens]:
     """A tokenizer.json (local or remote) and its special token ids, from the
     `special_tokens.json` beside it, else from well-known token strings."""
-    tokenizer = Tokenizer.from_str(storage.read_text(location))
+    try:
+        tokenizer = Tokenizer.from_str(storage.read_text(location))
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+        raise unreadable_file("deps.model", location, storage.parent(location), e) from None
     tokenizer.encode_special_tokens = True  # as the tokenize step: "<|endoftext|>" in a text is text
     sidecar = storage.join(storage.parent(location), "special_tokens.json")
     ids: dict[str, int | None] = {}
@@ -302,7 +308,7 @@ class MarinLM(TemplateLM):
             until = [until] if isinstance(until, str) else list(until)
             max_gen = max(1, min(int(kwargs.get("max_gen_toks", self.max_gen_toks)), L - 1))
             tokens = self.tok_encode(context) if context else []
-            tokens = ([self.prefix_token_id] + tokens)[-(L - max_gen) :]
+            tokens = ([self.prefix_token_id] + tokens)[-max(1, L - max_gen) :]  # L = 1: the prefix alone, one token
             prepared.append((tokens, until, max_gen))
         outputs = [""] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: -len(prepared[i][0]))

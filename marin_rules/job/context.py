@@ -19,7 +19,7 @@ from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.builds import build_of
-from marin_rules.artifacts.records import Provenance, read_record, verify_files
+from marin_rules.artifacts.records import Provenance, read_record, rebuild_hint, verify_files
 
 
 def job_context(artifact: Any, experiment: Any, location: str, args: argparse.Namespace) -> tuple:
@@ -71,7 +71,7 @@ def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: di
         upstream = experiment[key]
         location = artifact_location(prefix, upstream.id)
         record = read_record(location, upstream.id)
-        how = f"rebuild it with: snakemake --forcerun {storage.join(location, RECORD_FILE)}"
+        how = rebuild_hint(location)
         if record is None:
             raise MarinError(f"{artifact.key}: upstream {key} has no success record at {location}; {how}")
         problems = verify_files(location, record) + source_problems(upstream, record.result)

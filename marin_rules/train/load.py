@@ -24,7 +24,8 @@ import jax
 from flax import nnx
 
 from marin_rules.artifacts import storage
-from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.errors import MarinError, StepError
+from marin_rules.artifacts.records import unreadable_file
 from marin_rules.data.relative import resolve_location
 from marin_rules.model.config import ModelConfig
 from marin_rules.model.moe import dropless as dropless_impl
@@ -48,8 +49,11 @@ def load_trained(location: str, step: int | None = None, *, dropless: bool = Tru
     info_location = storage.join(location, "model.json")
     if not storage.exists(info_location):
         raise StepError(f"{info_location} not found: is {location} a finished train artifact?")
-    info = storage.read_json(info_location)
-    config = ModelConfig.from_dict(info["model"])
+    try:
+        info = storage.read_json(info_location)
+        config = ModelConfig.from_dict(info["model"])
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, MarinError) as e:
+        raise unreadable_file("deps.model", info_location, location, e) from None
     if dropless:
         config = dataclasses.replace(config, moe_impl=dropless_impl(config.moe_impl))
     manager = checkpoint.open_manager(location, max_to_keep=None, read_only=True)

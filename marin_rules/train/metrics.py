@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,11 +45,17 @@ class MetricsLog:
         """The log of an earlier attempt, cut to records at or before `up_to_step`."""
         records: list[dict] = []
         if up_to_step > 0 and storage.exists(location):
-            for line in storage.read_text(location).splitlines():
-                if line.strip():
-                    record = json.loads(line)
-                    if record.get("step", 0) <= up_to_step:
-                        records.append(record)
+            unreadable = 0
+            for line in storage.read_bytes(location).decode("utf-8", errors="replace").splitlines():
+                try:
+                    record = json.loads(line) if line.strip() else None
+                except ValueError:
+                    record = None
+                    unreadable += 1
+                if isinstance(record, dict) and isinstance(record.get("step", 0), int) and record.get("step", 0) <= up_to_step:
+                    records.append(record)
+            if unreadable:  # the curve loses those points; training does not depend on them
+                print(f"{location}: {unreadable} unreadable line(s) dropped while resuming", file=sys.stderr, flush=True)
         return cls(location, records)
 
     def log(self, record: dict) -> None:
