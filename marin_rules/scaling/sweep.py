@@ -116,7 +116,7 @@ def scaling_experiment(
             DATA: {
                 "step": "tokenize",
                 "deps": {"corpus": "raw/shakespeare@v1", "tokenizer": "tokenizers/shakespeare-bpe512@v1"},
-                "config": {"validation_fraction": 0.05, "num_workers": 2},
+                "config": {"validation_fraction": 0.05},  # speed-only settings belong in runtime
             },
             verify: {"step": "train", "deps": {"data": DATA}, "config": plan(target, vocab_size).config},
             "scaling/fit@v1": {
