@@ -21,6 +21,10 @@ onstart:
     marin.on_start()
 
 
+onsuccess:
+    marin.on_success()
+
+
 rule all:
     default_target: True
     localrule: True

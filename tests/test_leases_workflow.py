@@ -206,3 +206,41 @@ def test_a_run_serves_what_another_run_finished_after_it_planned_instead_of_dele
     assert (tmp_path / "runs.log").read_text().split() == ["ck/l", "ck/m"]  # Carol's builds only
     for key in "lm":
         assert storage.read_json(f"{tmp_path}/art/ck/{key}/v1/.artifact.json") == built[key]
+
+
+TAKER_STEPS = '''
+import json
+from marin_rules.artifacts import storage
+from marin_rules.artifacts.provenance import iso, utc_now
+
+def take(ctx):
+    """Stands in for another run's forced job starting on config.other: it holds that
+    artifact's lease and has moved its record aside."""
+    other = ctx.config["other"]
+    now = iso(utc_now())
+    holder = {"user": "someone", "host": "another-host", "pid": 4242, "since": now, "renewed": now, "token": "f" * 32}
+    storage.write_bytes_atomic(other + "/.lease.json", json.dumps(holder).encode())
+    storage.makedirs(other + "/.history/t")
+    storage.move(other + "/.artifact.json", other + "/.history/t/.artifact.json")
+    return {}
+'''
+
+
+def test_a_record_another_run_takes_away_mid_run_is_named_with_its_holder(tmp_path, snakemake_cmd):
+    # what Snakemake alone says then is "Missing files after 5 seconds ... --latency-wait"
+    from test_workflow import Workspace
+
+    ws = Workspace(tmp_path, snakemake_cmd)
+    (tmp_path / "takersteps.py").write_text(TAKER_STEPS)
+    ws.write({
+        "raw/a@v1": {"step": "usersteps:make", "config": {"text": "a"}},
+        "side/d@v1": {"step": "takersteps:take", "config": {"other": f"{ws.prefix}/raw/a/v1"}},
+    })  # fmt: skip
+    ws.snakemake("--config", f"prefix={ws.prefix}", "target=raw/a@v1")
+    proc = ws.snakemake(check=False)
+    assert proc.returncode != 0
+    assert (
+        "marin-rules: raw/a@v1: its record went away while this run ran: another run is rebuilding it "
+        "(lease held by someone@another-host pid 4242"
+    ) in proc.stderr
+    assert "side/d@v1: its record" not in proc.stderr  # only what was taken away

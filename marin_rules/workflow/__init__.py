@@ -17,6 +17,7 @@ prefix per invocation; the real records and all data live on the prefix.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shlex
 import sys
@@ -88,6 +89,8 @@ def begin(workflow: Any, config: dict) -> Session:
     if main_process:
         by_path = experiment.by_path
         dag_labels.install(lambda path: by_path[path].key if path in by_path else None)
+        atexit.unregister(_explain_at_exit)  # once, however often the Snakefile is parsed
+        atexit.register(_explain_at_exit)
     return _session
 
 
@@ -117,3 +120,20 @@ def on_start() -> None:
         signals.forward_signals(_session.registry)
         if _session.main_process:
             _session.print_plan()
+
+
+
+def on_success() -> None:
+    """From the Snakefile's `onsuccess:`: nothing to explain at exit."""
+    if _session is not None:
+        _session.succeeded = True
+
+
+def _explain_at_exit() -> None:
+    """At the main process's exit after a failed run, name the artifacts another run
+    took away while this one ran (`Session.taken_by_another_run`): Snakemake reports the
+    missing record as filesystem latency, and an exception raised while waiting for it
+    never reaches `onerror:`, hence exit."""
+    if _session is not None and not _session.succeeded and not getattr(_session.workflow, "dryrun", False):
+        for line in _session.taken_by_another_run():
+            print(f"marin-rules: {line}", file=sys.stderr, flush=True)

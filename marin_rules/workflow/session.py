@@ -86,6 +86,7 @@ class Session:
     _pending: dict[str, str] = field(default_factory=dict)  # key -> the rebuilt upstream (`_left_pending`)
     _records: dict[str, Record | None] = field(default_factory=dict)
     _stamped: bool = False
+    succeeded: bool = False  # set by `onsuccess:`
 
     # ---- paths -------------------------------------------------------------------
     def location(self, key: str) -> str:
@@ -284,6 +285,25 @@ class Session:
             shutil.rmtree(os.path.join(self.records_root, artifact.id.path, SHARDS_DIR), ignore_errors=True)
         if moved:
             print(f"{artifact.key}: forced: the old build moved to {moved}", file=sys.stderr)
+
+    def taken_by_another_run(self) -> list[str]:
+        """One line for each artifact whose record this run read while planning and that
+        is gone now under another run's live lease: that run is rebuilding it (a forced
+        build moves the old one aside when its job starts), so this run's jobs and
+        targets met a missing file, which Snakemake reports only as latency."""
+        from marin_rules.artifacts.lease import STALE_S, read_lease
+
+        lines = []
+        for key, record in sorted(self._records.items()):
+            if record is None or self._forced.get(key) or os.path.exists(self.record_path(key)):
+                continue
+            holder = read_lease(self.location(key))
+            if holder is not None and holder.age_s() < STALE_S:
+                lines.append(
+                    f"{key}: its record went away while this run ran: another run is rebuilding it (lease held by "
+                    f"{holder.describe()}); run snakemake again once that run has finished, and this one serves it"
+                )
+        return lines
 
     def print_plan(self) -> None:
         """The priced plan of the training jobs that will run, once (main process)."""
