@@ -24,7 +24,6 @@ import sys
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, ArtifactId, artifact_location
-from marin_rules.artifacts.records import read_failures
 from marin_rules.experiment import DEFAULT_EXPERIMENT, Experiment, load_experiment
 from marin_rules.inspect import reading
 from marin_rules.mirror import records_root
@@ -56,6 +55,7 @@ def _known_keys(experiment: Experiment | None, prefix: str, name: str) -> list[s
 def _experiment_key(text: str, experiment: Experiment, command: str) -> str:
     if text in experiment.artifacts:
         return text
+    reading.refuse_empty_key(text, experiment.artifacts)
     hint = reading.suggestion(text, experiment.artifacts)
     raise MarinError(
         f"{text}: not an artifact of {experiment.path}{hint} (name another experiment with "
@@ -158,8 +158,12 @@ def _run(args) -> int:
         return 0
     if args.command == "verify":
         return _verify(key, location, prefix, artifact)
-    failures = read_failures(location)
-    shown = {"record": reading.record_dict(location, artifact), "last_failure": failures[-1] if failures else None}
+    shown = {"record": reading.record_dict(location, artifact)}
+    try:
+        shown["last_failure"] = reading.last_failure(location)
+    except reading.UnreadableRecord as e:  # an older failure is not the last one
+        shown["last_failure"] = {"unreadable": str(e)}
+        print(f"marin: {key}: last failure unknown: {e}", file=sys.stderr)
     print(reading.dumps(shown))
     return 0
 

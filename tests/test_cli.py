@@ -89,3 +89,26 @@ def test_a_closed_pipe_ends_quietly(experiment_file, tmp_path):  # noqa: F811
         err = proc.stderr.read().decode()
         assert proc.wait(timeout=60) == 0, err
         assert err == ""
+
+
+def test_show_says_the_newest_failure_record_is_unreadable_instead_of_showing_an_older_one(experiment_file, tmp_path, capsys):  # noqa: F811
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    populate(prefix, experiment)  # checkpoints/nano@v1 failed a retry at 2026-12-02 08:00
+    newest = artifact_location(prefix, experiment["checkpoints/nano@v1"].id) + "/.failures/20261203T000000Z.json"
+    with open(newest, "w") as f:
+        f.write('{"error": {"type": ')  # cut short
+    assert main(["show", "checkpoints/nano@v1", "--configfile", experiment_file, "--prefix", prefix]) == 0
+    captured = capsys.readouterr()
+    line = f"{newest}: unreadable record (not valid JSON (Expecting value at line 1, column 20)); repair or delete the file"
+    assert json.loads(captured.out)["last_failure"] == {"unreadable": line}
+    assert captured.err == f"marin: checkpoints/nano@v1: last failure unknown: {line}\n"
+
+
+def test_an_empty_key_is_named_as_such_with_what_is_expected(experiment_file, tmp_path, capsys):  # noqa: F811
+    args = ["--configfile", experiment_file, "--prefix", str(tmp_path / "artifacts")]
+    for command in (["show", ""], ["path", " "], ["history", ""], ["diff", "", "raw/s@v1"], ["plan", ""]):
+        assert main([*command, *args]) == 1
+        assert capsys.readouterr().err == (
+            f"marin: an empty key was given ({command[1]!r}); expected name@version, such as raw/s@v1\n"
+        ), command

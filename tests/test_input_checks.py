@@ -18,7 +18,8 @@ from marin_rules.artifacts.errors import MarinError
 from marin_rules.cli import main as marin
 from marin_rules.experiment import build_experiment
 from marin_rules.sweeps import MAX_SWEEP_ARTIFACTS
-from marin_rules.workflow.options import check_config, checked_prefix, lease_options, parse_prefix
+from marin_rules.steps import SHARDED_STEPS
+from marin_rules.workflow.options import check_config, checked_prefix, lease_options, parse_prefix, target_keys
 from marin_rules.workflow.session import Session
 
 TOK = {"step": "tokenize", "deps": {"corpus": "raw/a@v1", "tokenizer": "tok/t@v1"}}
@@ -166,6 +167,48 @@ def test_sweep_grid_whose_product_passes_the_cap_is_refused_before_expanding():
 
 def test_sweep_range_gives_start_to_stop_minus_one():
     assert list(build_experiment(sweep({"i": {"range": [2, 5]}})).artifacts) == ["s/n2@v1", "s/n3@v1", "s/n4@v1"]
+
+
+# ---- --config target= ------------------------------------------------------------------
+
+
+def target_refusal(target: str) -> str:
+    experiment = build_experiment({"artifacts": {**CHAIN, "data/x@v1": dict(TOK)}}, "exp.yaml")
+    with pytest.raises(MarinError) as e:
+        target_keys(experiment, target)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_target_of_a_step_kind_without_artifacts_says_so_and_lists_the_kinds_that_have_some():
+    assert target_refusal("export_hf") == (
+        "--config target=export_hf: the step kind export_hf has no artifact in exp.yaml; "
+        "kinds that do: download, train_tokenizer, tokenize"
+    )
+
+
+@pytest.mark.parametrize("target", ["raw/a@v1,,tok/t@v1", "raw/a@v1,", ",", " , tokenize"])
+def test_target_list_with_an_empty_item_says_so_instead_of_suggesting_keys(target):
+    assert target_refusal(target) == (
+        f"--config target={target}: the list has an empty item; separate name@version "
+        "or step kinds such as train by single commas"
+    )
+
+
+@pytest.mark.parametrize("step", SHARDED_STEPS)
+def test_target_of_a_shard_rule_says_it_is_a_rule_and_names_the_step_kind_that_builds_all_shards(step):
+    assert f"rule {step}_shard:" in "".join(p.read_text() for p in (REPO / "rules").glob("*.smk"))
+    assert target_refusal(f"{step}_shard") == (
+        f"--config target={step}_shard: {step}_shard is a rule (one shard of a {step} artifact), not a step kind; "
+        f"target={step} builds every {step} artifact (all shards)"
+    )
+
+
+def test_target_that_is_no_key_and_no_kind_still_suggests_the_nearest_key():
+    assert target_refusal("raw/a") == (
+        "--config target=raw/a: not an artifact of exp.yaml (did you mean raw/a@v1?) "
+        "(use name@version, or a step kind such as train)"
+    )
 
 
 # ---- --config values -------------------------------------------------------------------

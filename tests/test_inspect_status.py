@@ -8,16 +8,20 @@ a real lease), as steps leave them; no step runs, so each state is set up exactl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.identity import artifact_location
-from marin_rules.artifacts.lease import acquire
+from marin_rules.artifacts.lease import acquire, new_holder
 from marin_rules.artifacts.records import write_failure, write_success
 from marin_rules.cli import main
+from marin_rules.artifacts.shards import all_shards
 from marin_rules.experiment import load_experiment
 
 EXPERIMENT = """
@@ -211,3 +215,48 @@ def test_status_reads_a_gcs_prefix(experiment_file, gcs_prefix, capsys):
     assert rows["evals/nano@v1"]["state"] == "upstream rebuilt"
     assert rows["checkpoints/nano@v0"]["state"] == "corrupt"
     assert rows["checkpoints/nano@v0"]["reason"].startswith(f"{gcs_prefix}/checkpoints/nano/v0/.artifact.json: missing fields")
+
+
+def leave_a_dead_holders_lease(location: str) -> str:
+    """The lease a job killed by SIGKILL (the OOM killer) leaves: this host, this pid
+    namespace, renewed just now (not stale), a pid that no longer exists. Its description."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=60)  # reaped: the pid no longer exists
+    holder = dataclasses.replace(new_holder(), pid=proc.pid)
+    storage.write_json_atomic(storage.join(location, ".lease.json"), dataclasses.asdict(holder))
+    return holder.describe()
+
+
+def test_a_lease_whose_builder_died_on_this_host_is_failed_not_building(experiment_file, tmp_path, capsys):
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    location = {key: artifact_location(prefix, experiment[key].id) for key in experiment.artifacts}
+    killed = leave_a_dead_holders_lease(location["raw/s@v1"])
+    killed_shard = leave_a_dead_holders_lease(all_shards(1)[0].location(location["tokenized/s@v1"]))
+    build(prefix, experiment, "tokenizers/bpe@v1")
+    killed_rebuild = leave_a_dead_holders_lease(location["tokenizers/bpe@v1"])
+    rows = status_json(experiment_file, prefix, capsys)
+    assert rows["raw/s@v1"]["state"] == "failed"
+    assert rows["raw/s@v1"]["reason"] == (
+        f"its builder ({killed}) is gone: killed? (no failure record); the next run takes the lease over and resumes"
+    )
+    assert rows["tokenized/s@v1"]["state"] == "failed"
+    assert rows["tokenized/s@v1"]["reason"] == (
+        f"a shard's builder ({killed_shard}) is gone: killed? (no failure record); the next run takes the lease "
+        "over and resumes; 0 of 1 shard(s) built, 0 building"
+    )
+    assert rows["tokenizers/bpe@v1"]["state"] == "built"
+    assert rows["tokenizers/bpe@v1"]["reason"] == (
+        f"matches the recipe; a rebuild's builder ({killed_rebuild}) is gone: killed? (no failure record)"
+    )
+
+
+def test_an_unreadable_newest_failure_record_is_named_not_replaced_by_an_older_failure(experiment_file, tmp_path, capsys):
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    fail(prefix, experiment, "raw/s@v1", "network down", "2026-12-02T08:00:00.000Z")
+    newest = artifact_location(prefix, experiment["raw/s@v1"].id) + "/.failures/20261203T000000Z.json"
+    storage.write_bytes_atomic(newest, b"")  # cut short: the disk filled up
+    row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
+    assert row["state"] == "failed"
+    assert row["reason"] == f"last attempt failed: {newest}: unreadable record (empty file); repair or delete the file"

@@ -135,3 +135,35 @@ def test_diff_and_history_read_a_gcs_prefix(experiment_file, gcs_prefix, capsys)
     assert main(["diff", "checkpoints/nano@v0", key, "--prefix", gcs_prefix, "--only-changed"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].endswith("same recipe") and out[-1].split() == ["final_val_loss", "4", "3", "-1"]
+
+
+def test_history_lists_unreadable_failure_and_history_records_naming_each_file(experiment_file, tmp_path, capsys):  # noqa: F811
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    key = "checkpoints/nano@v1"
+    location = artifact_location(prefix, experiment[key].id)
+    first = build(prefix, experiment, key, ended="2026-12-01T10:00:00.000Z")
+    storage.write_json_atomic(f"{location}/.history/20261201T100000Z/.artifact.json", first)
+    fail(prefix, experiment, key, "out of memory", "2026-12-02T09:00:00.000Z")
+    build(prefix, experiment, key, ended="2026-12-03T10:00:00.000Z")
+    empty = f"{location}/.failures/20261204T000000Z.json"
+    garbled = f"{location}/.failures/20261205T000000Z.json"
+    old_build = f"{location}/.history/20261202T100000Z/.artifact.json"
+    storage.write_bytes_atomic(empty, b"")
+    storage.write_bytes_atomic(garbled, b'{"error": ')
+    storage.write_bytes_atomic(old_build, b"[1, 2]")
+    assert main(["history", key, "--prefix", prefix, "--configfile", experiment_file]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{key}: 6 attempts (3 with an unreadable record, listed last)"
+    assert [line.split()[2] for line in lines[1:5] if not line.startswith("      error")] == ["built", "failed", "built"]
+    assert sorted(lines[-3:]) == sorted([
+        f"  unreadable: {empty}: unreadable record (empty file); repair or delete the file",
+        f"  unreadable: {garbled}: unreadable record (not valid JSON (Expecting value at line 1, column 11)); "
+        "repair or delete the file",
+        f"  unreadable: {old_build}: unreadable record (expected a JSON object, got [1, 2]); repair or delete the file",
+    ])  # fmt: skip
+    assert main(["history", key, "--prefix", prefix, "--configfile", experiment_file, "--json"]) == 0
+    import json
+
+    events = json.loads(capsys.readouterr().out)
+    assert [e["outcome"] for e in events].count("unreadable") == 3

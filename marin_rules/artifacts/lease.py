@@ -152,10 +152,10 @@ def pid_namespace() -> str:
         return ""
 
 
-def _gone(holder: LeaseHolder) -> bool:
+def holder_gone(holder: LeaseHolder) -> bool:
     """True when the holder ran on this host, in this pid namespace (containers sharing a
     host name, e.g. docker --network host, number their processes apart), and its
-    process no longer exists."""
+    process no longer exists (also read by `marin status`)."""
     here = pid_namespace()
     if holder.host != socket.gethostname() or holder.pid <= 0 or not here or holder.pid_namespace != here:
         return False
@@ -181,7 +181,7 @@ def _takeover_reason(location: str, data: bytes | None, current: LeaseHolder | N
         return ""
     if current is None:
         return f"{where}: unreadable lease ({_unreadable(data)}); taking it over"
-    if _gone(current):
+    if holder_gone(current):
         return f"{where}: holder {current.describe()} is no longer running on this host; taking the lease over"
     age = current.age_s()
     if age >= stale_s:

@@ -6,7 +6,9 @@ success records a forced rebuild kept under `.history/` (as `.history/<x>.json` 
 `.history/<time>/.artifact.json`, with any `.history/<time>/.failures/*.json`). Each
 becomes one `Event` with its time, outcome, host, duration, fingerprint and, for a
 failure, the error's first line. Events that appear twice (a failure copied into a
-history folder) are shown once.
+history folder) are shown once. A failure or history record that cannot be read is
+an `unreadable` event naming the file (`reading.UnreadableRecord`), listed last: an
+attempt is never left out unsaid.
 """
 
 from __future__ import annotations
@@ -15,16 +17,17 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from marin_rules.artifacts.identity import ArtifactId
-from marin_rules.artifacts.records import read_failures
 from marin_rules.inspect import reading
 from marin_rules.inspect.status import first_line
+
+UNREADABLE = "unreadable"
 
 
 @dataclass(frozen=True)
 class Event:
     started: str
     ended: str
-    outcome: str  # "built (current)", "built (replaced by a forced rebuild)", "failed"
+    outcome: str  # "built (current)", "built (replaced by a forced rebuild)", "failed", UNREADABLE
     host: str
     user: str
     duration_s: float | None
@@ -64,25 +67,33 @@ def artifact_history(location: str, expected: ArtifactId | None = None) -> list[
     current = reading.record_dict(location, expected)
     if current is not None:
         events.append(_event(current, "built (current)"))
-    for failure in read_failures(location):
-        events.append(_event(failure, "failed"))
-    for path in reading.history_files(location):
-        old = reading.read_json_file(path)
+    kept = [
+        *((path, "failed") for path in reading.failure_files(location)),
+        *((path, "built (replaced by a forced rebuild)") for path in reading.history_files(location)),
+        *((path, "failed") for path in reading.history_failure_files(location)),
+    ]
+    for path, outcome in kept:
+        try:
+            old = reading.read_json_file(path)
+        except reading.UnreadableRecord as e:
+            events.append(Event("?", "?", UNREADABLE, "?", "?", None, "-", str(e)))
+            continue
         if old is not None:
-            events.append(_event(old, "built (replaced by a forced rebuild)"))
-    for path in reading.history_failure_files(location):
-        old = reading.read_json_file(path)
-        if old is not None:
-            events.append(_event(old, "failed"))
-    unique = {(e.started, e.ended, e.outcome, e.host): e for e in events}
-    return sorted(unique.values(), key=lambda e: (e.started, e.ended))
+            events.append(_event(old, outcome))
+    unique = {(e.started, e.ended, e.outcome, e.host, e.error): e for e in events}
+    return sorted(unique.values(), key=lambda e: (e.started, e.ended))  # unreadable ("?") last
 
 
 def format_history(key: str, events: list[Event]) -> str:
     if not events:
         return f"{key}: no attempts recorded (never built)"
-    lines = [f"{key}: {len(events)} attempt{'s' if len(events) != 1 else ''}"]
+    unreadable = sum(e.outcome == UNREADABLE for e in events)
+    lines = [f"{key}: {len(events)} attempt{'s' if len(events) != 1 else ''}"
+             + (f" ({unreadable} with an unreadable record, listed last)" if unreadable else "")]  # fmt: skip
     for e in events:
+        if e.outcome == UNREADABLE:
+            lines.append(f"  {UNREADABLE}: {e.error}")
+            continue
         took = "-" if e.duration_s is None else f"{e.duration_s:.1f}s"
         when = e.started.replace("T", " ")[:19]
         line = f"  {when}  {e.outcome:<38} host {e.host}  took {took}  fingerprint {e.fingerprint}"

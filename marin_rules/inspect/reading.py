@@ -1,10 +1,13 @@
 """Reading what a prefix holds, for the `marin` inspection commands.
 
 Model: an artifact `name@version` lives at `{prefix}/{name}/{version}`; its success
-record, failure records and forced-rebuild history are read through the records
-module and handed on as plain JSON dicts (`record_dict`, `Record.to_json()`), as
-failure records (`read_failures`) and history records are. A corrupt record raises the records module's
-one-line `MarinError` (`CorruptRecord`). `versions_on_prefix` lists every version of
+record is read through the records module and handed on as a plain JSON dict
+(`record_dict`, `Record.to_json()`); a corrupt one raises the records module's
+one-line `MarinError` (`CorruptRecord`). Failure records (`failure_files`,
+`last_failure`) and the records forced rebuilds kept (`history_files`,
+`history_failure_files`) are read by `read_json_file`, which raises `UnreadableRecord`
+(one line naming the file) for a file that is not a JSON object: no attempt is left
+out unsaid. `versions_on_prefix` lists every version of
 a name found on the prefix (a folder holding a record, failures or history), and
 `resolve_key` turns what a user typed into a key, or one line with the nearest
 known key ("did you mean checkpoints/nano-moe@v1?").
@@ -20,7 +23,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, MarinError
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, VERSION, ArtifactId, parse_key
 from marin_rules.artifacts.files import HISTORY_DIR
-from marin_rules.artifacts.records import read_record
+from marin_rules.artifacts.records import failures_location, read_record
 from marin_rules.validation import suggest_key
 
 FORCED_MARKER = ".forced-record"  # the exec glue's marker of a forced build (workflow/forcing.py)
@@ -78,13 +81,50 @@ def _relative_base(root: str) -> str:
     return storage.filesystem(root)[1].rstrip("/")
 
 
-def read_json_file(location: str) -> dict[str, Any] | None:
-    """A JSON object from a file, or None when unreadable (history is best effort)."""
+class UnreadableRecord(MarinError):
+    """A failure or history record that is not a JSON object: one line naming the file."""
+
+    def __init__(self, path: str, problem: str):
+        self.path = path
+        super().__init__(f"{path}: unreadable record ({problem}); repair or delete the file")
+
+
+def failure_files(location: str) -> list[str]:
+    """The artifact's failure records (`.failures/*.json`), oldest first."""
     try:
-        data = storage.read_json(location)
-    except (OSError, ValueError, UnicodeDecodeError):
+        return storage.list_files(failures_location(location), "*.json")
+    except FileNotFoundError:
+        return []
+
+
+def read_json_file(location: str) -> dict[str, Any] | None:
+    """A failure or history record as a dict; None when the file is gone since it was
+    listed, or is a `.forced-record` holding null (no earlier build was kept). Raises
+    UnreadableRecord when it is empty, not UTF-8, not JSON, or not a JSON object."""
+    try:
+        raw = storage.read_bytes(location)
+        data = json.loads(raw)
+    except FileNotFoundError:
         return None
-    return data if isinstance(data, dict) else None
+    except UnicodeDecodeError:
+        raise UnreadableRecord(location, "not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        problem = "empty file" if not raw.strip() else f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+        raise UnreadableRecord(location, problem) from None
+    except OSError as e:
+        raise UnreadableRecord(location, f"{type(e).__name__}: {e}") from None
+    if data is None and location.endswith(FORCED_MARKER):
+        return None
+    if not isinstance(data, dict):
+        raise UnreadableRecord(location, f"expected a JSON object, got {json.dumps(data)[:40]}")
+    return data
+
+
+def last_failure(location: str) -> dict[str, Any] | None:
+    """The newest failure record (None when there is none); UnreadableRecord when the
+    newest file is unreadable (an older one is not the last failure)."""
+    files = failure_files(location)
+    return read_json_file(files[-1]) if files else None
 
 
 def versions_on_prefix(prefix: str, name: str) -> list[str]:
@@ -114,8 +154,17 @@ def suggestion(text: str, keys: Iterable[str]) -> str:
     return suggest_key(text, keys, cutoff=0.5)
 
 
+def refuse_empty_key(text: str, known: Iterable[str]) -> None:
+    """An empty (or blank) KEY as typed (`marin show ""`): one line saying so."""
+    if not text.strip():
+        example = next(iter(known), "checkpoints/nano-moe@v1")
+        raise MarinError(f"an empty key was given ({text!r}); expected name@version, such as {example}")
+
+
 def resolve_key(text: str, known: Iterable[str]) -> ArtifactId:
     """Parse `name@version` as typed; one line with the nearest known key otherwise."""
+    known = list(known)
+    refuse_empty_key(text, known)
     try:
         return parse_key(text)
     except ConfigError as e:

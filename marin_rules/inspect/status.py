@@ -6,7 +6,11 @@ recipe and its upstreams' records:
 
   missing          no record, no failure ("never built")
   building         a lease names who builds it now (or a stale one, to be taken over)
-  failed           no record and the last attempt failed (its error's first line)
+  failed           no record and the last attempt failed (its error's first line, or the
+                   one line naming its unreadable failure record), or
+                   the lease names a builder that is gone (`lease.holder_gone`: it ran
+                   on this host and its process no longer exists, as after the OOM
+                   killer's SIGKILL, which leaves no failure record)
   (missing, building and failed add "the previous build is kept in .history/" while
   a forced rebuild has not succeeded)
   built            the record matches the recipe ("; last retry failed: ..." when a
@@ -36,9 +40,8 @@ from marin_rules.artifacts.code import code_change
 from marin_rules.artifacts.drift import recipe_diff
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
-from marin_rules.artifacts.lease import STALE_S, LeaseHolder, read_lease
+from marin_rules.artifacts.lease import STALE_S, LeaseHolder, holder_gone, read_lease
 from marin_rules.experiment import Artifact, Experiment
-from marin_rules.artifacts.records import read_failures
 from marin_rules.inspect import reading
 
 VAL_LOSS_KEYS = ("final_val_loss", "val_loss")
@@ -110,28 +113,38 @@ def _read_holder(location: str) -> LeaseHolder | None:
         return None
 
 
-def _lease_holder(location: str) -> str | None:
+def _lease_holder(location: str) -> tuple[str | None, str | None]:
+    """(who holds the lease, described, None when no one), and who held it but is gone
+    (`holder_gone`: killed on this host, leaving no failure record; None otherwise)."""
     holder = _read_holder(location)
     if holder is None:
-        return None
+        return None, None
+    if holder_gone(holder):
+        return None, holder.describe()
     if holder.age_s() > STALE_S:
-        return f"{holder.describe()} (stale: not renewed for {holder.age_s():.0f} s, the next run takes it over)"
-    return holder.describe()
+        return f"{holder.describe()} (stale: not renewed for {holder.age_s():.0f} s, the next run takes it over)", None
+    return holder.describe(), None
 
 
-def _shard_progress(location: str, artifact: Artifact | None) -> tuple[str | None, list[str]]:
+def _shard_progress(location: str, artifact: Artifact | None) -> tuple[str | None, list[str], list[str]]:
     """An unbuilt sharded artifact: "k of n" shards with a record (None when it is not
-    sharded), and the holders of live shard leases."""
+    sharded), the holders of live shard leases, and those of shard leases whose holder is gone."""
     from marin_rules.artifacts.shards import all_shards, shard_count, shard_record_location
     from marin_rules.steps import SHARDED_STEPS
 
     if artifact is None or artifact.step not in SHARDED_STEPS:
-        return None, []
+        return None, [], []
     shards = all_shards(shard_count(artifact.runtime))
     done = sum(storage.exists(shard_record_location(location, s)) for s in shards)
-    holders = [_read_holder(s.location(location)) for s in shards]
-    building = [h.describe() for h in holders if h is not None and h.age_s() <= STALE_S]
-    return (f"{done} of {len(shards)}" if done or building else None), building
+    holders = [h for s in shards if (h := _read_holder(s.location(location))) is not None]
+    gone = [h.describe() for h in holders if holder_gone(h)]
+    building = [h.describe() for h in holders if h.age_s() <= STALE_S and not holder_gone(h)]
+    return (f"{done} of {len(shards)}" if done or building or gone else None), building, gone
+
+
+def _gone(builder: str) -> str:
+    """A lease whose holder is gone: an attempt that ended without a record of any kind."""
+    return f"{builder} is gone: killed? (no failure record)"
 
 
 def _times(record: Mapping[str, Any]) -> tuple[str, str]:
@@ -159,15 +172,22 @@ def location_status(
         record = reading.record_dict(location, expected)
     except MarinError as e:
         return Status(key, step, "corrupt", str(e), "-", "-", "-", in_experiment=artifact is not None), None
-    fails = read_failures(location)
-    last_failure = fails[-1] if fails else None
-    holder = _lease_holder(location)
+    try:
+        last_failure, unreadable = reading.last_failure(location), None
+    except reading.UnreadableRecord as e:  # an older failure is not the last one
+        last_failure, unreadable = None, str(e)
+    holder, gone = _lease_holder(location)
     if record is None:
-        done, building = _shard_progress(location, artifact)
+        done, building, gone_shards = _shard_progress(location, artifact)
         if building and not holder:
             holder = f"{building[0]} for a shard"
         if holder:
             state, reason = "building", f"lease held by {holder}"
+        elif gone or gone_shards:
+            builder = f"its builder ({gone})" if gone else f"a shard's builder ({gone_shards[0]})"
+            state, reason = "failed", f"{_gone(builder)}; the next run takes the lease over and resumes"
+        elif unreadable:
+            state, reason = "failed", f"last attempt failed: {unreadable}"
         elif last_failure is not None:
             state, reason = "failed", f"last attempt failed at {_failure_line(last_failure)}"
         else:
@@ -203,12 +223,16 @@ def location_status(
             state, reason = "code changed", f"{text}; served as built, --forcerun rebuilds it"
         else:
             reason += f"; {text}"
+    if unreadable:  # the newest failure record: its time is unknown, it may be newer than the build
+        reason += f"; {unreadable}"
     if last_failure is not None:
         failed_at = str((last_failure.get("provenance") or {}).get("ended", ""))
         if failed_at > str((record.get("provenance") or {}).get("ended", "")):
             reason += f"; last retry failed at {_failure_line(last_failure)}"
     if holder:
         reason += f"; being rebuilt, lease held by {holder}"
+    elif gone:
+        reason += "; " + _gone(f"a rebuild's builder ({gone})")
     val, score = headline(record)
     status = Status(key, step, state, reason, fingerprint, built, took, val, score, artifact is not None)
     return status, record

@@ -29,12 +29,13 @@ import yaml
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.experiment import DEFAULT_EXPERIMENT, TOP_FIELDS, Experiment
-from marin_rules.steps import BUILTIN_STEPS
+from marin_rules.steps import BUILTIN_STEPS, SHARDED_STEPS
 from marin_rules.validation import is_number
 from marin_rules.validation import suggest_key as suggestion
 
 DEFAULT_PREFIX = "artifacts"
 CUSTOM_RULE = "custom"
+SHARD_RULE = "{step}_shard"  # the rule of one shard of a sharded step (rules/data.smk, rules/dedup.smk)
 LEASE_KEYS = {"lease_wait", "lease_heartbeat_s", "lease_stale_s", "lease_poll_s"}
 MIN_LEASE_S = 0.01  # below it, lease timings only hammer the storage
 STRING_KEYS = {  # the text-valued keys, and what each expects
@@ -242,11 +243,33 @@ def target_keys(experiment: Experiment, targets_config: Any) -> list[str]:
         elif any(rule_of(a.step) == item for a in experiment.artifacts.values()):
             keys.extend(k for k, a in experiment.artifacts.items() if rule_of(a.step) == item)
         else:
-            raise MarinError(
-                f"--config target={item}: not an artifact of {experiment.path}{_target_hint(experiment, item)} "
-                "(use name@version, or a step kind such as train)"
-            )
+            raise MarinError(_unknown_target(experiment, item, str(targets_config)))
     return keys
+
+
+def _unknown_target(experiment: Experiment, item: str, typed: str) -> str:
+    """One line on why `item` of `--config target=` names nothing to build, and the fix."""
+    kinds = ", ".join(dict.fromkeys(rule_of(a.step) for a in experiment.artifacts.values()))
+    shard_of = {SHARD_RULE.format(step=step): step for step in SHARDED_STEPS}
+    if not item:
+        return (
+            f"--config target={typed}: the list has an empty item; separate name@version "
+            "or step kinds such as train by single commas"
+        )
+    if item in BUILTIN_STEPS:
+        return (
+            f"--config target={item}: the step kind {item} has no artifact in {experiment.path}; kinds that do: {kinds}"
+        )
+    if item in shard_of:
+        step = shard_of[item]
+        return (
+            f"--config target={item}: {item} is a rule (one shard of a {step} artifact), not a step kind; "
+            f"target={step} builds every {step} artifact (all shards)"
+        )
+    return (
+        f"--config target={item}: not an artifact of {experiment.path}{_target_hint(experiment, item)} "
+        "(use name@version, or a step kind such as train)"
+    )
 
 
 def _target_hint(experiment: Experiment, item: str) -> str:

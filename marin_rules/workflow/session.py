@@ -291,14 +291,14 @@ class Session:
         is gone now under another run's live lease: that run is rebuilding it (a forced
         build moves the old one aside when its job starts), so this run's jobs and
         targets met a missing file, which Snakemake reports only as latency."""
-        from marin_rules.artifacts.lease import STALE_S, read_lease
+        from marin_rules.artifacts.lease import STALE_S, holder_gone, read_lease
 
         lines = []
         for key, record in sorted(self._records.items()):
             if record is None or self._forced.get(key) or os.path.exists(self.record_path(key)):
                 continue
             holder = read_lease(self.location(key))
-            if holder is not None and holder.age_s() < STALE_S:
+            if holder is not None and holder.age_s() < STALE_S and not holder_gone(holder):
                 lines.append(
                     f"{key}: its record went away while this run ran: another run is rebuilding it (lease held by "
                     f"{holder.describe()}); run snakemake again once that run has finished, and this one serves it"
