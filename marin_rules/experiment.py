@@ -34,8 +34,9 @@ from typing import Annotated, Any, Callable, Iterator, Mapping
 
 from marin_rules.artifacts.canonical import canonical_value, fingerprint, fingerprint_payload
 from marin_rules.artifacts.errors import ConfigError, ExperimentError, got
-from marin_rules.artifacts.identity import ArtifactId, parse_key
+from marin_rules.artifacts.identity import SNAKEMAKE_REPEATS, ArtifactId, parse_key, periodic_suffix
 from marin_rules.artifacts.shards import MAX_SHARDS
+from marin_rules.data.checks import mixture_total
 from marin_rules.dev_versions import default_dev_user, dev_user_in_path, owned_by, refuse_fixed_on_dev
 from marin_rules.steps import (
     BUILTIN_STEPS, SHARDED_STEPS, check_dep_kinds, check_step_config, check_upstream_configs, check_user_step, is_valid_step,
@@ -184,14 +185,14 @@ def build_experiment(data: Any, path: str = "<experiment>", dev_user: str | None
     order = _dependency_order(entries)
     refuse_fixed_on_dev({key: entry[2] for key, entry in entries.items()})
     step_of = {key: _kind_step(entry[0], entry[1]) for key, entry in entries.items()}
-    config_of = {key: entry[1] for key, entry in entries.items()}
+    recipes = {key: entry[:3] for key, entry in entries.items()}  # key -> (step, config, deps)
     artifacts: dict[str, Artifact] = {}
     for key in order:
         step, config, deps, runtime, pin = entries[key]
         try:
             check_step_config(step, dict(config), dict(deps))
             check_dep_kinds(step, deps, step_of)
-            check_upstream_configs(step, dict(config), deps, config_of)
+            check_upstream_configs(step, dict(config), deps, recipes)
             fp = fingerprint(step, config, deps)
         except ConfigError as e:
             raise ConfigError(f"{key}: {e.field}", e.message) from None
@@ -202,7 +203,25 @@ def build_experiment(data: Any, path: str = "<experiment>", dev_user: str | None
                 "or bump the version and update expect_fingerprint",
             )
         artifacts[key] = Artifact(parse_key(key), step, config, deps, runtime, fp, pin)
-    return owned_by(Experiment(path, artifacts), dev_user or default_dev_user())
+    experiment = owned_by(Experiment(path, artifacts), dev_user or default_dev_user())
+    _refuse_periodic_paths(experiment)
+    return experiment
+
+
+def _refuse_periodic_paths(experiment: Experiment) -> None:
+    """Snakemake refuses a job whose wildcard value ends in one piece repeated 20 or
+    more times (`PeriodicWildcardError`: it takes that for an endless recursion). An
+    artifact's wildcard value is its folder `name/version` (`name/version-user` for a
+    dev version), so such a key is refused here, where every tool reads it."""
+    for key, artifact in experiment.artifacts.items():
+        piece = periodic_suffix(artifact.id.path)
+        if piece is not None:
+            in_version = SNAKEMAKE_REPEATS * len(piece) <= len(artifact.id.path) - len(artifact.id.name) - 1
+            raise ConfigError(
+                f"{key}: {'version' if in_version else 'name'}",
+                f"{artifact.id.path!r} ends in {piece!r} repeated {SNAKEMAKE_REPEATS} or more times, a wildcard "
+                "value Snakemake refuses (it takes it for an endless recursion); change the name or version",
+            )
 
 
 def _refuse_nested_folders(keys: Mapping[str, Any], path: str) -> None:
@@ -273,12 +292,10 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
         )
     if not isinstance(entry.get("description", ""), str):
         raise fail("description", f"expected text, got {entry['description']!r}")
-    config = entry.get("config") or {}
-    runtime = entry.get("runtime") or {}
-    deps_in = entry.get("deps") or {}
-    for name, value in (("config", config), ("runtime", runtime), ("deps", deps_in)):
-        if not isinstance(value, Mapping):
-            raise fail(name, f"expected a mapping, got {type(value).__name__}")
+    for name in ("config", "runtime", "deps"):  # null or left out: {}; [], "" or false: refused like [1]
+        if entry.get(name) is not None and not isinstance(entry[name], Mapping):
+            raise fail(name, f"expected a mapping, got {type(entry[name]).__name__}")
+    config, runtime, deps_in = (entry.get(name) or {} for name in ("config", "runtime", "deps"))
     deps: dict[str, str | dict[str, float]] = {}
     for role, dep in deps_in.items():
         if not isinstance(role, str) or not ROLE.match(role):
@@ -290,7 +307,11 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
                 if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
                     raise fail(f"deps.{role}.{upstream}", f"expected a weight >= 0, got {got(weight)}")
                 mixture[upstream_key] = weight
-            if not mixture or sum(mixture.values()) <= 0:
+            try:
+                total = mixture_total(mixture.values(), f"deps.{role}")
+            except ConfigError as e:
+                raise fail(e.field, e.message) from None
+            if not mixture or total <= 0:
                 raise fail(f"deps.{role}", "mixture weights must sum to a positive number")
             deps[role] = mixture
         else:

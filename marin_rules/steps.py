@@ -43,7 +43,7 @@ class BuiltinStep:
     # role -> the built-in step kind(s) its upstream may be (each member of a mixture too);
     # the roles are the ones the checker accepts. A user-step upstream fits any role.
     deps: Mapping[str, str | tuple[str, ...]] = field(default_factory=dict, hash=False)
-    # "module:function" called as f(config, {role: the upstream entry's config}) at load
+    # "module:function" called as f(config, {role: the upstream entry (`Upstream`)}) at load
     check_upstream: str = ""
     # "module:function" called as f(ctx, Shard) by each shard job of a sharded step
     # (marin_rules.artifacts.shards); `run` is then the gather that writes the record
@@ -83,7 +83,11 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
         shard="marin_rules.data.tokenize:tokenize_shard",
     ),
     "train": BuiltinStep(
-        "marin_rules.train.step:train", "marin_rules.train.config:check_train", "marin_rules.train.config:TrainConfig", {"data": "tokenize"}
+        "marin_rules.train.step:train",
+        "marin_rules.train.config:check_train",
+        "marin_rules.train.config:TrainConfig",
+        {"data": "tokenize"},
+        check_upstream="marin_rules.train.config:check_train_upstream",
     ),
     "evaluate": BuiltinStep(
         "marin_rules.eval.step:evaluate",
@@ -262,11 +266,45 @@ def shard_function(step: str) -> Callable[..., Any]:
     return import_function(BUILTIN_STEPS[step].shard)
 
 
-def check_upstream_configs(step: str, config: dict, deps: Mapping[str, Any], config_of: Mapping[str, Any]) -> None:
-    """Run a built-in's check of its upstreams' recipes (`config_of`: key -> config)."""
+class Upstream(Mapping[str, Any]):
+    """What a `check_upstream` hook sees of one upstream entry: a mapping of its config
+    (`upstream["tokenizer"].get("vocab_size")`), plus its `key`, its `step` as written
+    (`adopt` for adopted data: its config is then {source, kind, copy}) and
+    `upstreams(role)`, its own upstream entries (a mixture's members in order), for
+    checks that look two steps up. `recipes`: every entry's key -> (step, config, deps)."""
+
+    def __init__(self, key: str, recipes: Mapping[str, tuple[str, Mapping[str, Any], Mapping[str, Any]]]):
+        self.key = key
+        self.step, self.config, self.deps = recipes[key]
+        self._recipes = recipes
+
+    def __getitem__(self, name: str) -> Any:
+        return self.config[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.config)
+
+    def __len__(self) -> int:
+        return len(self.config)
+
+    def upstreams(self, role: str) -> list["Upstream"]:
+        dep = self.deps.get(role)
+        keys = [] if dep is None else [dep] if isinstance(dep, str) else list(dep)
+        return [Upstream(key, self._recipes) for key in keys]
+
+
+def check_upstream_configs(
+    step: str, config: dict, deps: Mapping[str, Any], recipes: Mapping[str, tuple[str, Mapping[str, Any], Mapping[str, Any]]]
+) -> None:
+    """Run a built-in's check of its upstreams' recipes (`recipes`: key -> (step as
+    written, config, deps)). The hook gets `deps` with an `Upstream` in place of each
+    key: role -> Upstream, or for a mixture role -> {key: Upstream}."""
     builtin = BUILTIN_STEPS.get(step)
     if builtin is not None and builtin.check_upstream:
-        upstream = {role: config_of.get(dep, {}) for role, dep in deps.items() if isinstance(dep, str)}
+        upstream = {
+            role: Upstream(dep, recipes) if isinstance(dep, str) else {key: Upstream(key, recipes) for key in dep}
+            for role, dep in deps.items()
+        }
         import_function(builtin.check_upstream)(config, upstream)
 
 

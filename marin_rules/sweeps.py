@@ -6,7 +6,8 @@ expands to every combination, `cases:` to the listed ones; one sweep makes at mo
 `MAX_SWEEP_ARTIFACTS` (10,000) artifacts, checked before any is expanded. Each expansion substitutes the case into the key and
 into every string of the entry; a string that is exactly `{var}` takes the value
 with its type. Two expansions that would share one key are refused, naming the
-variable the key leaves out.
+variable the key leaves out; so is a case that makes two keys of one mapping equal
+(`{a}` and `{b}` both `s`), which would keep only one of them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
 
 from marin_rules.artifacts.errors import ExperimentError
 from marin_rules.validation import suggest_key
@@ -79,7 +80,7 @@ def expand_sweep(template: Any, sweep: Any, entry_fields: Iterable[str]) -> Iter
         if key in first_case:
             raise ExperimentError(_collision(template, form, cases[first_case[key]], case, used, key))
         first_case[key] = i
-        yield key, _substitute(body, case, template)
+        yield key, _substitute(body, case, template, f"sweep {template}: {key}: ")
 
 
 def _range(template: str, name: str, bounds: Any) -> range:
@@ -119,7 +120,9 @@ def _collision(template: str, form: str, a: Mapping[str, Any], b: Mapping[str, A
     )
 
 
-def _substitute(value: Any, case: Mapping[str, Any], template: str) -> Any:
+def _substitute(value: Any, case: Mapping[str, Any], template: str, where: str = "", field: str = "") -> Any:
+    """`value` with the case's values in place of its placeholders; `where` + `field`
+    (the expansion and the dotted field) name a mapping whose keys the case makes equal."""
     if isinstance(value, str):
         whole = PLACEHOLDER.fullmatch(value)
         if whole and whole.group(1) in case:
@@ -132,7 +135,20 @@ def _substitute(value: Any, case: Mapping[str, Any], template: str) -> Any:
 
         return PLACEHOLDER.sub(repl, value)
     if isinstance(value, Mapping):
-        return {_substitute(k, case, template): _substitute(v, case, template) for k, v in value.items()}
+        out: dict[Any, Any] = {}
+        written: dict[Any, Any] = {}  # substituted key -> the key as written
+        for k, v in value.items():
+            new = _substitute(k, case, template)
+            if not isinstance(new, Hashable):  # a key that is exactly `{var}`, given a list or mapping
+                raise ExperimentError(f"{where}{field or 'entry'}: key {k!r} becomes {new!r}, which cannot be a key")
+            if new in written:
+                raise ExperimentError(
+                    f"{where}{field or 'entry'}: keys {written[new]!r} and {k!r} both become {new!r} "
+                    "(a mapping keeps one of them); give the case values that keep them apart"
+                )
+            written[new] = k
+            out[new] = _substitute(v, case, template, where, f"{field}.{new}" if field else str(new))
+        return out
     if isinstance(value, list):
-        return [_substitute(v, case, template) for v in value]
+        return [_substitute(v, case, template, where, f"{field}[{i}]") for i, v in enumerate(value)]
     return value

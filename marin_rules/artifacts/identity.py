@@ -9,6 +9,10 @@ Dev versions (`dev`, or any version ending `-dev`) are mutable: rebuilt on every
 run, never drift-checked, and stored per user at `{prefix}/{name}/{version}-{user}`
 (`ArtifactId.owner`, set by the experiment loader), so colleagues sharing a prefix
 do not overwrite each other. The user name is made path-safe by `path_safe_user`.
+
+Every name segment and the version becomes a folder name, which filesystems cap at
+255 bytes: each may be at most `MAX_SEGMENT_BYTES` (200) long, leaving room for a
+dev version's `-user` (`path_safe_user` keeps at most `MAX_OWNER_BYTES`, 54).
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ from marin_rules.artifacts.errors import ConfigError
 
 NAME_SEGMENT = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+MAX_SEGMENT_BYTES = 200  # a name segment or version; filesystems allow 255 per folder name
+MAX_OWNER_BYTES = 255 - MAX_SEGMENT_BYTES - 1  # the `-user` of a dev version's folder
+SNAKEMAKE_REPEATS = 20  # Snakemake refuses a wildcard value ending in a piece repeated this often
 
 RECORD_FILE = ".artifact.json"
 FAILURES_DIR = ".failures"
@@ -74,7 +82,28 @@ def parse_key(key: object, field: str = "") -> ArtifactId:
             f"bad version {version!r} in {key!r}: use letters, digits, '.', '_', '-', "
             "starting with a letter or digit",
         )
+    for what, part in [*(("name segment", s) for s in segments), ("version", version)]:
+        size = len(part.encode("utf-8"))
+        if size > MAX_SEGMENT_BYTES:
+            raise ConfigError(
+                field,
+                f"{what} {part[:24] + '...'!r} of {key[:48] + '...'!r} is {size} bytes long; each name segment "
+                f"and the version may be at most {MAX_SEGMENT_BYTES} bytes in UTF-8 (each becomes a folder name: "
+                "filesystems allow 255, and a dev version's folder adds -<user>)",
+            )
     return ArtifactId(name, version)
+
+
+def periodic_suffix(value: str, repeats: int = SNAKEMAKE_REPEATS) -> str | None:
+    """The shortest piece that `value` ends in `repeats` or more times over, else None:
+    exactly the values Snakemake's `PeriodicityDetector` refuses as wildcard values
+    (its regex `((?P<value>.+)(?P=value){19,99})$`, searched: a suffix of 20 to 100
+    copies of one piece, so any suffix of 20 or more copies)."""
+    for size in range(1, len(value) // repeats + 1):
+        piece = value[-size:]
+        if value.endswith(piece * repeats):
+            return piece
+    return None
 
 
 def is_dev_version(version: str) -> bool:
@@ -84,10 +113,11 @@ def is_dev_version(version: str) -> bool:
 
 def path_safe_user(user: str | None) -> str:
     """A user name as one path segment: lowercased, every run of characters outside
-    `[a-z0-9._-]` replaced by `-`, leading/trailing `.`, `_`, `-` stripped; `unknown`
-    when nothing is left (no user name, or one of symbols only)."""
+    `[a-z0-9._-]` replaced by `-`, leading/trailing `.`, `_`, `-` stripped, cut to
+    `MAX_OWNER_BYTES` (a dev version's folder `version-user` stays a valid folder
+    name); `unknown` when nothing is left (no user name, or one of symbols only)."""
     safe = re.sub(r"[^a-z0-9._-]+", "-", (user or "").lower()).strip("._-")
-    return safe or "unknown"
+    return safe[:MAX_OWNER_BYTES].rstrip("._-") or "unknown"
 
 
 def artifact_location(prefix: str, artifact: ArtifactId) -> str:

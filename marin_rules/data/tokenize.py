@@ -229,7 +229,8 @@ def split_labels(n_docs: int, fraction: float) -> list[str]:
     if n_docs < 2:
         raise StepError(
             f"config.validation_fraction: {n_docs} document(s) cannot be split into train and validation; "
-            "set validation_fraction: 0 or use a larger corpus"
+            "use a larger corpus (training needs a validation split; validation_fraction: 0 suits "
+            "data no train step reads)"
         )
     n_val = min(max(1, round(fraction * n_docs)), n_docs - 1)
     # document i is validation when the running count floor((i+1) * n_val / n) steps up

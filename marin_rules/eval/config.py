@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Mapping
 
 from marin_rules.artifacts.errors import ConfigError
-from marin_rules.validation import Int, OneOf, Optional, Rule, check_fields, json_schema, parse
+from marin_rules.validation import MAX_SEED, Int, OneOf, Optional, Rule, check_fields, json_schema, parse
 
 BPB_TASK = "marin_shakespeare_bpb"
 CLOZE_TASK = "marin_shakespeare_cloze"
@@ -152,7 +152,7 @@ class EvaluateSettings:
     limit: Annotated[Limit, "examples per task (null: all); a task entry may override it"] = None
     num_fewshot: Annotated[Shots, "a task entry may override it"] = 0
     batch_size: Annotated[int, Int(min=1), "scored continuations per jitted call"] = DEFAULT_BATCH_SIZE
-    seed: Annotated[int, Int(min=0), "cloze distractors, passage order, lm-eval's seeds"] = 0
+    seed: Annotated[int, Int(min=0, max=MAX_SEED), "cloze distractors, passage order, lm-eval's seeds"] = 0
     baseline: Annotated[str, Baseline(), "unigram baseline scored beside the model, or none"] = "unigram"
     cloze: Annotated[ClozeOptions, "the local cloze task: which lines are asked and offered"] = ClozeOptions()
     bpb: Annotated[BpbOptions, "the local bits-per-byte task"] = BpbOptions()
@@ -190,9 +190,13 @@ def parse_evaluate(config: Mapping[str, Any] | None, deps: Mapping[str, Any] | N
     for i, e in enumerate(entries):
         spec = TaskSpec(e.name, s.num_fewshot if e.num_fewshot is None else e.num_fewshot, e.limit or s.limit)
         if spec.name in ROLLING_TASKS and spec.num_fewshot:
-            raise ConfigError(
-                f"config.tasks[{i}].num_fewshot",
-                f"{spec.name} scores whole passages (loglikelihood_rolling); expected 0, got {spec.num_fewshot}",
+            rolling = f"{spec.name} scores whole passages (loglikelihood_rolling); expected 0, got {spec.num_fewshot}"
+            if e.num_fewshot is not None:
+                raise ConfigError(f"config.tasks[{i}].num_fewshot", rolling)
+            raise ConfigError(  # the value came from the config's own num_fewshot
+                "config.num_fewshot",
+                f"{rolling} (every task without its own num_fewshot takes this one: list {spec.name} as "
+                f"{{name: {spec.name}, num_fewshot: 0}} in tasks, or set num_fewshot per task)",
             )
         tasks.append(spec)
     return EvaluateConfig(tuple(tasks), s.batch_size, s.seed, s.baseline, s.cloze, s.bpb)

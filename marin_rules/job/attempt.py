@@ -1,7 +1,7 @@
 """What an unfinished build left is resumed only when it was made from the same upstream builds.
 
-Model: before a job builds an artifact (process 0 of a pod, under the lease, after a
-forced build's old one moved away) it writes `{location}/.attempt.json`: the recipe's
+Model: before a job builds an artifact with upstreams (process 0 of a pod, under the
+lease, after a forced build's old one moved away) it writes `{location}/.attempt.json`: the recipe's
 fingerprint and each upstream's build (`{key: {fingerprint, built}}`, as the record's
 deps name them). A later job that finds data an earlier attempt left but no success
 record (a stopped or failed run, or records deleted by `snakemake

@@ -180,10 +180,13 @@ def build(args: argparse.Namespace) -> int:
 
 def begin_attempt(artifact: Any, experiment: Any, location: str, prefix: str) -> None:
     """Record which upstream builds this attempt uses; set aside leftovers made from
-    others (`attempt.py`). Skipped when an upstream is unreadable: the step refuses it."""
+    others (`attempt.py`). Skipped without upstreams (nothing to differ), and when an
+    upstream is unreadable: the step refuses it."""
     from marin_rules.job import attempt
     from marin_rules.job.context import upstream_builds
 
+    if not artifact.upstream_keys():
+        return
     upstreams = upstream_builds(artifact, experiment, prefix)
     stale = None if upstreams is None else attempt.begin(location, artifact.fingerprint, upstreams)
     if stale:

@@ -22,12 +22,13 @@ from typing import Annotated, Any, Mapping
 
 from marin_rules.artifacts.errors import ConfigError
 from marin_rules.model.config import ModelConfig
-from marin_rules.validation import Int, ListOf, Number, OneOf, Optional, Rule, json_schema, parse
+from marin_rules.validation import INT32_MAX, MAX_SEED, Int, ListOf, Number, OneOf, Optional, Rule, json_schema, parse
 
 OPTIMIZERS = ("adamw", "muon")
 NAME_AT_VERSION_HINT = "a 'name@version' string or a mapping of 'name@version' to a weight"
+INT32_WHY = "steps and sizes are int32 in the jitted training step"
 
-Count = Annotated[int, Int(min=1)]
+Count = Annotated[int, Int(min=1, max=INT32_MAX, max_why=INT32_WHY)]
 
 
 class ModelRule(Rule):
@@ -73,9 +74,9 @@ class TrainConfig:
     seq_len: Annotated[Count, "input tokens per sequence (at most model.max_seq_len)"]
     optimizer: Annotated[OptimizerConfig, "AdamW (or Muon + AdamW) and its schedule"] = OptimizerConfig()
     grad_accum_steps: Annotated[Count, "micro-batches per step; must divide batch_size"] = 1
-    seed: Annotated[int, Int(min=0), "initialisation and data order"] = 0
+    seed: Annotated[int, Int(min=0, max=MAX_SEED), "initialisation and data order"] = 0
     checkpoint_every: Annotated[Count, "steps between checkpoints"] = 100
-    eval_every: Annotated[int, Int(min=0), "steps between validation losses; 0: only at the end"] = 0
+    eval_every: Annotated[int, Int(min=0, max=INT32_MAX, max_why=INT32_WHY), "steps between validation losses; 0: only at the end"] = 0
     eval_batches: Annotated[Count, "validation batches per evaluation"] = 4
     log_every: Annotated[Count, "steps between metrics lines"] = 10
     mesh: Annotated[MeshConfig, "how devices split into data x expert parallelism"] = field(default_factory=MeshConfig)
@@ -106,12 +107,31 @@ def parse_train_config(config: Any, vocab_size: int | None = None) -> TrainConfi
         raise ConfigError(
             "config.mesh.expert", f"must divide model.n_experts={tc.model.n_experts} (each device holds whole experts), got {ep}"
         )
+    check_batch_shards(tc)
     if tc.optimizer.warmup_steps > tc.num_train_steps:
         raise ConfigError(
             "config.optimizer.warmup_steps",
             f"expected at most num_train_steps={tc.num_train_steps}, got {tc.optimizer.warmup_steps}",
         )
     return tc
+
+
+def check_batch_shards(tc: TrainConfig) -> None:
+    """At load, the part of the run's batch split (train/loop.py `check_divisible`)
+    that needs no devices: batch_size must divide into grad_accum_steps x mesh data x
+    expert. Without `mesh.data` (all devices not used by expert) the data size comes
+    from the devices, but the shards are still a multiple of `mesh.expert`."""
+    data, expert = tc.mesh.data, tc.mesh.expert
+    shards = (data or 1) * expert
+    need = shards * tc.grad_accum_steps
+    if tc.batch_size % need:
+        shards_are = f"{shards} = mesh data {data} x expert {expert}" if data else (
+            f"mesh expert {expert} x the data size the devices give")
+        raise ConfigError(
+            "config.batch_size",
+            f"{tc.batch_size} must be divisible by grad_accum_steps ({tc.grad_accum_steps}) x batch shards "
+            f"({shards_are}); try {need * max(1, tc.batch_size // need)}",
+        )
 
 
 def check_deps(deps: Any) -> None:
@@ -131,3 +151,37 @@ def check_train(config: Any, deps: Any) -> None:
     """The experiment loader's checker for `step: train` (no JAX imported)."""
     parse_train_config(config)
     check_deps(deps)
+
+
+def check_train_upstream(config: Mapping[str, Any], upstream: Mapping[str, Any]) -> None:
+    """At load, what the recipes of `deps.data` settle (each `tokenize` entry of this
+    experiment, a mixture's members too; adopted or user-step data is checked when the
+    step runs). A run always measures the validation loss (every `eval_every` steps and
+    at the end: `final_val_loss`, which scaling fits read), so the data needs a
+    validation split. An explicit `model.vocab_size` must hold the ids of a tokenizer
+    trained with a `vocab_size`."""
+    from marin_rules.data.checks import DEFAULT_VALIDATION_FRACTION
+    from marin_rules.steps import Upstream
+
+    data = upstream.get("data")
+    members = [data] if isinstance(data, Upstream) else list((data or {}).values())
+    model_vocab = (config.get("model") or {}).get("vocab_size")
+    for tokenized in (m for m in members if m.step == "tokenize"):
+        if tokenized.get("validation_fraction", DEFAULT_VALIDATION_FRACTION) == 0:
+            raise ConfigError(
+                "deps.data",
+                f"{tokenized.key} has validation_fraction: 0 (no validation split), but training always measures "
+                f"the validation loss (at the end, and every eval_every steps); set validation_fraction > 0 on "
+                f"{tokenized.key} (the default is {DEFAULT_VALIDATION_FRACTION})",
+            )
+        for tokenizer in tokenized.upstreams("tokenizer"):
+            vocab = tokenizer.get("vocab_size") if tokenizer.step == "train_tokenizer" else None
+            # A trained tokenizer has at most its vocab_size ids (fewer when the corpus runs
+            # out of merges, so a smaller model.vocab_size might happen to fit); one below it
+            # fails whenever the tokenizer reaches its size, so it is refused here.
+            if isinstance(model_vocab, int) and isinstance(vocab, int) and model_vocab < vocab:
+                raise ConfigError(
+                    "config.model.vocab_size",
+                    f"{model_vocab} is smaller than the vocab_size {vocab} of tokenizer {tokenizer.key} (of "
+                    f"{tokenized.key}, deps.data); set it to at least {vocab}, or leave it out to take the tokenizer's",
+                )

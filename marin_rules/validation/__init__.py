@@ -8,6 +8,8 @@ fields carry rules (`parse`, `check_fields`, `check_instance`, `json_schema`).
 
 from marin_rules.validation.fields import check_fields, check_instance, json_schema, parse, specs
 from marin_rules.validation.rules import (
+    INT32_MAX,
+    MAX_SEED,
     Bool,
     Int,
     ListOf,
@@ -21,6 +23,7 @@ from marin_rules.validation.rules import (
 )
 
 __all__ = [
+    "INT32_MAX", "MAX_SEED",
     "Bool", "Int", "ListOf", "Number", "OneOf", "Optional", "Rule", "Text",
     "check_fields", "check_instance", "is_number", "json_schema", "parse", "specs", "suggest_key",
 ]  # fmt: skip

@@ -44,6 +44,10 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+MAX_SEED = 2**32 - 1  # numpy, JAX and lm-eval take seeds of 32 bits (lm-eval refuses larger ones)
+INT32_MAX = 2**31 - 1  # counts that reach jitted code as int32 (training steps, batch sizes)
+
+
 class Rule:
     """How one field is checked (`check` returns the value to store), described in
     messages (`what`: "an integer >= 1") and in the JSON Schema (`schema()`)."""
@@ -62,16 +66,23 @@ class Rule:
 
 @dataclass(frozen=True)
 class Int(Rule):
+    """An integer in [min, max]. With `max_why`, `max` is a technical ceiling rather
+    than part of the range: messages leave it out (`expected an integer >= 1`) except
+    for a value above it (`expected an integer <= 2147483647 (<max_why>), got ...`)."""
+
     min: int | None = None
     max: int | None = None
     extra: str = ""  # said after the bound, e.g. " (256 byte symbols + ...)"
+    max_why: str = ""  # why `max` is a ceiling, e.g. "steps are int32 in the jitted step"
 
     @property
     def what(self) -> str:
-        return f"an integer{_bounds(self.min, False, self.max, False)}{self.extra}"
+        return f"an integer{_bounds(self.min, False, None if self.max_why else self.max, False)}{self.extra}"
 
     def check(self, value: Any, field: str) -> int:
         ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and self.max_why and self.max is not None and value > self.max:
+            raise ConfigError(field, f"expected an integer <= {self.max} ({self.max_why}), got {value}")
         if not (ok and (self.min is None or value >= self.min) and (self.max is None or value <= self.max)):
             raise self.refuse(value, field)
         return value
