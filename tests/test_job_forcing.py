@@ -32,13 +32,18 @@ def train(ctx):
 '''
 
 
-def _status(ws) -> dict[str, str]:
+def _marin(ws, *args: str) -> str:
     from marin_rules.cli import main
 
     out = io.StringIO()
     with contextlib.chdir(ws.root), contextlib.redirect_stdout(out):
-        main(["status", str(ws.root / "exp.yaml"), "--prefix", ws.prefix])
-    return {line.split()[0]: line for line in out.getvalue().splitlines()[1:] if line.strip()}
+        main([*args, "--configfile", str(ws.root / "exp.yaml"), "--prefix", ws.prefix])
+    return out.getvalue()
+
+
+def _status(ws) -> dict[str, str]:
+    out = _marin(ws, "status")
+    return {line.split()[0]: line for line in out.splitlines()[1:] if line.strip()}
 
 
 def test_forcing_a_trained_artifact_rebuilds_from_scratch_and_keeps_the_old_build(tmp_path, snakemake_cmd, monkeypatch):
@@ -141,14 +146,22 @@ def test_a_forced_cascade_stopped_before_a_consumer_rebuilt_is_finished_by_the_n
     assert not marker.exists()
 
 
-def test_a_failed_forced_rebuild_with_no_upstream_rebuilt_is_served_by_the_next_run(tmp_path, snakemake_cmd, monkeypatch):
+def test_a_failed_direct_force_is_served_by_the_next_run_even_after_its_upstream_was_rebuilt(
+    tmp_path, snakemake_cmd, monkeypatch
+):
+    # the user forced ck/t itself: its old build serves until they force it again (the
+    # upstream rebuilt alone by `-f` earlier does not make the failed force a cascade)
     ws = _built_raw_and_train(tmp_path, snakemake_cmd, monkeypatch)
     first = ws.record("ck/t@v1")
+    ws.snakemake("-f", ws.record_path("raw/a@v1"))  # that artifact only: ck/t is served
     (tmp_path / "crash-at").write_text("2")
     assert ws.snakemake("--forcerun", ws.record_path("ck/t@v1"), check=False).returncode != 0
     (tmp_path / "crash-at").unlink()
     proc = ws.snakemake()
     assert "Nothing to be done" in proc.stdout + proc.stderr and ws.record("ck/t@v1") == first
+    assert not (Path(ws.prefix) / "ck/t/v1/.history/.forced-record").exists()
+    history = _marin(ws, "history", "ck/t@v1")
+    assert history.splitlines()[0] == "ck/t@v1: 2 attempts"  # the build in place once, and the failed force
 
 
 def test_leftovers_made_from_a_rebuilt_upstream_are_set_aside_not_resumed(tmp_path, snakemake_cmd, monkeypatch):

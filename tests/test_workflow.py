@@ -293,8 +293,7 @@ def test_forced_rebuild_that_fails_puts_the_previous_build_back(ws):
     assert proc.returncode != 0
     assert ws.record("ck/f@v1") == good  # the previous build serves again, files and all
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ".artifact.json"} == data
-    kept = sorted(p.name for p in (folder / ".history").iterdir())
-    assert len(kept) == 2 and kept[0] == ".forced-record" and kept[1].endswith("-failed")  # owed; what the attempt left
+    assert [p.name.endswith("-failed") for p in (folder / ".history").iterdir()] == [True]  # what the attempt left
     assert len(list((folder / ".failures").glob("*.json"))) == 1
     assert nothing_to_do(ws.snakemake())
 

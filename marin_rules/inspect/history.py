@@ -78,8 +78,8 @@ def artifact_history(location: str, expected: ArtifactId | None = None) -> list[
         except reading.UnreadableRecord as e:
             events.append(Event("?", "?", UNREADABLE, "?", "?", None, "-", str(e)))
             continue
-        if old is not None:
-            events.append(_event(old, outcome))
+        if old is not None and not (outcome != "failed" and old == current):  # a forced build's marker
+            events.append(_event(old, outcome))  # holding the record still in place is not another attempt
     unique = {(e.started, e.ended, e.outcome, e.host, e.error): e for e in events}
     return sorted(unique.values(), key=lambda e: (e.started, e.ended))  # unreadable ("?") last
 

@@ -132,7 +132,9 @@ def build(args: argparse.Namespace) -> int:
     from marin_rules.cluster.pod import pod_process_from_env
     from marin_rules.experiment import dev_user_in_path, load_experiment, owned_by
     from marin_rules.steps import SHARDED_STEPS
-    from marin_rules.workflow.forcing import discard_old_build, marker_of, move_old_build, restore_old_build
+    from marin_rules.workflow.forcing import (
+        discard_old_build, forced_by_upstream, marker_of, move_old_build, restore_old_build,
+    )  # fmt: skip
 
     experiment = load_experiment(args.experiment)
     if args.artifact not in experiment.by_path:  # a dev version: its path names its owner
@@ -157,6 +159,7 @@ def build(args: argparse.Namespace) -> int:
         if held is None:
             return serve(artifact, location, args)
     try:
+        owed = not process and forced_by_upstream(location)  # read before the move clears it
         moved = move_old_build(location) if not process else None
         if moved:
             print(f"{artifact.key}: forced: the old build moved to {moved}", file=sys.stderr, flush=True)
@@ -166,7 +169,7 @@ def build(args: argparse.Namespace) -> int:
             code = run(artifact, experiment, location, args, process, held)
         except BaseException:
             if moved:  # the rebuild failed or was stopped: the old build serves again
-                failed = restore_old_build(location, moved)
+                failed = restore_old_build(location, moved, owed=owed)
                 print(f"{artifact.key}: the forced rebuild failed; the previous build is back in place "
                       f"(what the attempt left: {failed})", file=sys.stderr, flush=True)  # fmt: skip
             raise

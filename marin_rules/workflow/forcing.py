@@ -31,6 +31,7 @@ from marin_rules.artifacts.files import HISTORY_DIR
 from marin_rules.artifacts.provenance import iso, utc_now
 
 MARKER = ".forced-record"  # not *.json: not an earlier record for readers of .history/
+CASCADE = ".forced-by-upstream"  # beside MARKER: forced only because an upstream was
 KEEP = {HISTORY_DIR, FAILURES_DIR, LEASE_FILE, LEASE_FILE + ".lock"}
 
 
@@ -60,9 +61,11 @@ def marker_of(location: str) -> str:
     return storage.join(location, HISTORY_DIR, MARKER)
 
 
-def mark_forced(location: str) -> None:
+def mark_forced(location: str, by_upstream: bool = False) -> None:
     """Before Snakemake deletes a forced job's record: save it as the marker (a marker
-    with `null` when only data of an unfinished build is there; nothing when empty)."""
+    with `null` when only data of an unfinished build is there; nothing when empty).
+    `by_upstream`: forced only because an upstream is (a cascade), which a failed
+    rebuild still owes (`restore_old_build`); a direct force is the user's to repeat."""
     record_file = storage.join(location, RECORD_FILE)
     try:
         data = storage.read_bytes(record_file)
@@ -71,6 +74,16 @@ def mark_forced(location: str) -> None:
             return
         data = b"null"
     storage.write_bytes_atomic(marker_of(location), data)
+    cascade = storage.join(location, HISTORY_DIR, CASCADE)
+    if by_upstream:
+        storage.write_bytes_atomic(cascade, b"")
+    else:
+        _remove(cascade)
+
+
+def forced_by_upstream(location: str) -> bool:
+    """Was the pending forced build of `location` marked as a cascade (`mark_forced`)?"""
+    return storage.exists(storage.join(location, HISTORY_DIR, CASCADE))
 
 
 def move_old_build(location: str) -> str | None:
@@ -84,9 +97,15 @@ def move_old_build(location: str) -> str | None:
     target = set_aside(location)
     if saved.strip() not in (b"", b"null"):
         storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
-    fs, _ = storage.filesystem(location)
-    fs.rm(storage.filesystem(marker)[1])
+    _remove(marker)
+    _remove(storage.join(location, HISTORY_DIR, CASCADE))
     return target
+
+
+def _remove(path: str) -> None:
+    fs, inner = storage.filesystem(path)
+    if fs.exists(inner):
+        fs.rm(inner)
 
 
 def set_aside(location: str, why: str = "", part: str = "") -> str:
@@ -100,17 +119,19 @@ def set_aside(location: str, why: str = "", part: str = "") -> str:
     return target
 
 
-def restore_old_build(location: str, moved: str) -> str:
+def restore_old_build(location: str, moved: str, owed: bool = False) -> str:
     """A forced rebuild failed: move what it left to `<moved>-failed/` and the old build
-    (in `moved`, from `move_old_build`) back in place, marked forced again (the rebuild
-    is still owed: a later run finishes it once an upstream was rebuilt, see
-    `session.Session._left_pending`); returns where the attempt went."""
+    (in `moved`, from `move_old_build`) back in place; returns where the attempt went.
+    `owed` (a cascade's rebuild, `forced_by_upstream`): marked forced again, so a later
+    run finishes the cascade (`session.Session._left_pending`); a direct force is not
+    (the old build serves until the user forces it again)."""
     failed = moved.rstrip("/") + "-failed"
     storage.makedirs(failed)
     _move_entries(location, failed)
     _move_entries(moved, location)
     discard_old_build(moved)
-    mark_forced(location)
+    if owed:
+        mark_forced(location, by_upstream=True)
     return failed
 
 

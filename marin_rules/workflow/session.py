@@ -84,6 +84,7 @@ class Session:
     training: list[str] = field(default_factory=list)  # train jobs that will run: the priced plan's
     _forced: dict[str, bool] = field(default_factory=dict)
     _pending: dict[str, str] = field(default_factory=dict)  # key -> the rebuilt upstream (`_left_pending`)
+    _direct: dict[str, bool] = field(default_factory=dict)  # forced by the command line itself
     _records: dict[str, Record | None] = field(default_factory=dict)
     _stamped: bool = False
     succeeded: bool = False  # set by `onsuccess:`
@@ -171,6 +172,7 @@ class Session:
                 forcing.forced_directly(self.workflow.dag_settings, r, records)
                 for r in ((rule, f"{rule}_shard") if artifact.step in SHARDED_STEPS else (rule,))
             )
+            self._direct[key] = direct
             upstream = any(self.is_forced(u) for u in artifact.upstream_keys())
             self._forced[key] = direct or upstream or self._left_pending(key)
         return self._forced[key]
@@ -257,7 +259,7 @@ class Session:
             if artifact.step in SHARDED_STEPS:
                 self._retire_sharded(artifact, dry)
             elif not dry:
-                forcing.mark_forced(self.location(artifact.key))
+                forcing.mark_forced(self.location(artifact.key), by_upstream=not self._direct.get(artifact.key))
             return
         if record is not None:
             try:
