@@ -238,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except OSError as e:  # an unreachable bucket (gcsfs's connection errors are OSErrors), a disk error
+        print(f"marin: {storage.storage_problem(getattr(args, 'prefix', None), e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

