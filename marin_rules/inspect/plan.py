@@ -206,7 +206,7 @@ def plan_lines(
             f"({where}) plus {cpu.overhead_s:.0f} s overhead each"
         )
     else:
-        cpu_text = "this CPU: unknown until a training run on this prefix has measured its speed"
+        cpu_text = "this CPU: unknown until a training run of this experiment on this prefix has measured its speed"
     lines = [
         f"plan: {len(prices)} training job(s); FLOPs as model/flops.py counts them (6 x active matmul "
         f"params x tokens + attention); accelerators at {mfu:.0%} MFU of peak bf16; {cpu_text}"
