@@ -94,3 +94,22 @@ def test_a_gcloud_pod_job_brings_back_its_benchmark_and_a_failed_ones_log(tmp_pa
     assert "BAD-LOG-LINE" in proc.stdout + proc.stderr  # --show-failed-logs found it
     nodes = {c[4] for c in gcloud_calls(cloud) if c[2:4] == ["tpu-vm", "ssh"]}
     assert len(nodes) == 2 and not any((cloud / "nodes" / n).exists() for n in nodes)
+
+
+def test_after_a_failed_host_job_the_waiting_ones_do_not_start_without_keep_going(tmp_path):
+    # as Snakemake's local mode: nothing new starts after a failure (one core: jobs run
+    # one at a time, in the order Snakemake hands them over)
+    stamp = "python3 -c 'import time; print(time.time())'"
+    (tmp_path / "Snakefile").write_text(
+        "rule fails:\n    output: 't/a.txt'\n    threads: 64\n"
+        f"    shell: \"{stamp} > failed-at; exit 3\"\n"
+        "rule one:\n    output: 't/{i}.txt'\n    threads: 64\n"
+        f"    shell: \"{stamp} > {{output}}\"\n"
+        "ruleorder: fails > one\n"
+    )
+    proc = _snakemake(tmp_path, "--local-cores", "1", "t/a.txt", "t/b.txt", "t/c.txt", "t/d.txt")
+    assert proc.returncode != 0
+    failed_at = float((tmp_path / "failed-at").read_text())
+    started = [float(p.read_text()) for p in (tmp_path / "t").glob("*.txt")]
+    assert all(t < failed_at for t in started)  # none started after the failure
+    assert len(started) == 3 or "failed (no --keep-going)" in proc.stderr  # the rest were dropped, saying why

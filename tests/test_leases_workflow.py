@@ -240,7 +240,7 @@ def test_a_record_another_run_takes_away_mid_run_is_named_with_its_holder(tmp_pa
     proc = ws.snakemake(check=False)
     assert proc.returncode != 0
     assert (
-        "marin-rules: raw/a@v1: its record went away while this run ran: another run is rebuilding it "
+        "marin-rules: raw/a@v1: its record is not there: another run is building it "
         "(lease held by someone@another-host pid 4242"
     ) in proc.stderr
     assert "side/d@v1: its record" not in proc.stderr  # only what was taken away

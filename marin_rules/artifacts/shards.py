@@ -137,7 +137,7 @@ def gathered_results(
         if how is not None:
             raise StepError(
                 f"shard {shard.name}: made from other upstream builds than this gather's ({how}); "
-                "run snakemake again: its shard job builds it again"
+                f"delete {shard.location(artifact_location)} and run snakemake again (its shard job builds it anew)"
             )
         problems = file_problems(shard.location(artifact_location), record.get("files") or {})
         if problems:

@@ -213,8 +213,8 @@ def location_status(
         )
     elif rebuilt:
         state, reason = "upstream rebuilt", f"{rebuilt[0]}{' (and more)' if len(rebuilt) > 1 else ''}"
-        if reading.forced_rebuild_owed(location):
-            reason += "; a forced run stopped before rebuilding it: the next run rebuilds it"
+    if rebuilt and reading.forced_rebuild_owed(location):  # drifted or not: session._left_pending
+        reason += "; a forced run stopped before rebuilding it: the next run rebuilds it"
     change = code_change(artifact.step, record.get("provenance")) if artifact is not None else None
     if change is not None:
         then, now, version = change

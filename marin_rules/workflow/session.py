@@ -289,20 +289,20 @@ class Session:
             print(f"{artifact.key}: forced: the old build moved to {moved}", file=sys.stderr)
 
     def taken_by_another_run(self) -> list[str]:
-        """One line for each artifact whose record this run read while planning and that
-        is gone now under another run's live lease: that run is rebuilding it (a forced
-        build moves the old one aside when its job starts), so this run's jobs and
-        targets met a missing file, which Snakemake reports only as latency."""
+        """One line for each artifact this run planned whose record is missing at its end
+        under another run's live lease: that run is building it (a forced build moves the
+        old one aside when its job starts), so this run's jobs and targets met a missing
+        file, which Snakemake reports only as latency."""
         from marin_rules.artifacts.lease import STALE_S, holder_gone, read_lease
 
         lines = []
-        for key, record in sorted(self._records.items()):
-            if record is None or self._forced.get(key) or os.path.exists(self.record_path(key)):
+        for key in sorted(self._records):  # read while planning (this run's own jobs have ended: leases released)
+            if os.path.exists(self.record_path(key)):
                 continue
             holder = read_lease(self.location(key))
             if holder is not None and holder.age_s() < STALE_S and not holder_gone(holder):
                 lines.append(
-                    f"{key}: its record went away while this run ran: another run is rebuilding it (lease held by "
+                    f"{key}: its record is not there: another run is building it (lease held by "
                     f"{holder.describe()}); run snakemake again once that run has finished, and this one serves it"
                 )
         return lines

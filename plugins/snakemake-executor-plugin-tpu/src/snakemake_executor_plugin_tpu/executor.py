@@ -217,11 +217,21 @@ class Executor(RemoteExecutor):
                     msg=f"tpu executor: process {index} exited with {code}; log {group.logs[index]}:\n"
                     f"{group.log_tail()}\n",
                 )
+                if not getattr(self.workflow.execution_settings, "keep_going", False):
+                    self._drop_waiting_host_jobs(f"not started: job {info.job.jobid} failed (no --keep-going)")
             else:
                 self.report_job_success(info)
         self._start_waiting_host_jobs()
         for info in still_active:
             yield info
+
+    def _drop_waiting_host_jobs(self, why: str) -> None:
+        """As Snakemake's local mode starts nothing after a failure: the host jobs still
+        waiting for cores fail unstarted."""
+        with self._host_lock:
+            waiting, self._host_waiting = list(self._host_waiting), collections.deque()
+        for info in waiting:
+            self.report_job_error(info, msg=f"tpu executor: {why}\n")
 
     def cancel_jobs(self, active_jobs: List[SubmittedJobInfo]):
         with self._host_lock:
