@@ -14,6 +14,8 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 from test_workflow import Workspace
 
 TRAIN = '''
@@ -190,3 +192,14 @@ def test_leftovers_made_from_a_rebuilt_upstream_are_set_aside_not_resumed(tmp_pa
     ws.snakemake()
     assert "made from other upstream builds" not in log.read_text()
     assert ws.record("ck/t@v1")["result"] == {"resumed_from": 4, "steps": 4}
+
+
+@pytest.mark.parametrize("text", ["{}", '{"upstreams": 5}', "[]", "null", "{not json"])
+def test_an_attempt_file_without_its_upstream_builds_is_never_trusted(tmp_path, text):
+    from marin_rules.job import attempt
+
+    (tmp_path / "ckpt.txt").write_text("7")  # what that attempt left
+    (tmp_path / ".attempt.json").write_text(text)
+    moved = attempt.begin(str(tmp_path), "f" * 16, {"raw/a@v1": {"fingerprint": "a", "built": "t"}})
+    assert moved is not None and moved[1] == "its .attempt.json is unreadable"
+    assert (Path(moved[0]) / "ckpt.txt").read_text() == "7" and not (tmp_path / "ckpt.txt").exists()

@@ -50,4 +50,4 @@ def _read(path: str) -> dict[str, Any] | None:
         return None
     except (ValueError, UnicodeDecodeError):
         return UNREADABLE
-    return data if isinstance(data, dict) else UNREADABLE
+    return data if isinstance(data, dict) and isinstance(data.get("upstreams"), dict) else UNREADABLE
