@@ -40,58 +40,65 @@ STEP = "adopt"
 class Kind:
     step: str  # the built-in step whose output this kind has
     layout: str  # what the layout is, for error messages
-    check: Callable[[str, Mapping[str, int]], str | None]  # (source, listing) -> what is missing, or None
+    check: Callable[[str, Mapping[str, int]], str | None]  # (source, listing) -> what is wrong, or None
 
 
-def _json(source: str, name: str, listing: Mapping[str, int]) -> Any:
+class _LayoutProblem(Exception):
+    """What is wrong with an adopted source's layout, as a phrase ("missing x.json")."""
+
+
+def _json(source: str, name: str, listing: Mapping[str, int], wants: str) -> dict:
+    """The JSON object `name` of the source; _LayoutProblem when it is missing, cannot
+    be read or parsed, or is not an object with `wants`."""
     if name not in listing:
-        return None
+        raise _LayoutProblem(f"missing {name} (a JSON object with {wants!r})")
     try:
-        return storage.read_json(storage.join(source, name))
-    except (OSError, ValueError):
-        return None
+        value = storage.read_json(storage.join(source, name))
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        raise _LayoutProblem(f"{name} is not valid JSON ({e})") from None
+    except OSError as e:
+        raise _LayoutProblem(f"{name} cannot be read ({e.strerror or e})") from None
+    if not isinstance(value, dict) or not isinstance(value.get(wants), dict):
+        raise _LayoutProblem(f"{name} is not a JSON object with {wants!r}")
+    return value
 
 
 def _corpus(source: str, listing: Mapping[str, int]) -> str | None:
-    manifest = _json(source, "manifest.json", listing)
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), dict):
-        return "manifest.json (a readable JSON object with 'shards')"
+    manifest = _json(source, "manifest.json", listing, "shards")
     if "train_documents" not in manifest:
-        return "train_documents in manifest.json"
+        return "missing train_documents in manifest.json"
     for split, names in manifest["shards"].items():
         for name in names if isinstance(names, list) else []:
             if f"{split}/{name}" not in listing:
-                return f"{split}/{name} (listed in manifest.json)"
+                return f"missing {split}/{name} (listed in manifest.json)"
     return None
 
 
 def _tokenized(source: str, listing: Mapping[str, int]) -> str | None:
-    index = _json(source, "index.json", listing)
-    if not isinstance(index, dict) or not isinstance(index.get("splits"), dict):
-        return "index.json (a readable JSON object with 'splits')"
+    index = _json(source, "index.json", listing, "splits")
     for key in ("vocab_size", "dtype", "eos_id"):
         if key not in index:
-            return f"{key} in index.json"
+            return f"missing {key} in index.json"
     for split in index["splits"].values():
         for shard in split.get("shards", []) if isinstance(split, dict) else []:
             path = shard.get("path") if isinstance(shard, dict) else None
             if path not in listing:
-                return f"{path} (listed in index.json)"
+                return f"missing {path} (listed in index.json)"
     return None
 
 
 def _tokenizer(source: str, listing: Mapping[str, int]) -> str | None:
     for name in ("tokenizer.json", "special_tokens.json"):
         if name not in listing:
-            return name
+            return f"missing {name}"
     return None
 
 
 def _train(source: str, listing: Mapping[str, int]) -> str | None:
     if "model.json" not in listing:
-        return "model.json"
+        return "missing model.json"
     if not any(path.startswith("checkpoints/") for path in listing):
-        return "checkpoints/ (no checkpoint files)"
+        return "missing checkpoints/ (no checkpoint files)"
     return None
 
 
@@ -139,11 +146,14 @@ def check_layout(key: str, config: Mapping[str, Any]) -> dict[str, int]:
             f"{key}: adopt.source",
             f"{there} at {source}; adopt declares data that exists (check the path, or build it with a step)",
         )
-    missing = kind.check(source, listing)
-    if missing is not None:
+    try:
+        problem = kind.check(source, listing)
+    except _LayoutProblem as e:
+        problem = str(e)
+    if problem is not None:
         raise ConfigError(
             f"{key}: adopt.source",
-            f"{source} is not a {config['kind']!r} layout: missing {missing}; {config['kind']!r} data has {kind.layout}",
+            f"{source} is not a {config['kind']!r} layout: {problem}; {config['kind']!r} data has {kind.layout}",
         )
     return listing
 

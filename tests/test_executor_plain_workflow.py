@@ -113,3 +113,36 @@ def test_after_a_failed_host_job_the_waiting_ones_do_not_start_without_keep_goin
     started = [float(p.read_text()) for p in (tmp_path / "t").glob("*.txt")]
     assert all(t < failed_at for t in started)  # none started after the failure
     assert len(started) == 3 or "failed (no --keep-going)" in proc.stderr  # the rest were dropped, saying why
+
+
+def test_after_sigterm_the_waiting_host_jobs_do_not_start(tmp_path):
+    # Snakemake's graceful stop waits for running jobs only; host jobs still waiting in
+    # the executor for a core must not start afterwards (one core: one runs at a time)
+    import signal
+    import time
+
+    (tmp_path / "hold.py").write_text(  # holds until the test releases it (at most 120 s)
+        "import os, time\nfor _ in range(2400):\n    if os.path.exists('release'):\n        break\n    time.sleep(0.05)\n"
+    )
+    (tmp_path / "Snakefile").write_text(
+        "rule one:\n    output: 't/{i}.txt'\n    threads: 64\n"
+        "    shell: 'touch started-{wildcards.i}; python3 hold.py; touch {output}'\n"
+    )
+    command = [SNAKEMAKE, "--executor", "tpu", "--jobs", "4", "--local-cores", "1", "t/a.txt", "t/b.txt", "t/c.txt"]
+    log = tmp_path / "snakemake.err"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("started-*")):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        while "Will exit after finishing currently running jobs" not in log.read_text():  # Snakemake took it
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+    finally:
+        (tmp_path / "release").write_text("")
+        proc.wait(timeout=120)
+    assert len(list(tmp_path.glob("started-*"))) == 1, log.read_text()  # the two waiting jobs never started
+    assert log.read_text().count("not started: snakemake received SIGTERM") == 2, log.read_text()

@@ -71,7 +71,10 @@ def _race(tmp_path: Path, prefix: str, env: dict, first: subprocess.Popen, *conf
     out2, _ = second.communicate(timeout=180)
     out1, _ = first.communicate(timeout=180)
     log2 = (tmp_path / "bob/.snakemake/marin-logs/ck/l/v1/job.log").read_text()
-    return first.returncode, out1, second.returncode, out2 + log2
+    return first.returncode, out1, second.returncode, out2 + JOB_LOG + log2
+
+
+JOB_LOG = "\n--- the waiting run's job log ---\n"
 
 
 @pytest.mark.parametrize("where", ["local", "gcs"])
@@ -83,8 +86,10 @@ def test_two_runs_on_one_prefix_build_once_and_both_succeed(tmp_path, where, req
     rc1, out1, rc2, out2 = _two_runs(tmp_path, prefix, _env(tmp_path, gcs_env))
     assert rc1 == 0 and rc2 == 0, (out1, out2)
     assert len((tmp_path / "runs.log").read_text().split()) == 1  # the step ran exactly once
-    assert "ck/l@v1: waiting: " in out2 and " is being built by " in out2 and f"pid " in out2
-    assert "built meanwhile by another run" in out2
+    terminal, log = out2.split(JOB_LOG)
+    for seen in (terminal, log):  # the user watching the second run sees why it waits, and the log keeps it
+        assert "ck/l@v1: waiting: " in seen and " is being built by " in seen and "pid " in seen
+        assert "built meanwhile by another run" in seen
     assert storage.read_text(f"{prefix}/ck/l/v1/data.txt") == "built"
     if where == "gcs":  # the waiting run's mirror holds the record Snakemake checked
         assert list((tmp_path / "bob/.snakemake/marin-mirror").rglob("ck/l/v1/.artifact.json"))

@@ -6,7 +6,9 @@ is read from the environment except a pod's place (`pod_process_from_env`). In o
 1. send stdout/stderr to the job's log (`--log`), register for signal forwarding
    (`marin_rules.workflow.signals`), install the stop handlers;
 2. take the artifact's lease (`marin_rules.artifacts.lease`): a live holder is waited
-   for (saying who it is), or with `lease_wait=false` refused at once; when the holder
+   for (saying who it is, in the log and on the stderr the job was started with, where
+   the user watching Snakemake sees it: `tell`), or with `lease_wait=false` refused at
+   once; when the holder
    finishes, the artifact is served (exit 0, nothing built; on a remote prefix the
    local mirror record is written for Snakemake); a stale lease is taken over;
 3. if the main process marked the build forced, move the old build to `.history/`;
@@ -54,7 +56,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+_console: int | None = None  # the stderr this process was started with, once its output goes to the log
+
+
+def tell(line: str) -> None:
+    """`line` in the job's log and on the console (Snakemake's terminal, or the
+    executor's view of the job): for what the user waits on, such as another run's lease."""
+    print(line, file=sys.stderr, flush=True)
+    if _console is not None:
+        try:
+            os.write(_console, (line + "\n").encode("utf-8", "replace"))
+        except OSError:  # the terminal is gone: the log has it
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    global _console
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.threads and "RAYON_NUM_THREADS" not in os.environ:
         os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # before tokenizers starts its pool
@@ -65,8 +82,11 @@ def main(argv: list[str] | None = None) -> int:
 
         pod = pod_process_from_env(os.environ)  # every process of a pod runs this command
         log = args.log if pod is None or pod.process_id == 0 else f"{args.log}.p{pod.process_id}"
+        console = os.dup(2)
         if pod is not None:  # the executor shows a pod process's own stderr: keep it for the cause
-            pod_stderr = os.dup(2)
+            pod_stderr = console
+        if pod is None or pod.process_id == 0:  # one voice per pod
+            _console = console
         _log_to(log)
     unregister = None
     if args.registry:
@@ -205,7 +225,7 @@ def take_lease(args: argparse.Namespace, key: str, location: str, what: str, is_
     settings = lease_settings(args.lease)
 
     def on_wait(holder: leases.LeaseHolder) -> None:
-        print(f"{key}: waiting: {what} is being built by {holder.describe()}", file=sys.stderr, flush=True)
+        tell(f"{key}: waiting: {what} is being built by {holder.describe()}")
 
     held = leases.acquire(
         location, is_done=is_done, wait=settings["wait"], on_wait=on_wait,
@@ -219,7 +239,7 @@ def take_lease(args: argparse.Namespace, key: str, location: str, what: str, is_
 def serve(artifact: Any, location: str, args: argparse.Namespace) -> int:
     """Another run built it while this one waited: nothing to build."""
     record = read_record(location, artifact.id)
-    print(f"{artifact.key}: built meanwhile by another run ({record.provenance.get('host')}); serving it", flush=True)
+    tell(f"{artifact.key}: built meanwhile by another run ({record.provenance.get('host')}); serving it")
     _mirror(record, artifact, args)
     return 0
 

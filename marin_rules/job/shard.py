@@ -32,7 +32,7 @@ from marin_rules.artifacts.shards import (
 def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Namespace) -> int:
     from marin_rules.artifacts.errors import StepError
     from marin_rules.job.context import upstream_builds
-    from marin_rules.job.main import take_lease
+    from marin_rules.job.main import take_lease, tell
     from marin_rules.workflow.forcing import set_aside
 
     shard = parse_shard(args.shard)
@@ -53,7 +53,7 @@ def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Na
 
     held = take_lease(args, artifact.key, shard.location(location), f"shard {shard.name}", is_done)
     if held is None:
-        print(f"{artifact.key}: shard {shard.name} is built already; serving it", flush=True)
+        tell(f"{artifact.key}: shard {shard.name} is built already; serving it")
         _mirror_shard(location, shard, artifact, args)
         return 0
     try:

@@ -26,13 +26,18 @@ pod's memory is the pod's; a job asking for more runs alone), and one waits, cou
 as submitted, until enough is free (`--jobs` alone bounds pod jobs). A job the executor cannot run
 (an input outside the workdir, a tpu inside a group, an unknown TPU type, a wildcard
 value Snakemake's `--target-jobs` cannot carry) fails alone, with the reason, so
-`--keep-going` goes on with the others.
+`--keep-going` goes on with the others. Waiting host jobs never start after a failure
+without `--keep-going`, nor after SIGTERM (Snakemake's graceful stop, which waits for
+running jobs only): they fail unstarted, saying why, as in local mode. The SIGTERM
+handler is chained in front of the scheduler's when the first job is handed over (the
+scheduler installs its own after creating the executor); it only sets a flag.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import signal
 import sys
 import threading
 from datetime import datetime, timezone
@@ -61,6 +66,8 @@ class Executor(RemoteExecutor):
         self._host_threads_running = 0
         self._host_mem_running = 0
         self._host_lock = threading.Lock()  # run_job (scheduler thread) and check_active_jobs (polling thread)
+        self._stop_reason: str | None = None  # set by the SIGTERM handler: start no waiting host job
+        self._signal_chained = False
         super().__init__(workflow, logger)
 
     def __post_init__(self):
@@ -90,6 +97,8 @@ class Executor(RemoteExecutor):
 
     # ---- submitting -----------------------------------------------------------------
     def run_job(self, job: JobExecutorInterface):
+        if not self._signal_chained:
+            self._chain_sigterm()
         try:
             self._submit(job)
         except (WorkflowError, ValueError) as e:  # this job cannot run here; the others go on
@@ -126,8 +135,35 @@ class Executor(RemoteExecutor):
             SubmittedJobInfo(job, external_jobid=",".join(map(str, group.pids)), aux={"group": group, "dir": job_dir})
         )
 
+    def _chain_sigterm(self) -> None:
+        """On SIGTERM, start no more waiting host jobs, then call the handler there was
+        (the scheduler's graceful exit). A flag only: the handler may interrupt a thread
+        holding the lock."""
+        self._signal_chained = True
+        try:
+            previous = signal.getsignal(signal.SIGTERM)
+        except ValueError:
+            return
+
+        def on_sigterm(signum, frame):
+            self._stop_reason = "snakemake received SIGTERM"
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        try:
+            signal.signal(signal.SIGTERM, on_sigterm)
+        except ValueError:  # not the main thread: Snakemake's own handling stays
+            pass
+
     def _start_waiting_host_jobs(self) -> None:
-        """Start waiting host jobs, first come first, while their threads fit the free cores."""
+        """Start waiting host jobs, first come first, while their threads fit the free
+        cores; after SIGTERM, fail them unstarted instead."""
+        if self._stop_reason is not None:
+            self._drop_waiting_host_jobs(f"not started: {self._stop_reason}")
+            return
         with self._host_lock:
             self._start_host_jobs_locked()
 
