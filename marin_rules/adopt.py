@@ -197,3 +197,26 @@ def source_problems(artifact: Any, result: Any) -> list[str]:
     if not is_adopted_in_place(artifact) or not isinstance(result, dict):
         return []
     return file_problems(source_location(artifact.config), result.get("listing") or {})
+
+
+def recorded_source(step: Any, result: Any) -> str | None:
+    """From a success record alone: the source of data adopted in place, else None."""
+    if step != STEP or not isinstance(result, dict) or result.get("copied") or not result.get("source"):
+        return None
+    return str(result["source"])
+
+
+def recorded_source_problems(step: Any, result: Any) -> list[str]:
+    """From a success record alone (`marin verify`, `marin status`): how the source of
+    data adopted in place differs from the listing it records ([] for any other)."""
+    source = recorded_source(step, result)
+    return [] if source is None else file_problems(source, result.get("listing") or {})
+
+
+def source_changed(source: Any, problems: list[str]) -> str:
+    """The one phrase for an adopted source that changed since it was adopted."""
+    more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+    return (
+        f"the adopted source {source} changed since it was adopted ({problems[0]}{more}); consumers "
+        "will refuse it: restore it, or adopt it under a new version"
+    )

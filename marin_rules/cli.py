@@ -78,6 +78,7 @@ def _prefix_key(text: str, experiment: Experiment | None, prefix: str) -> tuple[
 
 
 def _verify(key: str, location: str, prefix: str, artifact: ArtifactId) -> int:
+    from marin_rules.adopt import recorded_source, recorded_source_problems
     from marin_rules.artifacts.records import read_record, verify_files
 
     record = read_record(location, artifact)
@@ -86,12 +87,15 @@ def _verify(key: str, location: str, prefix: str, artifact: ArtifactId) -> int:
         print(f"{key}: not built (no record under {location}); build it with: {rebuild}", file=sys.stderr)
         return 1
     problems = verify_files(location, record)
+    source = recorded_source(record.step, record.result)  # data adopted in place: its source too
+    problems += [f"adopted source {source}: {p}" for p in recorded_source_problems(record.step, record.result)]
     if problems:
         for problem in problems:
             print(f"{key}: {problem}")
         print(f"{key}: {len(problems)} problem(s); rebuild it with: {rebuild}", file=sys.stderr)
         return 1
-    print(f"{key}: all {len(record.files)} file(s) present at their recorded sizes")
+    adopted = "" if source is None else f"; its adopted source {source} holds its {len(record.result['listing'])} file(s)"
+    print(f"{key}: all {len(record.files)} file(s) present at their recorded sizes{adopted}")
     return 0
 
 

@@ -17,6 +17,7 @@ import yaml
 from marin_rules.adopt import check_layout, listing_digest
 from marin_rules.artifacts.errors import ConfigError
 from marin_rules.artifacts.files import list_data_files
+from marin_rules.cli import main as cli_main
 from marin_rules.experiment import build_experiment
 
 WORDS = "the king queen castle sword river night morning ghost crown love war peace letter ship storm".split()
@@ -52,7 +53,7 @@ def built_corpus(tmp_path_factory):
     return root / "art" / "raw" / "src" / "v1"
 
 
-def test_adopted_corpus_is_tokenized_in_place_through_a_real_run(tmp_path, snakemake_cmd, built_corpus):
+def test_adopted_corpus_is_tokenized_in_place_through_a_real_run(tmp_path, snakemake_cmd, built_corpus, capsys):
     experiment = {
         "corpus/adopted@v1": {"adopt": {"source": str(built_corpus), "kind": "corpus"}},
         "tok/bpe@v1": {"step": "train_tokenizer", "deps": {"corpus": "corpus/adopted@v1"}, "config": {"vocab_size": 400}},
@@ -86,8 +87,19 @@ def test_adopted_corpus_is_tokenized_in_place_through_a_real_run(tmp_path, snake
         assert proc.returncode != 0
         assert f"upstream corpus/adopted@v1: changed train/{shard.name}" in proc.stdout + proc.stderr
         assert f"corpus/adopted@v1: the adopted source {built_corpus} changed since it was adopted (changed train/" in proc.stderr
+        # the inspection commands say so too (they read the record alone)
+        prefix = ["--prefix", str(tmp_path / "art"), "--configfile", str(tmp_path / "exp.yaml")]
+        assert cli_main(["verify", "corpus/adopted@v1", *prefix]) == 1
+        out = capsys.readouterr().out
+        assert f"corpus/adopted@v1: adopted source {built_corpus}: changed train/{shard.name}" in out
+        assert cli_main(["status", *prefix, "--json"]) == 0
+        rows = {row["key"]: row for row in json.loads(capsys.readouterr().out)}
+        assert rows["corpus/adopted@v1"]["state"] == "source changed"
+        assert rows["corpus/adopted@v1"]["reason"].startswith(f"the adopted source {built_corpus} changed since")
     finally:
         shard.write_bytes(saved)
+    assert cli_main(["verify", "corpus/adopted@v1", "--prefix", str(tmp_path / "art"), "--configfile", str(tmp_path / "exp.yaml")]) == 0
+    assert f"its adopted source {built_corpus} holds its {len(listing)} file(s)" in capsys.readouterr().out
 
 
 def test_copy_true_copies_the_source_and_records_the_copy(tmp_path, snakemake_cmd, built_corpus):

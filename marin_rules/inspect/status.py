@@ -19,6 +19,8 @@ recipe and its upstreams' records:
   upstream rebuilt an upstream's record differs from the one this was built on
                    (and, when a forced run stopped before rebuilding this one too,
                    that the next run rebuilds it)
+  source changed   data adopted in place whose source no longer holds the files (and
+                   sizes) it was adopted with (added to the reason of the states above)
   code changed     the step's code hash differs from the one recorded at build time
                    (`marin_rules.artifacts.code`; added to the reason of the states above)
   corrupt          the record cannot be read (the records module's one line)
@@ -35,6 +37,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from marin_rules.adopt import recorded_source, recorded_source_problems, source_changed
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.code import code_change
 from marin_rules.artifacts.drift import recipe_diff
@@ -213,6 +216,13 @@ def location_status(
         )
     elif rebuilt:
         state, reason = "upstream rebuilt", f"{rebuilt[0]}{' (and more)' if len(rebuilt) > 1 else ''}"
+    adopted = recorded_source_problems(step, record.get("result"))  # data adopted in place: its source now
+    if adopted:
+        text = source_changed(recorded_source(step, record.get("result")), adopted)
+        if state == "built":
+            state, reason = "source changed", text
+        else:
+            reason += f"; {text}"
     if rebuilt and reading.forced_rebuild_owed(location):  # drifted or not: session._left_pending
         reason += "; a forced run stopped before rebuilding it: the next run rebuilds it"
     change = code_change(artifact.step, record.get("provenance")) if artifact is not None else None

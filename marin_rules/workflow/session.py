@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from marin_rules.adopt import STEP as ADOPT_STEP, check_layout, source_problems
+from marin_rules.adopt import STEP as ADOPT_STEP, check_layout, source_changed, source_problems
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
@@ -237,12 +237,7 @@ class Session:
         elif artifact.step == ADOPT_STEP and not forced:
             problems = source_problems(artifact, record.result)
             if problems:
-                print(
-                    f"{artifact.key}: the adopted source {artifact.config['source']} changed since it was adopted "
-                    f"({problems[0]}{f' and {len(problems) - 1} more' if len(problems) > 1 else ''}); consumers "
-                    "will refuse it: restore it, or adopt it under a new version",
-                    file=sys.stderr,
-                )
+                print(f"{artifact.key}: {source_changed(artifact.config['source'], problems)}", file=sys.stderr)
         if artifact.step == "train" and (forced or record is None):
             self.training.append(artifact.key)
             if len(self.training) == 1 and getattr(self.workflow, "dryrun", False):
