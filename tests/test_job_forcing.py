@@ -12,6 +12,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -203,3 +206,30 @@ def test_an_attempt_file_without_its_upstream_builds_is_never_trusted(tmp_path, 
     moved = attempt.begin(str(tmp_path), "f" * 16, {"raw/a@v1": {"fingerprint": "a", "built": "t"}})
     assert moved is not None and moved[1] == "its .attempt.json is unreadable"
     assert (Path(moved[0]) / "ckpt.txt").read_text() == "7" and not (tmp_path / "ckpt.txt").exists()
+
+
+def test_a_job_that_finds_a_build_made_from_other_upstream_builds_rebuilds_it(tmp_path, snakemake_cmd, monkeypatch):
+    # What a job sees when another run finished its artifact meanwhile, on the upstream
+    # as it was before (that run took the consumer's lease, or its forced marker, first):
+    # a record whose upstream builds are not today's. Made here by rebuilding raw/a alone
+    # and then starting ck/t's job as Snakemake would.
+    ws = _built_raw_and_train(tmp_path, snakemake_cmd, monkeypatch)
+    first = ws.record("ck/t@v1")
+    ws.snakemake("-f", ws.record_path("raw/a@v1"))  # that artifact only: ck/t keeps the old one
+    job = [sys.executable, "-m", "marin_rules.job", "--artifact", "ck/t/v1", "--experiment", "exp.yaml",
+           "--prefix", ws.prefix, "--records", ws.prefix]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run(job, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "ck/t@v1: the build there was made from other upstream builds than today's (upstream raw/a@v1: built " in proc.stderr
+    second = ws.record("ck/t@v1")
+    assert second["result"] == {"resumed_from": 0, "steps": 4}  # from scratch
+    assert second["deps"]["src"]["built"] == ws.record("raw/a@v1")["provenance"]["ended"] != first["deps"]["src"]["built"]
+    (old,) = (Path(ws.prefix) / "ck/t/v1/.history").glob("*/.artifact.json")
+    assert json.loads(old.read_text()) == first  # kept, not lost
+    assert " built " in _status(ws)["ck/t@v1"]
+
+    # one made from today's upstream builds is served as it is
+    proc = subprocess.run(job, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "made from other upstream builds" not in proc.stderr, proc.stderr
+    assert ws.record("ck/t@v1") == second

@@ -8,9 +8,10 @@ is read from the environment except a pod's place (`pod_process_from_env`). In o
 2. take the artifact's lease (`marin_rules.artifacts.lease`): a live holder is waited
    for (saying who it is, in the log and on the stderr the job was started with, where
    the user watching Snakemake sees it: `tell`), or with `lease_wait=false` refused at
-   once; when the holder
-   finishes, the artifact is served (exit 0, nothing built; on a remote prefix the
-   local mirror record is written for Snakemake); a stale lease is taken over;
+   once; when the holder finishes, the artifact is served (exit 0, nothing built; on
+   a remote prefix the local mirror record is written for Snakemake), unless it was
+   made from other upstream builds than today's: then it is rebuilt as a forced
+   cascade would be (`finished_on_other_upstreams`); a stale lease is taken over;
 3. if the main process marked the build forced, move the old build to `.history/`;
 4. check every upstream's record and files (`context.check_upstreams`), then call the step
    (`run.run_step`); the heartbeat stops the step if the lease is lost, and the
@@ -153,7 +154,7 @@ def build(args: argparse.Namespace) -> int:
     from marin_rules.experiment import dev_user_in_path, load_experiment, owned_by
     from marin_rules.steps import SHARDED_STEPS
     from marin_rules.workflow.forcing import (
-        discard_old_build, forced_by_upstream, marker_of, move_old_build, restore_old_build,
+        discard_old_build, forced_by_upstream, mark_forced, marker_of, move_old_build, restore_old_build,
     )  # fmt: skip
 
     experiment = load_experiment(args.experiment)
@@ -171,13 +172,24 @@ def build(args: argparse.Namespace) -> int:
     held = None
     if not process:
         marker = marker_of(location)
+        made_from_others: list[str] = []  # set by is_done: how a finished build's upstreams differ
 
         def is_done() -> bool:
-            return storage.exists(storage.join(location, RECORD_FILE)) and not storage.exists(marker)
+            made_from_others.clear()
+            if not storage.exists(storage.join(location, RECORD_FILE)) or storage.exists(marker):
+                return False
+            change = finished_on_other_upstreams(artifact, experiment, location, args.prefix)
+            if change is not None:
+                made_from_others.append(change)
+            return change is None
 
         held = take_lease(args, artifact.key, location, location, is_done)
         if held is None:
             return serve(artifact, location, args)
+        if made_from_others:  # another run built it on other upstream builds: rebuild, keep it
+            mark_forced(location, by_upstream=True)
+            tell(f"{artifact.key}: the build there was made from other upstream builds than today's "
+                 f"({made_from_others[0]}): rebuilding it; that build moves to .history/")  # fmt: skip
     try:
         owed = not process and forced_by_upstream(location)  # read before the move clears it
         moved = move_old_build(location) if not process else None
@@ -199,6 +211,24 @@ def build(args: argparse.Namespace) -> int:
     finally:
         if held is not None:
             held.release()
+
+
+def finished_on_other_upstreams(artifact: Any, experiment: Any, location: str, prefix: str) -> str | None:
+    """How the upstream builds the success record at `location` names differ from the
+    upstreams' builds now (one phrase), or None: the same, no upstreams, or unknown (an
+    unreadable upstream: the step refuses it). A job finds a record only when another run
+    finished it meanwhile (planning saw none, or marked it forced): built on the
+    upstreams this run planned with, it is served; on others, this run's plan stands."""
+    from marin_rules.artifacts.builds import builds_in_deps, upstream_change
+    from marin_rules.job.context import upstream_builds
+
+    if not artifact.upstream_keys():
+        return None
+    now = upstream_builds(artifact, experiment, prefix)
+    record = read_record(location, artifact.id)
+    if now is None or record is None:
+        return None
+    return upstream_change(builds_in_deps(record.deps), now)
 
 
 def begin_attempt(artifact: Any, experiment: Any, location: str, prefix: str) -> None:
