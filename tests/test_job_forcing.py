@@ -29,10 +29,13 @@ def train(ctx):
     ckpt = storage.join(ctx.output, "ckpt.txt")
     start = int(storage.read_text(ckpt)) if storage.exists(ckpt) else 0
     crash = int(open("crash-at").read()) if os.path.exists("crash-at") else None
+    kill = int(open("kill-at").read()) if os.path.exists("kill-at") else None
     for step in range(start, int(ctx.config["steps"])):
         storage.write_text_atomic(ckpt, str(step + 1))
         if crash is not None and step + 1 == crash:
             raise RuntimeError(f"crash after step {step + 1}")
+        if kill is not None and step + 1 == kill:  # as the OOM killer would: no handler runs
+            os.kill(os.getpid(), 9)
     return {"resumed_from": start, "steps": int(ctx.config["steps"])}
 '''
 
@@ -233,3 +236,36 @@ def test_a_job_that_finds_a_build_made_from_other_upstream_builds_rebuilds_it(tm
     proc = subprocess.run(job, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "made from other upstream builds" not in proc.stderr, proc.stderr
     assert ws.record("ck/t@v1") == second
+
+
+def test_a_forced_rebuild_killed_outright_leaves_the_old_build_in_place(tmp_path, snakemake_cmd, monkeypatch):
+    # SIGKILL (the OOM killer) lets the job restore nothing; Snakemake then puts its
+    # backup of the old record back on top of the attempt's partial data
+    ws = _built_raw_and_train(tmp_path, snakemake_cmd, monkeypatch)
+    first = ws.record("ck/t@v1")
+    folder = Path(ws.prefix) / "ck/t/v1"
+    (tmp_path / "kill-at").write_text("2")
+    proc = ws.snakemake("--forcerun", ws.record_path("ck/t@v1"), check=False)
+    assert proc.returncode != 0
+    assert "ck/t@v1: its forced rebuild was killed before it ended; the previous build is back in place" in proc.stderr
+    assert ws.record("ck/t@v1") == first and (folder / "ckpt.txt").read_text() == "4"  # the old build's data
+    (failed,) = (folder / ".history").glob("*-failed")
+    assert (failed / "ckpt.txt").read_text() == "2" and not (failed / ".artifact.json").exists()
+    assert not (folder / ".history/.rebuilding").exists()
+    assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(ws.snakemake("-n"))  # a direct force is not owed
+
+    # Snakemake killed too (no exit handler, no restored record): the next job restores it
+    from marin_rules.workflow.forcing import mark_forced
+
+    mark_forced(str(folder))  # as planning a forced run does
+    job = [sys.executable, "-m", "marin_rules.job", "--artifact", "ck/t/v1", "--experiment", "exp.yaml",
+           "--prefix", ws.prefix, "--records", ws.prefix]  # fmt: skip
+    killed = subprocess.run(job, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)
+    assert killed.returncode == -9 and not (folder / ".artifact.json").exists()
+    assert (folder / "ckpt.txt").read_text() == "2" and (folder / ".history/.rebuilding").exists()
+    (tmp_path / "kill-at").unlink()
+    ws.snakemake()  # plans a build (no record); its job finds the killed rebuild first
+    log = (tmp_path / ".snakemake/marin-logs/ck/t/v1/job.log").read_text()
+    assert "ck/t@v1: its last forced rebuild was killed before it ended; the previous build is back in place" in log
+    assert ws.record("ck/t@v1") == first and (folder / "ckpt.txt").read_text() == "4"
+    assert len(list((folder / ".history").glob("*-failed"))) == 2

@@ -171,7 +171,7 @@ def test_a_shard_killed_mid_way_on_a_cluster_executor_is_the_only_one_rebuilt(tm
     command = [
         str(Path(sys.executable).parent / "snakemake"), "-s", str(HERE.parent / "Snakefile"),
         "--configfile", str(exp), "--jobs", "3", "--keep-going", "--latency-wait", "30",
-        "--executor", "cluster-generic",
+        "--executor", "cluster-generic", "--seconds-between-status-checks", "1",
         "--cluster-generic-submit-cmd", f"{sys.executable} {HERE / 'executor_helpers' / 'submit_local.py'}",
         "--config", f"prefix={prefix}", *FAST_LEASES,
     ]  # fmt: skip

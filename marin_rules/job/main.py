@@ -154,7 +154,8 @@ def build(args: argparse.Namespace) -> int:
     from marin_rules.experiment import dev_user_in_path, load_experiment, owned_by
     from marin_rules.steps import SHARDED_STEPS
     from marin_rules.workflow.forcing import (
-        discard_old_build, forced_by_upstream, mark_forced, marker_of, move_old_build, restore_old_build,
+        begin_rebuild, discard_old_build, end_rebuild, forced_by_upstream, mark_forced, marker_of, move_old_build,
+        recover_interrupted, restore_old_build,
     )  # fmt: skip
 
     experiment = load_experiment(args.experiment)
@@ -186,6 +187,13 @@ def build(args: argparse.Namespace) -> int:
         held = take_lease(args, artifact.key, location, location, is_done)
         if held is None:
             return serve(artifact, location, args)
+        recovered = recover_interrupted(location)  # a forced rebuild killed outright (forcing.py)
+        if recovered:
+            tell(f"{artifact.key}: its last forced rebuild was killed before it ended; the previous build is back "
+                 f"in place (what the attempt left: {recovered})")  # fmt: skip
+            if is_done():  # the old build serves, as after any failed direct force
+                held.release()
+                return serve(artifact, location, args, "its previous build is in place")
         if made_from_others:  # another run built it on other upstream builds: rebuild, keep it
             mark_forced(location, by_upstream=True)
             tell(f"{artifact.key}: the build there was made from other upstream builds than today's "
@@ -194,6 +202,7 @@ def build(args: argparse.Namespace) -> int:
         owed = not process and forced_by_upstream(location)  # read before the move clears it
         moved = move_old_build(location) if not process else None
         if moved:
+            begin_rebuild(location, moved, owed)
             print(f"{artifact.key}: forced: the old build moved to {moved}", file=sys.stderr, flush=True)
         try:
             if not process and artifact.step not in SHARDED_STEPS:  # shards check their own (shards.py)
@@ -205,8 +214,10 @@ def build(args: argparse.Namespace) -> int:
                 print(f"{artifact.key}: the forced rebuild failed; the previous build is back in place "
                       f"(what the attempt left: {failed})", file=sys.stderr, flush=True)  # fmt: skip
             raise
-        if moved and artifact.id.is_dev:  # a dev version keeps no history
-            discard_old_build(moved)
+        if moved:
+            end_rebuild(location)
+            if artifact.id.is_dev:  # a dev version keeps no history
+                discard_old_build(moved)
         return code
     finally:
         if held is not None:
@@ -266,10 +277,11 @@ def take_lease(args: argparse.Namespace, key: str, location: str, what: str, is_
     return held
 
 
-def serve(artifact: Any, location: str, args: argparse.Namespace) -> int:
-    """Another run built it while this one waited: nothing to build."""
+def serve(artifact: Any, location: str, args: argparse.Namespace, why: str = "") -> int:
+    """Another run built it while this one waited (or `why`): nothing to build."""
     record = read_record(location, artifact.id)
-    tell(f"{artifact.key}: built meanwhile by another run ({record.provenance.get('host')}); serving it")
+    why = why or f"built meanwhile by another run ({record.provenance.get('host')})"
+    tell(f"{artifact.key}: {why}; serving it")
     _mirror(record, artifact, args)
     return 0
 

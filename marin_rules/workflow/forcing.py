@@ -17,6 +17,15 @@ the marker is a first build, or a stopped one that resumes from what it left (it
 checkpoints). `.failures/`, `.history/` and the lease stay where they are. A dev
 version (rebuilt on every run) keeps no history: once its rebuild succeeded the old
 build is deleted (`discard_old_build`), so iterating does not pile up copies.
+
+A rebuild whose process is killed outright (SIGKILL, the OOM killer) cannot restore
+anything itself, and Snakemake then puts its backup of the old record back on top of
+the attempt's partial data. So while a job rebuilds, `.history/.rebuilding` names the
+folder the old build went to (`begin_rebuild`; removed when the rebuild succeeds or is
+restored); whoever next holds the lease with the pointer still there (the same run's
+main process at exit, else the next job of the artifact) completes the restore
+(`recover_interrupted`): the old build back in place, the attempt's leftovers under
+`<moved>-failed/`, a cascade still owed.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from marin_rules.artifacts.provenance import iso, utc_now
 
 MARKER = ".forced-record"  # not *.json: not an earlier record for readers of .history/
 CASCADE = ".forced-by-upstream"  # beside MARKER: forced only because an upstream was
+REBUILDING = ".rebuilding"  # beside MARKER: a forced rebuild under way, `begin_rebuild`
 KEEP = {HISTORY_DIR, FAILURES_DIR, LEASE_FILE, LEASE_FILE + ".lock"}
 
 
@@ -119,6 +129,54 @@ def set_aside(location: str, why: str = "", part: str = "") -> str:
     return target
 
 
+def begin_rebuild(location: str, moved: str, owed: bool) -> None:
+    """In the job, after `move_old_build`: note where the old build went and whether the
+    rebuild is owed (a cascade), until `end_rebuild` or `restore_old_build`."""
+    pointer = {"moved": moved.rstrip("/").rsplit("/", 1)[-1], "owed": owed}
+    storage.write_json_atomic(storage.join(location, HISTORY_DIR, REBUILDING), pointer)
+
+
+def end_rebuild(location: str) -> None:
+    """The forced rebuild succeeded: nothing to restore."""
+    _remove(storage.join(location, HISTORY_DIR, REBUILDING))
+
+
+def interrupted_rebuild(location: str) -> tuple[str, bool] | None:
+    """(the folder holding the old build, owed) of a forced rebuild that neither
+    succeeded nor was restored (its process was killed, or is still running: hold the
+    lease before acting on it); None when there is none."""
+    try:
+        pointer = storage.read_json(storage.join(location, HISTORY_DIR, REBUILDING))
+        name = pointer["moved"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError):  # a torn pointer: nothing to act on
+        end_rebuild(location)
+        return None
+    moved = storage.join(location, HISTORY_DIR, str(name))
+    if "/" in str(name) or not storage.exists(moved):
+        end_rebuild(location)
+        return None
+    return moved, bool(pointer.get("owed"))
+
+
+def recover_interrupted(location: str) -> str | None:
+    """Under the lease: complete the restore a killed forced rebuild could not do (see
+    the module docstring); returns where the attempt's leftovers went, or None when no
+    rebuild was interrupted. A copy of the old record Snakemake put back is dropped."""
+    found = interrupted_rebuild(location)
+    if found is None:
+        return None
+    moved, owed = found
+    record = storage.join(location, RECORD_FILE)
+    try:
+        if storage.read_bytes(record) == storage.read_bytes(storage.join(moved, RECORD_FILE)):
+            _remove(record)  # Snakemake's backup of the old record: the old build has its own
+    except FileNotFoundError:
+        pass
+    return restore_old_build(location, moved, owed=owed)
+
+
 def restore_old_build(location: str, moved: str, owed: bool = False) -> str:
     """A forced rebuild failed: move what it left to `<moved>-failed/` and the old build
     (in `moved`, from `move_old_build`) back in place; returns where the attempt went.
@@ -132,6 +190,7 @@ def restore_old_build(location: str, moved: str, owed: bool = False) -> str:
     discard_old_build(moved)
     if owed:
         mark_forced(location, by_upstream=True)
+    end_rebuild(location)
     return failed
 
 

@@ -86,6 +86,7 @@ class Session:
     _pending: dict[str, str] = field(default_factory=dict)  # key -> the rebuilt upstream (`_left_pending`)
     _direct: dict[str, bool] = field(default_factory=dict)  # forced by the command line itself
     _records: dict[str, Record | None] = field(default_factory=dict)
+    _marked: list[str] = field(default_factory=list)  # marked forced by this run (`forcing.mark_forced`)
     _stamped: bool = False
     succeeded: bool = False  # set by `onsuccess:`
 
@@ -255,6 +256,7 @@ class Session:
                 self._retire_sharded(artifact, dry)
             elif not dry:
                 forcing.mark_forced(self.location(artifact.key), by_upstream=not self._direct.get(artifact.key))
+                self._marked.append(artifact.key)
             return
         if record is not None:
             try:
@@ -300,6 +302,32 @@ class Session:
                     f"{key}: its record is not there: another run is building it (lease held by "
                     f"{holder.describe()}); run snakemake again once that run has finished, and this one serves it"
                 )
+        return lines
+
+    def recover_killed_rebuilds(self) -> list[str]:
+        """At exit: one line for each forced rebuild of this run whose job was killed
+        outright (SIGKILL, the OOM killer), after completing the restore it could not
+        do (`forcing.recover_interrupted`, under the lease), so the old build serves now,
+        not Snakemake's backup of its record on top of the attempt's partial data. A
+        rebuild whose lease is still live (a pod job elsewhere) is left to its next job."""
+        from marin_rules.artifacts import lease as leases
+
+        lines = []
+        for key in self._marked:
+            location = self.location(key)
+            if forcing.interrupted_rebuild(location) is None:
+                continue
+            try:
+                held = leases.acquire(location, is_done=lambda: False, wait=False)
+            except (leases.LeaseHeld, MarinError, OSError):
+                continue
+            try:
+                failed = forcing.recover_interrupted(location)
+            finally:
+                held.release()
+            if failed:
+                lines.append(f"{key}: its forced rebuild was killed before it ended; the previous build is back "
+                             f"in place (what the attempt left: {failed})")  # fmt: skip
         return lines
 
     def print_plan(self) -> None:
