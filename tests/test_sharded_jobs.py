@@ -133,6 +133,24 @@ def test_shards_made_from_a_rebuilt_tokenizer_are_built_again_not_served(tmp_pat
     assert "shard 00000-of-00002 was made from other upstream builds (upstream " in log
 
 
+def test_finished_shards_of_an_ungathered_artifact_made_from_an_old_tokenizer_are_built_again(tmp_path, snakemake_cmd):
+    # the run stopped between the shards and the gather (the record removed here), then
+    # the tokenizer alone was rebuilt (`-f` its record): the next run must build the
+    # shards again rather than leave the gather refusing them
+    exp = experiment(tmp_path, tokenize_shards=2, dedup_shards=1)
+    prefix = tmp_path / "art"
+    base = ["--configfile", str(exp), "--cores", "2", "--config", f"prefix={prefix}"]
+    snakemake_cmd(*base, cwd=tmp_path)
+    (prefix / TOKENS / ".artifact.json").unlink()
+    snakemake_cmd(*base, "-f", str(prefix / "tokenizers/slice/v1/.artifact.json"), cwd=tmp_path)
+    assert (prefix / TOKENS / "shards/00000-of-00002/shard.json").exists()
+    proc = snakemake_cmd(*base, cwd=tmp_path)
+    for shard in ("00000-of-00002", "00001-of-00002"):
+        assert f"tokenized/slice@v1: shard {shard} was made from other upstream builds (upstream tokenizers/slice@v1: built " in proc.stderr
+    assert streams(prefix / TOKENS) == in_one_process(prefix, tmp_path / "direct")  # from the rebuilt tokenizer
+    assert len(sorted((prefix / TOKENS / ".history").glob("*-stale/shards/*/shard.json"))) == 2  # set aside
+
+
 def _job_pid(shard: str) -> int | None:
     """The job process (`python -m marin_rules.job ... --shard SHARD`) of one shard, if running."""
     for entry in os.listdir("/proc"):

@@ -20,6 +20,9 @@ or forced (a finished artifact is served even where the shard records are not
 mirrored). A forced sharded artifact has its old build moved to `.history/` while
 planning (`forcing.retire_now`, under its lease), since its shard jobs run before
 its own job does; `--forcerun tokenize_shard` forces it as `--forcerun tokenize` does.
+A finished shard of an unfinished artifact that was made from other upstream builds
+than today's (its tokenizer rebuilt since) gets the run stamp below, so its job runs
+again and sets it aside (`_stale_shard`).
 
 Dev versions (`name@dev`, `*-dev`) count as forced on every run: they are never drift-
 checked, and in the main process each gets the input `.snakemake/marin-run/stamp`,
@@ -35,6 +38,7 @@ gets a warning when its source's files changed since.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import sys
@@ -80,7 +84,7 @@ class Session:
     targets_config: str | None
     lease: str  # lease settings for the job command (options.lease_options)
     registry: str  # where job processes register for signal forwarding
-    warned: set[str] = field(default_factory=set)
+    warned: set = field(default_factory=set)  # keys (and (key, shard) pairs) already reported
     training: list[str] = field(default_factory=list)  # train jobs that will run: the priced plan's
     _forced: dict[str, bool] = field(default_factory=dict)
     _pending: dict[str, str] = field(default_factory=dict)  # key -> the rebuilt upstream (`_left_pending`)
@@ -207,6 +211,8 @@ class Session:
         inputs: dict[str, Any] = {}
         if (artifact.id.is_dev or artifact.key in self._pending) and self.main_process:
             inputs["marin_run_stamp"] = self._run_stamp()  # newer than the record: Snakemake reruns it
+        elif "shard" in wildcards.keys() and self.main_process and not forced and self._stale_shard(artifact, wildcards.shard):
+            inputs["marin_run_stamp"] = self._run_stamp()  # its job sets the stale shard aside and builds it
         for role, dep in artifact.deps.items():
             upstreams = [dep] if isinstance(dep, str) else list(dep)
             for i, upstream in enumerate(upstreams):
@@ -219,6 +225,31 @@ class Session:
             for i, path in enumerate(self.shard_records(artifact.key)):
                 inputs[f"shard_{i}"] = path
         return inputs
+
+    def _stale_shard(self, artifact: Artifact, shard: str) -> bool:
+        """Was this finished shard of an unfinished artifact made from other upstream
+        builds than today's (its tokenizer rebuilt since, say)? Then its job runs again,
+        and sets it aside (`job/shard.py`); an unreadable shard record is left to the job."""
+        from marin_rules.artifacts.builds import build_of, upstream_change
+
+        path = f"{self.records_root}/{artifact.id.path}/{SHARDS_DIR}/{shard}/{SHARD_RECORD}"
+        try:
+            with open(path, encoding="utf-8") as f:
+                then = json.load(f).get("upstreams")
+        except (OSError, ValueError, AttributeError):
+            return False
+        now = {}
+        for key in artifact.upstream_keys():
+            record = self.recorded(key)
+            if record is None:  # built in this run: Snakemake reruns the shard anyway
+                return False
+            now[key] = build_of(record)
+        change = upstream_change(then, now)
+        if change is not None and (artifact.key, shard) not in self.warned:
+            self.warned.add((artifact.key, shard))
+            print(f"{artifact.key}: shard {shard} was made from other upstream builds ({change}); building it again",
+                  file=sys.stderr)  # fmt: skip
+        return change is not None
 
     def _run_stamp(self) -> str:
         """The run stamp, touched at the first dev or pending artifact of this invocation."""
