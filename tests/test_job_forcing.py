@@ -37,6 +37,13 @@ def train(ctx):
         if kill is not None and step + 1 == kill:  # as the OOM killer would: no handler runs
             os.kill(os.getpid(), 9)
     return {"resumed_from": start, "steps": int(ctx.config["steps"])}
+
+
+def source(ctx):
+    if os.path.exists("crash-source"):
+        raise RuntimeError("the source cannot be read")
+    storage.write_text_atomic(storage.join(ctx.output, "data.txt"), "a")
+    return {}
 '''
 
 
@@ -269,3 +276,33 @@ def test_a_forced_rebuild_killed_outright_leaves_the_old_build_in_place(tmp_path
     assert "ck/t@v1: its last forced rebuild was killed before it ended; the previous build is back in place" in log
     assert ws.record("ck/t@v1") == first and (folder / "ckpt.txt").read_text() == "4"
     assert len(list((folder / ".history").glob("*-failed"))) == 2
+
+
+def test_a_cascade_whose_forced_upstream_failed_is_not_owed_later(tmp_path, snakemake_cmd):
+    # --forcerun raw/a (cascading to ck/t) fails in raw/a: ck/t was never begun, so a
+    # later `-f` of raw/a alone (which does not cascade) must not rebuild ck/t
+    ws = Workspace(tmp_path, snakemake_cmd)
+    (tmp_path / "steps.py").write_text(TRAIN)
+    ws.write({
+        "raw/a@v1": {"step": "steps:source"},
+        "ck/t@v1": {"step": "steps:train", "deps": {"src": "raw/a@v1"}, "config": {"steps": 4}},
+    })  # fmt: skip
+    ws.snakemake()
+    first = ws.record("ck/t@v1")
+    (tmp_path / "crash-source").write_text("")
+    assert ws.snakemake("--forcerun", ws.record_path("raw/a@v1"), check=False).returncode != 0
+    assert not (Path(ws.prefix) / "ck/t/v1/.history/.forced-record").exists()
+    (tmp_path / "crash-source").unlink()
+    ws.snakemake("-f", ws.record_path("raw/a@v1"))
+    assert ws.record("ck/t@v1") == first
+    proc = ws.snakemake("-n")
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+    assert "upstream rebuilt" in _status(ws)["ck/t@v1"]
+
+    # the same force that gets as far as rebuilding raw/a still owes ck/t's rebuild
+    (tmp_path / "crash-at").write_text("2")
+    assert ws.snakemake("--forcerun", ws.record_path("raw/a@v1"), check=False).returncode != 0
+    (tmp_path / "crash-at").unlink()
+    assert "the next run rebuilds it" in _status(ws)["ck/t@v1"]
+    ws.snakemake()
+    assert ws.record("ck/t@v1")["deps"]["src"]["built"] == ws.record("raw/a@v1")["provenance"]["ended"]

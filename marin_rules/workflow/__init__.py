@@ -133,12 +133,15 @@ def on_success() -> None:
 
 
 def _explain_at_exit() -> None:
-    """At the main process's exit after a failed run, restore the old builds of forced
-    rebuilds whose jobs were killed outright (`Session.recover_killed_rebuilds`), and
+    """At the main process's exit after a failed run, take back the forced marks of
+    cascades the run never began (`Session.drop_unbegun_cascades`), restore the old
+    builds of forced rebuilds whose jobs were killed outright
+    (`Session.recover_killed_rebuilds`), and
     name the artifacts another run took away while this one ran
     (`Session.taken_by_another_run`): Snakemake reports the
     missing record as filesystem latency, and an exception raised while waiting for it
     never reaches `onerror:`, hence exit."""
     if _session is not None and not _session.succeeded and not getattr(_session.workflow, "dryrun", False):
+        _session.drop_unbegun_cascades()
         for line in _session.recover_killed_rebuilds() + _session.taken_by_another_run():
             print(f"marin-rules: {line}", file=sys.stderr, flush=True)

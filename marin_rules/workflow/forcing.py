@@ -91,6 +91,12 @@ def mark_forced(location: str, by_upstream: bool = False) -> None:
         _remove(cascade)
 
 
+def unmark_forced(location: str) -> None:
+    """Take back `mark_forced` before the job ran (a cascade its run never began)."""
+    _remove(marker_of(location))
+    _remove(storage.join(location, HISTORY_DIR, CASCADE))
+
+
 def forced_by_upstream(location: str) -> bool:
     """Was the pending forced build of `location` marked as a cascade (`mark_forced`)?"""
     return storage.exists(storage.join(location, HISTORY_DIR, CASCADE))

@@ -50,6 +50,7 @@ from marin_rules.adopt import STEP as ADOPT_STEP, check_layout, source_changed, 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
+from marin_rules.artifacts.provenance import iso, utc_now
 from marin_rules.artifacts.records import Record, read_record_file
 from marin_rules.artifacts.shards import SHARD_RECORD, SHARDS_DIR, all_shards, shard_count
 from marin_rules.experiment import Artifact, Experiment
@@ -91,6 +92,8 @@ class Session:
     _direct: dict[str, bool] = field(default_factory=dict)  # forced by the command line itself
     _records: dict[str, Record | None] = field(default_factory=dict)
     _marked: list[str] = field(default_factory=list)  # marked forced by this run (`forcing.mark_forced`)
+    _new_cascades: list[str] = field(default_factory=list)  # of those: cascades this run began (no marker before)
+    _began: str = field(default_factory=lambda: iso(utc_now()))  # when this invocation began (records' clock)
     _stamped: bool = False
     succeeded: bool = False  # set by `onsuccess:`
 
@@ -286,7 +289,11 @@ class Session:
             if artifact.step in SHARDED_STEPS:
                 self._retire_sharded(artifact, dry)
             elif not dry:
-                forcing.mark_forced(self.location(artifact.key), by_upstream=not self._direct.get(artifact.key))
+                location = self.location(artifact.key)
+                cascade = not self._direct.get(artifact.key)
+                if cascade and artifact.key not in self._pending and not storage.exists(forcing.marker_of(location)):
+                    self._new_cascades.append(artifact.key)
+                forcing.mark_forced(location, by_upstream=cascade)
                 self._marked.append(artifact.key)
             return
         if record is not None:
@@ -360,6 +367,25 @@ class Session:
                 lines.append(f"{key}: its forced rebuild was killed before it ended; the previous build is back "
                              f"in place (what the attempt left: {failed})")  # fmt: skip
         return lines
+
+    def drop_unbegun_cascades(self) -> None:
+        """At exit after a failed run: a consumer this run marked forced only because an
+        upstream was, whose job never ran and none of whose upstreams was rebuilt during
+        the run, owes nothing (the upstream's rebuild failed or never started): its marker
+        goes, so a later `-f` of that upstream alone does not rebuild it (`_left_pending`)."""
+        for key in self._new_cascades:
+            location = self.location(key)
+            if not storage.exists(forcing.marker_of(location)):
+                continue  # its job ran
+            rebuilt = False
+            for upstream in self.experiment[key].upstream_keys():
+                try:
+                    record = read_record_file(self.record_path(upstream), self.experiment[upstream].id)
+                except MarinError:
+                    record = None
+                rebuilt = rebuilt or record is None or (record.built or "") >= self._began
+            if not rebuilt:
+                forcing.unmark_forced(location)
 
     def print_plan(self) -> None:
         """The priced plan of the training jobs that will run, once (main process)."""
