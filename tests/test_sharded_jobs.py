@@ -100,7 +100,7 @@ def test_forcerun_tokenize_rebuilds_its_shards_and_keeps_the_old_build(tmp_path,
     assert not (prefix / TOKENS / ".history").exists()
     old = json.loads((prefix / TOKENS / ".artifact.json").read_text())
     dry = snakemake_cmd(*base, "--forcerun", "tokenize", "-n", cwd=tmp_path)
-    assert "tokenized/slice@v1: forced: its 2 shard job(s) run again too" in dry.stderr
+    assert (dry.stdout + dry.stderr).count("rule tokenize_shard:") == 2  # -n lists the shard jobs that will run
     assert not (prefix / TOKENS / ".history").exists()  # a dry run moves nothing
     rerun = snakemake_cmd(*base, "--forcerun", "tokenize", cwd=tmp_path)
     out = rerun.stdout + rerun.stderr

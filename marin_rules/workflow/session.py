@@ -216,6 +216,8 @@ class Session:
             inputs["marin_run_stamp"] = self._run_stamp()  # newer than the record: Snakemake reruns it
         elif "shard" in wildcards.keys() and self.main_process and not forced and self._stale_shard(artifact, wildcards.shard):
             inputs["marin_run_stamp"] = self._run_stamp()  # its job sets the stale shard aside and builds it
+        elif "shard" in wildcards.keys() and self.main_process and forced and getattr(self.workflow, "dryrun", False):
+            inputs["marin_run_stamp"] = self._run_stamp()  # listed by -n: a real run retires the old shards first
         for role, dep in artifact.deps.items():
             upstreams = [dep] if isinstance(dep, str) else list(dep)
             for i, upstream in enumerate(upstreams):
@@ -305,11 +307,7 @@ class Session:
 
     def _retire_sharded(self, artifact: Artifact, dry: bool) -> None:
         """A forced sharded artifact: move its old build aside now, so its shard jobs run."""
-        count = shard_count(artifact.runtime)
-        if dry:
-            if self.recorded(artifact.key) is not None or os.path.exists(os.path.dirname(self.record_path(artifact.key))):
-                print(f"{artifact.key}: forced: its {count} shard job(s) run again too (a dry run lists only "
-                      f"the `{rule_of(artifact.step)}` job)", file=sys.stderr)  # fmt: skip
+        if dry:  # its shard jobs get the run stamp (`inputs`): -n lists them
             return
         try:
             from marin_rules.job.main import lease_settings
