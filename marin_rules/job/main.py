@@ -239,7 +239,10 @@ def finished_on_other_upstreams(artifact: Any, experiment: Any, location: str, p
     record = read_record(location, artifact.id)
     if now is None or record is None:
         return None
-    return upstream_change(builds_in_deps(record.deps), now)
+    then = builds_in_deps(record.deps)
+    if any(build.get("built") is None for build in then.values()):  # a record of before builds were kept
+        return None
+    return upstream_change(then, now)
 
 
 def begin_attempt(artifact: Any, experiment: Any, location: str, prefix: str) -> None:
