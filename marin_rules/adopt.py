@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Mapping
 
 from marin_rules.artifacts import storage
-from marin_rules.artifacts.errors import ConfigError
+from marin_rules.artifacts.errors import ConfigError, json_problem
 from marin_rules.artifacts.files import file_problems, list_data_files
 from marin_rules.artifacts.identity import artifact_location
 from marin_rules.validation import Bool, OneOf, Text, check_fields
@@ -55,7 +55,7 @@ def _json(source: str, name: str, listing: Mapping[str, int], wants: str) -> dic
     try:
         value = storage.read_json(storage.join(source, name))
     except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
-        raise _LayoutProblem(f"{name} is not valid JSON ({e})") from None
+        raise _LayoutProblem(f"{name} is {json_problem(e)}") from None
     except OSError as e:
         raise _LayoutProblem(f"{name} cannot be read ({e.strerror or e})") from None
     if not isinstance(value, dict) or not isinstance(value.get(wants), dict):

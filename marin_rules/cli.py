@@ -82,9 +82,9 @@ def _verify(key: str, location: str, prefix: str, artifact: ArtifactId) -> int:
     from marin_rules.artifacts.records import read_record, verify_files
 
     record = read_record(location, artifact)
-    rebuild = f"snakemake -f {record_path(prefix, artifact)}"
     if record is None:
-        print(f"{key}: not built (no record under {location}); build it with: {rebuild}", file=sys.stderr)
+        print(f"{key}: not built (no record under {location}); build it with: snakemake {record_path(prefix, artifact)}",
+              file=sys.stderr)  # fmt: skip
         return 1
     problems = verify_files(location, record)
     source = recorded_source(record.step, record.result)  # data adopted in place: its source too
@@ -92,7 +92,8 @@ def _verify(key: str, location: str, prefix: str, artifact: ArtifactId) -> int:
     if problems:
         for problem in problems:
             print(f"{key}: {problem}")
-        print(f"{key}: {len(problems)} problem(s); rebuild it with: {rebuild}", file=sys.stderr)
+        print(f"{key}: {len(problems)} problem(s); rebuild it with: snakemake -f {record_path(prefix, artifact)}",
+              file=sys.stderr)  # fmt: skip
         return 1
     adopted = "" if source is None else f"; its adopted source {source} holds its {len(record.result['listing'])} file(s)"
     print(f"{key}: all {len(record.files)} file(s) present at their recorded sizes{adopted}")

@@ -5,7 +5,8 @@ it sees `.snakemake/marin-mirror/<scheme>/<bucket/path>/<name>/<version>/.artifa
 instead. `refresh_mirror` makes that folder hold exactly the records found on the
 prefix: ONE listing of the prefix (with sizes and generations), then only the records
 that are new or changed since the last refresh are fetched, all in one concurrent
-`cat` of many paths. Records gone from the prefix are removed from the mirror. The
+`cat` of many paths (with them the pointer `.history/.rebuilding` of a forced rebuild
+under way, which planning reads). Records gone from the prefix are removed from the mirror. The
 listing's per-record signature (generation or etag, size) is kept in
 `<mirror>/.index.json`, so a refresh of an unchanged prefix fetches nothing. Shard
 records (`shards/*/shard.json` of a sharded step) are mirrored alike, so a run on
@@ -19,6 +20,7 @@ import json
 import os
 
 from marin_rules.artifacts import storage
+from marin_rules.artifacts.files import HISTORY_DIR, REBUILDING
 from marin_rules.artifacts.identity import RECORD_FILE
 from marin_rules.artifacts.shards import SHARD_RECORD, SHARDS_DIR
 
@@ -54,8 +56,11 @@ def _read_index(mirror: str) -> dict[str, str]:
 
 
 def _is_record(path: str) -> bool:
-    """A success record, or a shard record, not kept history."""
-    if "/.history/" in path:
+    """A success record, or a shard record, not kept history; or the pointer of a forced
+    rebuild under way (`workflow/forcing.py`: planning schedules such an artifact)."""
+    if path.endswith(f"/{HISTORY_DIR}/{REBUILDING}"):
+        return True
+    if f"/{HISTORY_DIR}/" in path:
         return False
     return path.endswith("/" + RECORD_FILE) or (path.endswith("/" + SHARD_RECORD) and f"/{SHARDS_DIR}/" in path)
 

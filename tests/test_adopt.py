@@ -115,7 +115,7 @@ def test_copy_true_copies_the_source_and_records_the_copy(tmp_path, snakemake_cm
         (lambda d: (d / "train").mkdir(parents=True) or (d / "train" / "shard-00000.jsonl.gz").write_bytes(b"x"),
          "is not a 'corpus' layout: missing manifest.json"),
         (lambda d: d.mkdir(parents=True) or (d / "manifest.json").write_text('{"shards": '),
-         "is not a 'corpus' layout: manifest.json is not valid JSON (Expecting value: line 1 column 12"),
+         "is not a 'corpus' layout: manifest.json is not valid JSON (Expecting value at line 1, column 12)"),
         (lambda d: None, "nothing at"),
     ],
     ids=["bad-layout", "unparsable-manifest", "missing-source"],

@@ -47,7 +47,7 @@ def test_a_garbled_index_json_is_named_with_the_rebuild_command(tokens):
         loader(tokens)
     message = str(error.value)
     assert message.startswith(f"deps.data: {tokens / 'index.json'} is unreadable (JSONDecodeError")
-    assert message.endswith(f"rebuild it with: snakemake --forcerun {tokens / '.artifact.json'}") and "\n" not in message
+    assert message.endswith(f"rebuild it with: snakemake -f {tokens / '.artifact.json'}") and "\n" not in message
 
 
 def test_a_garbled_token_shard_is_named_not_reported_as_pickled_data(tokens):

@@ -420,3 +420,10 @@ def test_suggest_key_is_empty_when_nothing_is_close():
         " (did you mean checkpoints/nano-moe@v1?)"
     )
     assert suggest_key("zzz", ["checkpoints/nano-moe@v1"]) == ""
+
+
+def test_suggest_key_never_suggests_the_key_as_typed():
+    from marin_rules.experiment import suggest_key
+
+    assert suggest_key("raw/x@v1", ["raw/x@v1", "raw/x@v2"]) == " (did you mean raw/x@v2?)"
+    assert suggest_key("raw/x@v1", ["raw/x@v1"]) == ""

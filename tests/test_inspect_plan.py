@@ -108,3 +108,9 @@ def test_plan_refuses_an_mfu_that_is_not_a_fraction(mfu, capsys):
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"marin plan: error: argument --mfu: expected a fraction in (0, 1] such as 0.4, got '{mfu}'"
     )
+
+
+def test_counts_read_in_units_up_to_trillions_then_in_powers_of_ten():
+    from marin_rules.inspect.plan import count
+
+    assert [count(n) for n in (999, 1234, 5.5e9, 2.5e14, 3.00003078e22)] == ["999", "1.23k", "5.50B", "250.00T", "3.00e22"]

@@ -277,6 +277,30 @@ def test_a_forced_rebuild_killed_outright_leaves_the_old_build_in_place(tmp_path
     assert ws.record("ck/t@v1") == first and (folder / "ckpt.txt").read_text() == "4"
     assert len(list((folder / ".history").glob("*-failed"))) == 2
 
+    # Snakemake put its backup of the old record back over the partial data, then was
+    # killed before its exit handler ran: status says so, and the next run restores it
+    mark_forced(str(folder))
+    (tmp_path / "kill-at").write_text("1")
+    killed = subprocess.run(job, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)
+    assert killed.returncode == -9
+    moved = json.loads((folder / ".history/.rebuilding").read_text())["moved"]
+    (folder / ".artifact.json").write_bytes((folder / ".history" / moved / ".artifact.json").read_bytes())
+    (tmp_path / "kill-at").unlink()
+    line = _status(ws)["ck/t@v1"]
+    assert " failed " in line and "a forced rebuild was killed before it ended" in line, line
+    dry = ws.snakemake("-n")
+    assert "ck/t@v1: a forced rebuild of it did not end" in dry.stderr and "Nothing to be done" not in dry.stdout
+    ws.snakemake()
+    log = (tmp_path / ".snakemake/marin-logs/ck/t/v1/job.log").read_text()
+    assert "ck/t@v1: its last forced rebuild was killed before it ended; the previous build is back in place" in log
+    assert ws.record("ck/t@v1") == first and (folder / "ckpt.txt").read_text() == "4"
+    assert not (folder / ".history/.rebuilding").exists()
+    line = _status(ws)["ck/t@v1"]  # each killed attempt left a failure record (its recipe, the user's command)
+    assert " built " in line and "last retry failed at" in line and "RebuildKilled: the forced rebuild was killed" in line
+    killed_records = [json.loads(f.read_text()) for f in (folder / ".failures").glob("*.json")]
+    assert [r["error"]["exit_status"] for r in killed_records] == ["killed"] * 3
+    assert all(r["fingerprint"] == first["fingerprint"] and r["provenance"]["started"] for r in killed_records)
+
 
 def test_a_cascade_whose_forced_upstream_failed_is_not_owed_later(tmp_path, snakemake_cmd):
     # --forcerun raw/a (cascading to ck/t) fails in raw/a: ck/t was never begun, so a

@@ -49,7 +49,7 @@ def test_consumer_checks_its_upstreams_files_before_it_starts(ws):
     (Path(ws.prefix) / "raw/a/v1/data.txt").write_text("")  # truncated (was "a")
     proc = ws.snakemake(check=False)
     assert proc.returncode != 0
-    line = "mid/b@v1: upstream raw/a@v1: truncated data.txt: 0 of 1 bytes; rebuild it with: snakemake --forcerun "
+    line = "mid/b@v1: upstream raw/a@v1: truncated data.txt: 0 of 1 bytes; rebuild it with: snakemake -f "
     assert line in proc.stdout + proc.stderr
     assert not (Path(ws.prefix) / "mid/b/v1/.artifact.json").exists()
     (failure,) = (Path(ws.prefix) / "mid/b/v1/.failures").glob("*.json")

@@ -37,18 +37,36 @@ def _wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
-def test_signal_to_snakemake_stops_the_running_step_with_a_failure_record(tmp_path, signal_name):
+EXECUTORS = {
+    "local": ([], ""),
+    # the tpu executor runs each job as `snakemake --mode remote` in its own process
+    # group: the job registers where the main process forwards signals all the same
+    "tpu host job": (["--executor", "tpu", "--jobs", "1", "--tpu-backend", "local-pod"], ""),
+    "tpu local pod": (
+        ["--executor", "tpu", "--jobs", "1", "--tpu-backend", "local-pod", "--tpu-local-processes", "2"],
+        ", runtime: {tpu: v5p-8}",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "signal_name, executor",
+    [("SIGTERM", "local"), ("SIGINT", "local"), ("SIGTERM", "tpu host job"), ("SIGTERM", "tpu local pod"), ("SIGINT", "tpu local pod")],
+)
+def test_signal_to_snakemake_stops_the_running_step_with_a_failure_record(tmp_path, signal_name, executor):
+    flags, runtime = EXECUTORS[executor]
     (tmp_path / "slowsteps.py").write_text(SLOW)
-    (tmp_path / "exp.yaml").write_text('artifacts:\n  ck/s@v1: {step: "slowsteps:slow"}\n')
+    (tmp_path / "exp.yaml").write_text(f'artifacts:\n  ck/s@v1: {{step: "slowsteps:slow"{runtime}}}\n')
     prefix = tmp_path / "art"
+    command = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "exp.yaml", "--config", f"prefix={prefix}", *flags]
     proc = subprocess.Popen(
-        [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "exp.yaml", "--config", f"prefix={prefix}"],
+        command,
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        _wait_for(lambda: (prefix / "ck/s/v1/partial.txt").exists(), 120, "the step to start")
+        _wait_for(lambda: (prefix / "ck/s/v1/partial.txt").exists() or proc.poll() is not None, 120, "the step to start")
+        assert proc.poll() is None, proc.communicate()[0]
         sent = time.monotonic()
         proc.send_signal(getattr(signal, signal_name))  # the snakemake process only, not its group
         out, _ = proc.communicate(timeout=60)
@@ -60,8 +78,11 @@ def test_signal_to_snakemake_stops_the_running_step_with_a_failure_record(tmp_pa
     assert proc.returncode != 0
     assert stopped_after < 15, stopped_after  # the step would run two minutes
     folder = prefix / "ck/s/v1"
-    (failure,) = [json.loads(f.read_text()) for f in (folder / ".failures").glob("*.json")]
-    assert failure["error"]["type"] == "JobTerminated" and failure["error"]["exit_status"] == signal_name
+    failures = {f.name: json.loads(f.read_text()) for f in (folder / ".failures").glob("*.json")}
+    assert len([n for n in failures if "-p" not in n]) == 1  # a pod's other processes add theirs (-p1)
+    for failure in failures.values():
+        assert failure["error"]["type"] == "JobTerminated" and failure["error"]["exit_status"] == signal_name
+        assert failure["provenance"]["command"][1:] == command[1:]  # the user's command, not the executor's
     assert not (folder / ".artifact.json").exists()
     assert (folder / "partial.txt").read_text() == "half"
     log = (tmp_path / ".snakemake/marin-logs/ck/s/v1/job.log").read_text()

@@ -63,7 +63,11 @@ def test_result_without_stable_json_form_fails_with_a_record(tmp_path):
         run_step(_ctx(out), _entry(out), Provenance(str(tmp_path), [], None, None), lambda ctx: {"s": {1, 2}})
     assert not (Path(out) / ".artifact.json").exists()
     (failure,) = (Path(out) / ".failures").glob("*.json")
-    assert "result.s" in json.loads(failure.read_text())["error"]["message"]
+    message = json.loads(failure.read_text())["error"]["message"]
+    assert message == (
+        "result.s: value of type set has no stable form for the record of the step's result; use numbers, strings, "
+        "booleans, null, lists and mappings (convert arrays with .tolist(), numpy scalars with float() or int())"
+    )
 
 
 def test_sigterm_during_a_step_leaves_a_failure_record_naming_the_signal(tmp_path):

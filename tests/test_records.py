@@ -88,6 +88,7 @@ def _good(tmp_path) -> tuple[str, dict]:
     "corrupt,problem",
     [
         (lambda r: '{"schema": 2, "name": ', "not valid JSON (Expecting value at line 1, column 23)"),
+        (lambda r: '{"schema": 2, "name": "ra', "not valid JSON (Unterminated string starting at line 1, column 23)"),
         (lambda r: "[1, 2]", "expected a JSON object, got list"),
         (lambda r: json.dumps({k: v for k, v in r.items() if k not in ("fingerprint", "files")}),
          "missing fields fingerprint, files"),

@@ -85,7 +85,7 @@ def test_when_no_checkpoint_restores_the_run_stops_in_one_line_and_moves_nothing
     assert message.startswith(f"{folder / '2'}: checkpoint 2 does not restore (ValueError: ")
     assert ", nor does any of the 1 before it; " in message
     assert message.endswith(f"delete {folder} to train from scratch, or rebuild it with: "
-                            f"snakemake --forcerun {output / '.artifact.json'}")  # fmt: skip
+                            f"snakemake -f {output / '.artifact.json'}")  # fmt: skip
     assert sorted(p.name for p in folder.iterdir()) == before
 
 

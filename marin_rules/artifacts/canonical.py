@@ -21,29 +21,33 @@ import xxhash
 from marin_rules.artifacts.errors import ConfigError
 
 
-def canonical_value(value: Any, path: str = "") -> Any:
-    """Return `value` as plain JSON data, or raise ConfigError naming the path."""
+def canonical_value(value: Any, path: str = "", purpose: str = "the fingerprint") -> Any:
+    """Return `value` as plain JSON data, or raise ConfigError naming the path and what
+    needed the value (`purpose`: the fingerprint of a recipe, a step's recorded result)."""
+    recipe = purpose == "the fingerprint"
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise ConfigError(path, f"{value!r} has no stable JSON form; use a finite number or a string")
+            raise ConfigError(path, f"{value!r} has no stable JSON form for {purpose}; use a finite number or a string")
         return float(value)
     if isinstance(value, Mapping):
         out = {}
         for key, item in value.items():
             if not isinstance(key, str):
-                raise ConfigError(path, f"mapping key {key!r} is not a string; quote it in the YAML")
-            out[key] = canonical_value(item, f"{path}.{key}" if path else key)
+                fix = "quote it in the YAML" if recipe else "use string keys"
+                raise ConfigError(path, f"mapping key {key!r} is not a string; {fix}")
+            out[key] = canonical_value(item, f"{path}.{key}" if path else key, purpose)
         return out
     if isinstance(value, (list, tuple)):
-        return [canonical_value(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        return [canonical_value(item, f"{path}[{i}]", purpose) for i, item in enumerate(value)]
+    hint = " (convert arrays with .tolist(), numpy scalars with float() or int())" if not recipe else ""
     raise ConfigError(
         path,
-        f"value of type {type(value).__name__} has no stable form for the fingerprint; "
-        "use numbers, strings, booleans, null, lists and mappings",
+        f"value of type {type(value).__name__} has no stable form for {purpose}; "
+        f"use numbers, strings, booleans, null, lists and mappings{hint}",
     )
 
 

@@ -44,6 +44,17 @@ class StepError(MarinError):
     """A step failed for a reason the user can fix (empty corpus, missing source)."""
 
 
+def json_problem(e: ValueError) -> str:
+    """"not valid JSON (<what>, at line L, column C)" for a json.JSONDecodeError (whose
+    message may itself end in "at": "Unterminated string starting at"); other
+    ValueErrors (UnicodeDecodeError) by their own text."""
+    if not hasattr(e, "lineno"):
+        return f"not valid JSON ({e})"
+    where = f"line {e.lineno}, column {e.colno}"  # type: ignore[attr-defined]
+    what = str(getattr(e, "msg", e))
+    return f"not valid JSON ({what} {where})" if what.endswith(" at") else f"not valid JSON ({what} at {where})"
+
+
 def got(value: Any) -> str:
     """`repr(value)` for a "got ..." message about a number, with a hint when the value
     is a string that reads as a number: YAML 1.1 reads `3e-4` (no dot, or an exponent

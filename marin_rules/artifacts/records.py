@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from marin_rules.artifacts import storage
-from marin_rules.artifacts.errors import MarinError, StepError
+from marin_rules.artifacts.errors import MarinError, StepError, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, ArtifactId
 from marin_rules.artifacts.files import file_problems, list_data_files
 from marin_rules.artifacts.provenance import Provenance, iso, utc_now
@@ -150,7 +150,7 @@ def read_record_file(record_file: str, expected: ArtifactId | None = None) -> Re
     except UnicodeDecodeError:
         raise CorruptRecord(record_file, "not UTF-8 text") from None
     except json.JSONDecodeError as e:
-        raise CorruptRecord(record_file, f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+        raise CorruptRecord(record_file, json_problem(e)) from None
     return record_from_json(data, record_file, expected)
 
 
@@ -195,8 +195,9 @@ def write_success(location: str, entry: Mapping[str, Any], result: Any, provenan
 
 
 def rebuild_hint(location: str) -> str:
-    """How to rebuild the artifact at `location`: the end of a one-line error."""
-    return f"rebuild it with: snakemake --forcerun {record_location(location)}"
+    """How to rebuild the artifact at `location` alone (its built consumers are served as
+    they are): the end of a one-line error."""
+    return f"rebuild it with: snakemake -f {record_location(location)}"
 
 
 def unreadable_file(field: str, path: str, location: str, why: BaseException | str) -> StepError:

@@ -183,6 +183,9 @@ def human(seconds: float | None) -> str:
 
 
 def count(n: float) -> str:
+    """1.23k, 4.56M, 7.89B, 1.00T; from 1000T on in powers of ten (3.00e22)."""
+    if abs(n) >= 1e15:
+        return f"{n:.2e}".replace("e+", "e")
     for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= size:
             return f"{n / size:.2f}{unit}"

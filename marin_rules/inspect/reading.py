@@ -20,13 +20,12 @@ import posixpath
 from typing import Any, Iterable
 
 from marin_rules.artifacts import storage
-from marin_rules.artifacts.errors import ConfigError, MarinError
+from marin_rules.artifacts.errors import ConfigError, MarinError, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, VERSION, ArtifactId, parse_key
-from marin_rules.artifacts.files import HISTORY_DIR
+from marin_rules.artifacts.files import FORCED_MARKER, HISTORY_DIR, REBUILDING
 from marin_rules.artifacts.records import failures_location, read_record
 from marin_rules.validation import suggest_key
 
-FORCED_MARKER = ".forced-record"  # the exec glue's marker of a forced build (workflow/forcing.py)
 
 
 def record_dict(location: str, expected: ArtifactId | None = None) -> dict[str, Any] | None:
@@ -64,6 +63,16 @@ def history_files(location: str) -> list[str]:
 def forced_rebuild_owed(location: str) -> bool:
     """Was the artifact marked forced by a run that has not rebuilt it (yet)?"""
     return storage.exists(storage.join(location, HISTORY_DIR, FORCED_MARKER))
+
+
+def unended_rebuild(location: str) -> str | None:
+    """Where the old build of a forced rebuild that neither succeeded nor was restored
+    went (`.history/<name>`: its process was killed, or still runs), else None."""
+    try:
+        name = storage.read_json(storage.join(location, HISTORY_DIR, REBUILDING)).get("moved")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return f"{HISTORY_DIR}/{name}" if isinstance(name, str) and name and "/" not in name else None
 
 
 def history_failure_files(location: str) -> list[str]:
@@ -109,7 +118,7 @@ def read_json_file(location: str) -> dict[str, Any] | None:
     except UnicodeDecodeError:
         raise UnreadableRecord(location, "not UTF-8 text") from None
     except json.JSONDecodeError as e:
-        problem = "empty file" if not raw.strip() else f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+        problem = "empty file" if not raw.strip() else json_problem(e)
         raise UnreadableRecord(location, problem) from None
     except OSError as e:
         raise UnreadableRecord(location, f"{type(e).__name__}: {e}") from None

@@ -10,7 +10,9 @@ recipe and its upstreams' records:
                    one line naming its unreadable failure record), or
                    the lease names a builder that is gone (`lease.holder_gone`: it ran
                    on this host and its process no longer exists, as after the OOM
-                   killer's SIGKILL, which leaves no failure record)
+                   killer's SIGKILL, which leaves no failure record), or
+                   a forced rebuild was killed before it ended (`.history/.rebuilding`
+                   and no live holder: the next run restores the previous build)
   (missing, building and failed add "the previous build is kept in .history/" while
   a forced rebuild has not succeeded)
   built            the record matches the recipe ("; last retry failed: ..." when a
@@ -145,6 +147,19 @@ def _shard_progress(location: str, artifact: Artifact | None) -> tuple[str | Non
     return (f"{done} of {len(shards)}" if done or building or gone else None), building, gone
 
 
+def _killed_rebuild(location: str) -> str | None:
+    """The reason of a forced rebuild killed before it ended (its pointer is there and no
+    live holder rebuilds: `workflow/forcing.py`), else None."""
+    unended = reading.unended_rebuild(location)
+    if unended is None:
+        return None
+    holder = _read_holder(location)
+    if holder is not None and not holder_gone(holder) and holder.age_s() <= STALE_S:
+        return None  # being rebuilt now
+    return (f"a forced rebuild was killed before it ended: the files there are its partial output; the "
+            f"previous build is kept in {unended}, and the next run puts it back")  # fmt: skip
+
+
 def _gone(builder: str) -> str:
     """A lease whose holder is gone: an attempt that ended without a record of any kind."""
     return f"{builder} is gone: killed? (no failure record)"
@@ -180,6 +195,9 @@ def location_status(
     except reading.UnreadableRecord as e:  # an older failure is not the last one
         last_failure, unreadable = None, str(e)
     holder, gone = _lease_holder(location)
+    killed = _killed_rebuild(location)
+    if killed is not None:
+        return Status(key, step, "failed", killed, "-", "-", "-", in_experiment=artifact is not None), record
     if record is None:
         done, building, gone_shards = _shard_progress(location, artifact)
         if building and not holder:

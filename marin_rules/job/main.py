@@ -155,7 +155,7 @@ def build(args: argparse.Namespace) -> int:
     from marin_rules.steps import SHARDED_STEPS
     from marin_rules.workflow.forcing import (
         begin_rebuild, discard_old_build, end_rebuild, forced_by_upstream, mark_forced, marker_of, move_old_build,
-        recover_interrupted, restore_old_build,
+        rebuilding_pointer, recover_interrupted, restore_old_build,
     )  # fmt: skip
 
     experiment = load_experiment(args.experiment)
@@ -172,12 +172,14 @@ def build(args: argparse.Namespace) -> int:
     process = None if pod is None else pod.process_id
     held = None
     if not process:
-        marker = marker_of(location)
+        marker, pointer = marker_of(location), rebuilding_pointer(location)
         made_from_others: list[str] = []  # set by is_done: how a finished build's upstreams differ
 
-        def is_done() -> bool:
+        def is_done() -> bool:  # a record beside the pointer may be Snakemake's backup over partial data
             made_from_others.clear()
             if not storage.exists(storage.join(location, RECORD_FILE)) or storage.exists(marker):
+                return False
+            if storage.exists(pointer):
                 return False
             change = finished_on_other_upstreams(artifact, experiment, location, args.prefix)
             if change is not None:
@@ -202,7 +204,12 @@ def build(args: argparse.Namespace) -> int:
         owed = not process and forced_by_upstream(location)  # read before the move clears it
         moved = move_old_build(location) if not process else None
         if moved:
-            begin_rebuild(location, moved, owed)
+            from marin_rules.artifacts.provenance import utc_now
+            from marin_rules.job.context import job_context
+
+            _, entry, provenance, _ = job_context(artifact, experiment, location, args)
+            now = utc_now()
+            begin_rebuild(location, moved, owed, entry, provenance.as_dict(now, now))  # for a killed one's failure
             print(f"{artifact.key}: forced: the old build moved to {moved}", file=sys.stderr, flush=True)
         try:
             if not process and artifact.step not in SHARDED_STEPS:  # shards check their own (shards.py)

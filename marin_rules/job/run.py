@@ -89,7 +89,7 @@ def run_step(
     storage.makedirs(ctx.output)
     try:
         result = function(ctx)
-        result = canonical_value({} if result is None else result, "result")
+        result = canonical_value({} if result is None else result, "result", "the record of the step's result")
         if not process and still_held is not None and not still_held():
             raise LeaseLost(f"{ctx.output}: lease lost before the success record was written; not recording success")
     except BaseException as error:  # noqa: BLE001 - every failure leaves a record

@@ -50,7 +50,7 @@ import orbax.checkpoint as ocp
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import StepError
-from marin_rules.artifacts.identity import RECORD_FILE
+from marin_rules.artifacts.records import rebuild_hint
 from marin_rules.artifacts.provenance import iso, utc_now
 
 
@@ -198,8 +198,7 @@ def restore_latest(manager: ocp.CheckpointManager, output: str, model: Any, opti
     earlier = f", nor does any of the {len(failed) - 1} before it" if len(failed) > 1 else ""
     raise StepError(
         f"{storage.join(folder, str(step))}: checkpoint {step} does not restore ({reason}){earlier}; "
-        f"delete {folder} to train from scratch, or rebuild it with: "
-        f"snakemake --forcerun {storage.join(output, RECORD_FILE)}"
+        f"delete {folder} to train from scratch, or {rebuild_hint(output)}"
     )
 
 

@@ -20,9 +20,9 @@ from marin_rules.artifacts.errors import ConfigError, got
 
 def suggest_key(text: str, keys: Iterable[str], cutoff: float = 0.6) -> str:
     """` (did you mean X?)` for the known key closest to a misspelled one, else ``.
-    A name typed without `@` suggests its versions (up to three)."""
-    keys = [str(k) for k in keys]
+    A name typed without `@` suggests its versions (up to three); never `text` itself."""
     text = str(text)
+    keys = [str(k) for k in keys if str(k) != text]
     same_name = [k for k in keys if k.rpartition("@")[0] == text] if "@" not in text else []
     close = same_name[:3] or difflib.get_close_matches(text, keys, n=1, cutoff=cutoff)
     return f" (did you mean {' or '.join(close)}?)" if close else ""

@@ -30,7 +30,12 @@ from marin_rules import mirror
 from marin_rules.workflow import dag_labels, options, signals
 from marin_rules.workflow.session import Session, stop
 
-COMMAND_ENV = "MARIN_USER_COMMAND"  # set by remote executors: the user's command line on a worker
+# Set by the main process for the jobs it starts, so that a job an executor runs as
+# `snakemake --mode remote` on this machine (the tpu executor's host jobs and local pods)
+# records the user's command line, not its own, and registers where the main process
+# forwards SIGINT/SIGTERM. Workers elsewhere (a gcloud pod) do not see them.
+COMMAND_ENV = "MARIN_USER_COMMAND"
+REGISTRY_ENV = "MARIN_SIGNAL_REGISTRY"
 DEFAULT_PREFIX = options.DEFAULT_PREFIX
 
 JOB_SHELL = (
@@ -73,10 +78,14 @@ def begin(workflow: Any, config: dict) -> Session:
             mirror.refresh_mirror(prefix, records_root)
         except OSError as e:  # gcsfs's connection errors are OSErrors
             raise stop(MarinError(storage.storage_problem(prefix, e))) from None
+    command = shlex.join(options.redact_command(sys.argv))
+    registry = signals.registry_dir()
     if main_process:
-        command = shlex.join(options.redact_command(sys.argv))
+        os.environ[COMMAND_ENV] = command
+        os.environ[REGISTRY_ENV] = registry
     else:
-        command = os.environ.get(COMMAND_ENV) or shlex.join(options.redact_command(sys.argv))
+        command = os.environ.get(COMMAND_ENV) or command
+        registry = os.environ.get(REGISTRY_ENV) or registry
     _session = Session(
         experiment=experiment,
         prefix=prefix,
@@ -87,7 +96,7 @@ def begin(workflow: Any, config: dict) -> Session:
         command=command,
         targets_config=config.get("target"),
         lease=options.lease_options(config),
-        registry=signals.registry_dir(),
+        registry=registry,
     )
     if main_process:
         by_path = experiment.by_path

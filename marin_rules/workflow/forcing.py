@@ -25,7 +25,10 @@ folder the old build went to (`begin_rebuild`; removed when the rebuild succeeds
 restored); whoever next holds the lease with the pointer still there (the same run's
 main process at exit, else the next job of the artifact) completes the restore
 (`recover_interrupted`): the old build back in place, the attempt's leftovers under
-`<moved>-failed/`, a cascade still owed.
+`<moved>-failed/`, a cascade still owed, and the failure record the killed job could
+not write (its recipe and provenance are kept in the pointer). While the pointer is
+there, a record beside it is not trusted: planning schedules the artifact's job and
+the job serves nothing before the restore (`session.Session._rebuild_unended`).
 """
 
 from __future__ import annotations
@@ -36,12 +39,11 @@ from typing import Any
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE
 from marin_rules.artifacts.lease import LEASE_FILE
-from marin_rules.artifacts.files import HISTORY_DIR
+from marin_rules.artifacts.files import FORCED_MARKER, HISTORY_DIR, REBUILDING
 from marin_rules.artifacts.provenance import iso, utc_now
 
-MARKER = ".forced-record"  # not *.json: not an earlier record for readers of .history/
+MARKER = FORCED_MARKER  # not *.json: not an earlier record for readers of .history/
 CASCADE = ".forced-by-upstream"  # beside MARKER: forced only because an upstream was
-REBUILDING = ".rebuilding"  # beside MARKER: a forced rebuild under way, `begin_rebuild`
 KEEP = {HISTORY_DIR, FAILURES_DIR, LEASE_FILE, LEASE_FILE + ".lock"}
 
 
@@ -135,24 +137,42 @@ def set_aside(location: str, why: str = "", part: str = "") -> str:
     return target
 
 
-def begin_rebuild(location: str, moved: str, owed: bool) -> None:
+def rebuilding_pointer(location: str) -> str:
+    """Where `begin_rebuild` notes a forced rebuild under way."""
+    return storage.join(location, HISTORY_DIR, REBUILDING)
+
+
+class RebuildKilled(Exception):
+    """The error of the failure record `recover_interrupted` writes for a killed rebuild."""
+
+
+def begin_rebuild(
+    location: str, moved: str, owed: bool, entry: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None
+) -> None:
     """In the job, after `move_old_build`: note where the old build went and whether the
-    rebuild is owed (a cascade), until `end_rebuild` or `restore_old_build`."""
-    pointer = {"moved": moved.rstrip("/").rsplit("/", 1)[-1], "owed": owed}
-    storage.write_json_atomic(storage.join(location, HISTORY_DIR, REBUILDING), pointer)
+    rebuild is owed (a cascade), until `end_rebuild` or `restore_old_build`; with the
+    record entry and provenance (as of its start) of the attempt, for the failure record
+    of a killed one."""
+    pointer = {"moved": moved.rstrip("/").rsplit("/", 1)[-1], "owed": owed, "entry": entry, "provenance": provenance}
+    storage.write_json_atomic(rebuilding_pointer(location), pointer)
 
 
 def end_rebuild(location: str) -> None:
     """The forced rebuild succeeded: nothing to restore."""
-    _remove(storage.join(location, HISTORY_DIR, REBUILDING))
+    _remove(rebuilding_pointer(location))
 
 
 def interrupted_rebuild(location: str) -> tuple[str, bool] | None:
     """(the folder holding the old build, owed) of a forced rebuild that neither
     succeeded nor was restored (its process was killed, or is still running: hold the
     lease before acting on it); None when there is none."""
+    found = _read_pointer(location)
+    return None if found is None else (found[0], bool(found[1].get("owed")))
+
+
+def _read_pointer(location: str) -> tuple[str, dict] | None:
     try:
-        pointer = storage.read_json(storage.join(location, HISTORY_DIR, REBUILDING))
+        pointer = storage.read_json(rebuilding_pointer(location))
         name = pointer["moved"]
     except FileNotFoundError:
         return None
@@ -163,24 +183,39 @@ def interrupted_rebuild(location: str) -> tuple[str, bool] | None:
     if "/" in str(name) or not storage.exists(moved):
         end_rebuild(location)
         return None
-    return moved, bool(pointer.get("owed"))
+    return moved, pointer
 
 
 def recover_interrupted(location: str) -> str | None:
     """Under the lease: complete the restore a killed forced rebuild could not do (see
-    the module docstring); returns where the attempt's leftovers went, or None when no
-    rebuild was interrupted. A copy of the old record Snakemake put back is dropped."""
-    found = interrupted_rebuild(location)
+    the module docstring) and write the failure record it could not write; returns where
+    the attempt's leftovers went, or None when no rebuild was interrupted. A copy of the
+    old record Snakemake put back is dropped."""
+    from marin_rules.artifacts.records import write_failure
+
+    found = _read_pointer(location)
     if found is None:
         return None
-    moved, owed = found
+    moved, pointer = found
     record = storage.join(location, RECORD_FILE)
     try:
         if storage.read_bytes(record) == storage.read_bytes(storage.join(moved, RECORD_FILE)):
             _remove(record)  # Snakemake's backup of the old record: the old build has its own
     except FileNotFoundError:
         pass
-    return restore_old_build(location, moved, owed=owed)
+    failed = restore_old_build(location, moved, owed=bool(pointer.get("owed")))
+    entry, provenance = pointer.get("entry"), pointer.get("provenance")
+    if isinstance(entry, dict) and isinstance(provenance, dict):
+        found_at = iso(utc_now())
+        error = RebuildKilled(
+            f"the forced rebuild was killed before it ended (no exit status: SIGKILL, the OOM killer?), found at "
+            f"{found_at}; the previous build is back in place, what the attempt left is in {failed}"
+        )
+        try:
+            write_failure(location, entry, error, {**provenance, "ended": found_at, "duration_s": None}, "killed")
+        except (KeyError, TypeError):  # a pointer of another shape: the restore is what matters
+            pass
+    return failed
 
 
 def restore_old_build(location: str, moved: str, owed: bool = False) -> str:

@@ -30,6 +30,9 @@ rewritten once per invocation, so Snakemake's mtime trigger rebuilds them (and s
 A forced run that was stopped after rebuilding an upstream but before rebuilding its
 consumer left the consumer's marker (`forcing.MARKER`): the next run counts that
 consumer as forced and gives it the stamp too, so the cascade is finished (`_left_pending`).
+A forced rebuild killed outright along with its Snakemake leaves `.history/.rebuilding`
+(`forcing.begin_rebuild`): that artifact gets the stamp, so its job restores the old
+build before anything is served (`_rebuild_unended`).
 Adopted data (`adopt:`) has its source's layout checked while planning, unless it is
 already recorded (a copied source may be gone since); a recorded one adopted in place
 gets a warning when its source's files changed since.
@@ -71,7 +74,7 @@ def stop(error: MarinError) -> Stop:
     return Stop(1)
 
 
-@dataclass
+@dataclass(repr=False)
 class Session:
     """Everything one Snakemake invocation knows about the experiment."""
 
@@ -88,7 +91,7 @@ class Session:
     warned: set = field(default_factory=set)  # keys (and (key, shard) pairs) already reported
     training: list[str] = field(default_factory=list)  # train jobs that will run: the priced plan's
     _forced: dict[str, bool] = field(default_factory=dict)
-    _pending: dict[str, str] = field(default_factory=dict)  # key -> the rebuilt upstream (`_left_pending`)
+    _pending: dict[str, str] = field(default_factory=dict)  # key -> how its cascade was left (`_left_pending`)
     _direct: dict[str, bool] = field(default_factory=dict)  # forced by the command line itself
     _records: dict[str, Record | None] = field(default_factory=dict)
     _marked: list[str] = field(default_factory=list)  # marked forced by this run (`forcing.mark_forced`)
@@ -96,6 +99,9 @@ class Session:
     _began: str = field(default_factory=lambda: iso(utc_now()))  # when this invocation began (records' clock)
     _stamped: bool = False
     succeeded: bool = False  # set by `onsuccess:`
+
+    def __repr__(self) -> str:  # short: Snakemake may print the objects it is given
+        return f"Session(experiment={self.experiment.path!r}, prefix={self.prefix!r})"
 
     # ---- paths -------------------------------------------------------------------
     def location(self, key: str) -> str:
@@ -192,12 +198,12 @@ class Session:
         Snakemake's mtime trigger finishes a plain workflow's stopped run."""
         artifact = self.experiment[key]
         record = self.recorded(key)
-        if record is None or artifact.id.is_dev:
+        if record is None or artifact.id.is_dev or not storage.exists(forcing.marker_of(self.location(key))):
             return False
         rebuilt = advisory.rebuilt_upstreams(artifact, record, self.recorded)
-        if not rebuilt or not storage.exists(forcing.marker_of(self.location(key))):
-            return False
-        self._pending[key] = rebuilt[0][0]
+        if not rebuilt:  # an upstream still being (or to be) rebuilt: the run after it finishes this
+            return False  # (its rebuild may yet be restored, and this one would be for nothing)
+        self._pending[key] = f"after rebuilding its upstream {rebuilt[0][0]}"
         return True
 
     # ---- input functions -----------------------------------------------------------
@@ -218,6 +224,8 @@ class Session:
             inputs["marin_run_stamp"] = self._run_stamp()  # its job sets the stale shard aside and builds it
         elif "shard" in wildcards.keys() and self.main_process and forced and getattr(self.workflow, "dryrun", False):
             inputs["marin_run_stamp"] = self._run_stamp()  # listed by -n: a real run retires the old shards first
+        elif "shard" not in wildcards.keys() and self.main_process and not forced and self._rebuild_unended(artifact):
+            inputs["marin_run_stamp"] = self._run_stamp()  # its job restores the old build (or waits for the rebuild)
         for role, dep in artifact.deps.items():
             upstreams = [dep] if isinstance(dep, str) else list(dep)
             for i, upstream in enumerate(upstreams):
@@ -256,6 +264,14 @@ class Session:
                   file=sys.stderr)  # fmt: skip
         return change is not None
 
+    def _rebuild_unended(self, artifact: Artifact) -> bool:
+        """Is a forced rebuild of this artifact neither finished nor restored (its job was
+        killed outright with its Snakemake, or another run rebuilds it now)? Its record may
+        be Snakemake's backup of the old one over partial data: its job runs, and restores
+        the old build under the lease (`forcing.recover_interrupted`) or waits for the
+        rebuild to end, then serves what is there."""
+        return os.path.exists(forcing.rebuilding_pointer(f"{self.records_root}/{artifact.id.path}"))
+
     def _run_stamp(self) -> str:
         """The run stamp, touched at the first dev or pending artifact of this invocation."""
         if not self._stamped:
@@ -283,7 +299,7 @@ class Session:
             dry = getattr(self.workflow, "dryrun", False)
             if artifact.key in self._pending:
                 print(
-                    f"{artifact.key}: a forced run stopped after rebuilding its upstream {self._pending[artifact.key]} "
+                    f"{artifact.key}: a forced run stopped {self._pending[artifact.key]} "
                     f"but before rebuilding it: rebuilding it now (to keep this build instead, delete "
                     f"{forcing.marker_of(self.location(artifact.key))})",
                     file=sys.stderr,
@@ -298,6 +314,9 @@ class Session:
                 forcing.mark_forced(location, by_upstream=cascade)
                 self._marked.append(artifact.key)
             return
+        if record is not None and self._rebuild_unended(artifact):
+            print(f"{artifact.key}: a forced rebuild of it did not end (killed, or another run is rebuilding it): "
+                  "its job restores the previous build, or waits for that run", file=sys.stderr)  # fmt: skip
         if record is not None:
             try:
                 advisory.report(artifact, record, self.recorded, self.record_path(artifact.key))
