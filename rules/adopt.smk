@@ -13,6 +13,8 @@ rule adopt:
         M.log_pattern(),
     params:
         **M.job_params(),
+    resources:
+        marin_attempt=M.attempt_resource,
     wildcard_constraints:
         artifact=M.constraint("adopt"),
     shell:

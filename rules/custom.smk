@@ -12,6 +12,7 @@ rule custom:
     params:
         **M.job_params(),
     resources:
+        marin_attempt=M.attempt_resource,
         tpu=M.tpu,
         tpu_zone=M.tpu_zone,
     wildcard_constraints:

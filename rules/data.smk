@@ -11,6 +11,8 @@ rule download:
         M.log_pattern(),
     params:
         **M.job_params(),
+    resources:
+        marin_attempt=M.attempt_resource,
     wildcard_constraints:
         artifact=M.constraint("download"),
     shell:
@@ -27,6 +29,8 @@ rule train_tokenizer:
         M.log_pattern(),
     params:
         **M.job_params(),
+    resources:
+        marin_attempt=M.attempt_resource,
     wildcard_constraints:
         artifact=M.constraint("train_tokenizer"),
     shell:
@@ -44,6 +48,8 @@ rule tokenize_shard:
         M.shard_log_pattern(),
     params:
         **M.job_params(),
+    resources:
+        marin_attempt=M.attempt_resource,
     wildcard_constraints:
         artifact=M.constraint("tokenize"),
         shard=marin.SHARD_CONSTRAINT,
@@ -62,6 +68,8 @@ rule tokenize:
         M.log_pattern(),
     params:
         **M.job_params(),
+    resources:
+        marin_attempt=M.attempt_resource,
     wildcard_constraints:
         artifact=M.constraint("tokenize"),
     shell:

@@ -12,6 +12,8 @@ rule dedup_shard:
         M.shard_log_pattern(),
     params:
         **M.job_params(),
+    resources:
+        marin_attempt=M.attempt_resource,
     wildcard_constraints:
         artifact=M.constraint("dedup"),
         shard=marin.SHARD_CONSTRAINT,
@@ -29,6 +31,8 @@ rule dedup:
         M.log_pattern(),
     params:
         **M.job_params(),
+    resources:
+        marin_attempt=M.attempt_resource,
     wildcard_constraints:
         artifact=M.constraint("dedup"),
     shell:

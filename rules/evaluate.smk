@@ -11,6 +11,8 @@ rule evaluate:
         M.log_pattern(),
     params:
         **M.job_params(),
+    resources:
+        marin_attempt=M.attempt_resource,
     wildcard_constraints:
         artifact=M.constraint("evaluate"),
     threads: 2

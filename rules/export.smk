@@ -11,6 +11,8 @@ rule export_hf:
         M.log_pattern(),
     params:
         **M.job_params(),
+    resources:
+        marin_attempt=M.attempt_resource,
     wildcard_constraints:
         artifact=M.constraint("export_hf"),
     shell:

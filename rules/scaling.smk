@@ -11,6 +11,8 @@ rule scaling_fit:
         M.log_pattern(),
     params:
         **M.job_params(),
+    resources:
+        marin_attempt=M.attempt_resource,
     wildcard_constraints:
         artifact=M.constraint("scaling_fit"),
     shell:
@@ -27,6 +29,8 @@ rule scaling_check:
         M.log_pattern(),
     params:
         **M.job_params(),
+    resources:
+        marin_attempt=M.attempt_resource,
     wildcard_constraints:
         artifact=M.constraint("scaling_check"),
     shell:

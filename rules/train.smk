@@ -13,6 +13,7 @@ rule train:
     params:
         **M.job_params(),
     resources:
+        marin_attempt=M.attempt_resource,
         tpu=M.tpu,
         tpu_zone=M.tpu_zone,
     wildcard_constraints:

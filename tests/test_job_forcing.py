@@ -30,6 +30,9 @@ def train(ctx):
     start = int(storage.read_text(ckpt)) if storage.exists(ckpt) else 0
     crash = int(open("crash-at").read()) if os.path.exists("crash-at") else None
     kill = int(open("kill-at").read()) if os.path.exists("kill-at") else None
+    if os.path.exists("crash-once"):  # this attempt fails, the next one runs
+        os.remove("crash-once")
+        raise RuntimeError("a preempted attempt")
     for step in range(start, int(ctx.config["steps"])):
         storage.write_text_atomic(ckpt, str(step + 1))
         if crash is not None and step + 1 == crash:
@@ -330,3 +333,19 @@ def test_a_cascade_whose_forced_upstream_failed_is_not_owed_later(tmp_path, snak
     assert "the next run rebuilds it" in _status(ws)["ck/t@v1"]
     ws.snakemake()
     assert ws.record("ck/t@v1")["deps"]["src"]["built"] == ws.record("raw/a@v1")["provenance"]["ended"]
+
+
+def test_a_retry_of_a_failed_forced_rebuild_rebuilds_and_does_not_serve_the_old_build(tmp_path, snakemake_cmd, monkeypatch):
+    # --retries (preemptible pods): the first attempt fails and puts the old build back;
+    # the retry is still the forced rebuild the user asked for
+    ws = _built_raw_and_train(tmp_path, snakemake_cmd, monkeypatch)
+    first = ws.record("ck/t@v1")
+    (tmp_path / "crash-once").write_text("")
+    proc = ws.snakemake("-f", ws.record_path("ck/t@v1"), "--retries", "1")
+    assert "Trying to restart job" in proc.stdout + proc.stderr and not (tmp_path / "crash-once").exists()
+    second = ws.record("ck/t@v1")
+    assert second["provenance"]["started"] != first["provenance"]["started"]
+    assert second["result"]["resumed_from"] == 0  # from scratch
+    folder = Path(ws.prefix) / "ck/t/v1"
+    assert len(list((folder / ".history").glob("*-failed"))) == 1  # the failed attempt's leftovers
+    assert not (folder / ".history/.forced-record").exists()

@@ -27,6 +27,7 @@ again and sets it aside (`_stale_shard`).
 Dev versions (`name@dev`, `*-dev`) count as forced on every run: they are never drift-
 checked, and in the main process each gets the input `.snakemake/marin-run/stamp`,
 rewritten once per invocation, so Snakemake's mtime trigger rebuilds them (and shows them in `-n`).
+A retry (`--retries`) of a forced job is forced again (`attempt_resource`).
 A forced run that was stopped after rebuilding an upstream but before rebuilding its
 consumer left the consumer's marker (`forcing.MARKER`): the next run counts that
 consumer as forced and gives it the stamp too, so the cascade is finished (`_left_pending`).
@@ -171,6 +172,20 @@ class Session:
     def tpu_zone(self, wildcards) -> str:
         """The `tpu_zone` resource: the artifact's runtime.zone, or "" (the executor's)."""
         return self.experiment.by_path[wildcards.artifact].runtime.get("zone") or ""
+
+    def attempt_resource(self, wildcards, attempt: int) -> int:
+        """The `marin_attempt` resource of every artifact rule: the job's attempt.
+        Snakemake evaluates it again, in this process, before each retry (`--retries`).
+        A forced rebuild that failed put the old build back and used up its mark; its
+        retry is still that forced rebuild, so the mark is saved again here (else the
+        retry would find the old build and serve it as done)."""
+        if attempt > 1 and self.main_process and not getattr(self.workflow, "dryrun", False):
+            artifact = self.experiment.by_path.get(wildcards.artifact)
+            if artifact is not None and artifact.key in self._marked:
+                location = self.location(artifact.key)
+                if not storage.exists(forcing.marker_of(location)):
+                    forcing.mark_forced(location, by_upstream=not self._direct.get(artifact.key))
+        return attempt
 
     # ---- forcing -----------------------------------------------------------------
     def is_forced(self, key: str) -> bool:
