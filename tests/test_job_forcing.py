@@ -119,6 +119,30 @@ def test_forcing_on_a_gcs_prefix_moves_the_old_build_to_history_there(tmp_path, 
     assert json.loads(mirror.read_text()) == now
 
 
+def test_a_forced_rebuild_killed_outright_on_a_gcs_prefix_puts_the_old_build_back(
+    tmp_path, snakemake_cmd, gcs_prefix, gcs_env, monkeypatch
+):
+    # on GCS a folder exists only while it holds objects: the emptied one is gone already
+    from marin_rules.artifacts import storage
+
+    ws = Workspace(tmp_path, snakemake_cmd)
+    (tmp_path / "steps.py").write_text(TRAIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ws.write({"ck/t@v1": {"step": "steps:train", "config": {"steps": 4}}})
+    ws.snakemake(prefix=gcs_prefix, env=gcs_env)
+    first = ws.record("ck/t@v1", prefix=gcs_prefix)
+    mirror = next((tmp_path / ".snakemake/marin-mirror").rglob("ck/t/v1/.artifact.json"))
+    (tmp_path / "kill-at").write_text("2")
+    proc = ws.snakemake("-f", str(mirror.relative_to(tmp_path)), prefix=gcs_prefix, env=gcs_env, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "ck/t@v1: its forced rebuild was killed before it ended; the previous build is back in place" in proc.stderr
+    folder = f"{gcs_prefix}/ck/t/v1"
+    assert ws.record("ck/t@v1", prefix=gcs_prefix) == first and storage.read_text(f"{folder}/ckpt.txt") == "4"
+    assert not storage.exists(f"{folder}/.history/.rebuilding")
+    (failure,) = [storage.read_json(f) for f in storage.list_files(f"{folder}/.failures", "*.json")]
+    assert failure["error"]["type"] == "RebuildKilled" and failure["error"]["exit_status"] == "killed"
+
+
 def _built_raw_and_train(tmp_path, snakemake_cmd, monkeypatch) -> Workspace:
     """raw/a@v1 -> ck/t@v1 (the stand-in training of 4 steps), built."""
     ws = Workspace(tmp_path, snakemake_cmd)
@@ -297,6 +321,14 @@ def test_a_forced_rebuild_killed_outright_leaves_the_old_build_in_place(tmp_path
     log = (tmp_path / ".snakemake/marin-logs/ck/t/v1/job.log").read_text()
     assert "ck/t@v1: its last forced rebuild was killed before it ended; the previous build is back in place" in log
     assert ws.record("ck/t@v1") == first and (folder / "ckpt.txt").read_text() == "4"
+    assert not (folder / ".history/.rebuilding").exists()
+
+    # a pointer that cannot be read is reported and ignored: the build in place is served, never overwritten
+    (folder / ".history/.rebuilding").write_text("{garbage")
+    dry = ws.snakemake("-n")
+    assert "ck/t@v1: " in dry.stderr and ".rebuilding is unreadable" in dry.stderr and "Nothing to be done" in dry.stdout
+    served = subprocess.run(job, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)
+    assert served.returncode == 0 and ws.record("ck/t@v1") == first and (folder / "ckpt.txt").read_text() == "4"
     assert not (folder / ".history/.rebuilding").exists()
     line = _status(ws)["ck/t@v1"]  # each killed attempt left a failure record (its recipe, the user's command)
     assert " built " in line and "last retry failed at" in line and "RebuildKilled: the forced rebuild was killed" in line

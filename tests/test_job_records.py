@@ -82,3 +82,21 @@ def test_pinned_artifact_whose_record_drifted_is_an_error(built, monkeypatch):
     lines = [l for l in proc.stderr.splitlines() if "recipe drift on a pinned artifact" in l]
     assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith("marin-rules: mid/b@v1: "), proc.stderr
     assert ws.record("mid/b@v1")["fingerprint"] in lines[0]
+
+
+def test_a_job_that_fails_before_its_step_says_why_in_one_line(tmp_path, gcs_env):
+    # no bucket: the lease cannot be written (before there was only the log's header, and exit 1)
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "steps.py").write_text("def make(ctx):\n    return {}\n")
+    (tmp_path / "exp.yaml").write_text('artifacts:\n  raw/a@v1: {step: "steps:make"}\n')
+    job = [sys.executable, "-m", "marin_rules.job", "--artifact", "raw/a/v1", "--experiment", "exp.yaml",
+           "--prefix", "gs://no-such-bucket/x", "--log", str(tmp_path / "job.log")]  # fmt: skip
+    proc = subprocess.run(job, cwd=tmp_path, env={**os.environ, **gcs_env, "PYTHONPATH": str(tmp_path)},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1
+    (line,) = proc.stderr.splitlines()  # the console: one line
+    assert line.startswith("marin-rules: raw/a/v1: gs://no-such-bucket/x: cannot reach the storage (NotFound: "), line
+    assert "Traceback" in (tmp_path / "job.log").read_text()  # the whole story in the log

@@ -65,7 +65,9 @@ def test_signal_to_snakemake_stops_the_running_step_with_a_failure_record(tmp_pa
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        _wait_for(lambda: (prefix / "ck/s/v1/partial.txt").exists() or proc.poll() is not None, 120, "the step to start")
+        log = tmp_path / ".snakemake/marin-logs/ck/s/v1/job.log"  # process 0's, on a pod
+        started = lambda: log.exists() and "slow step: started" in log.read_text()  # noqa: E731
+        _wait_for(lambda: started() or proc.poll() is not None, 120, "the step to start")
         assert proc.poll() is None, proc.communicate()[0]
         sent = time.monotonic()
         proc.send_signal(getattr(signal, signal_name))  # the snakemake process only, not its group
@@ -83,7 +85,7 @@ def test_signal_to_snakemake_stops_the_running_step_with_a_failure_record(tmp_pa
     for failure in failures.values():
         assert failure["error"]["type"] == "JobTerminated" and failure["error"]["exit_status"] == signal_name
         assert failure["provenance"]["command"][1:] == command[1:]  # the user's command, not the executor's
-    assert not (folder / ".artifact.json").exists()
+    assert not (folder / ".artifact.json").exists() and not (folder / ".lease.json").exists()
     assert (folder / "partial.txt").read_text() == "half"
     log = (tmp_path / ".snakemake/marin-logs/ck/s/v1/job.log").read_text()
     assert "slow step: started" in log and f"terminated by signal {signal_name}" in log

@@ -90,12 +90,14 @@ def main(argv: list[str] | None = None) -> int:
             _console = console
         _log_to(log)
     unregister = None
-    if args.registry:
-        from marin_rules.workflow.signals import register
-
-        unregister = register(args.registry, os.getpid())
     try:
+        if args.registry:
+            from marin_rules.workflow.signals import register
+
+            unregister = register(args.registry, os.getpid())
         code = _exit_status(args)
+    except JobTerminated as e:  # stopped while registering: nothing begun, nothing to record
+        code = 128 + e.signum if e.signum else 1
     finally:
         if unregister is not None:
             unregister()
@@ -112,10 +114,23 @@ def _exit_status(args: argparse.Namespace) -> int:
         return 128 + e.signum if e.signum else 1
     except MarinError as e:
         if not getattr(e, "reported", False):
-            print(f"marin-rules: {e}", file=sys.stderr)
+            tell(f"marin-rules: {e}")
         return 1
-    except BaseException:  # noqa: BLE001 - the failure record and message are written already
+    except BaseException as e:  # noqa: BLE001 - a step's failure has its record and message already
+        if not getattr(e, "reported", False):  # failed before or around the step (the lease, a restore)
+            import traceback
+
+            traceback.print_exc()  # into the job's log
+            tell(f"marin-rules: {args.artifact}: {_problem(args.prefix, e)}")
         return 1
+
+
+def _problem(prefix: str, error: BaseException) -> str:
+    """One line for an error met outside the step: the storage's (a missing bucket, no
+    credentials: OSErrors and google.api_core's errors) naming the prefix, else the error."""
+    if isinstance(error, OSError) or type(error).__module__.startswith("google."):
+        return storage.storage_problem(prefix, error)
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
 
 
 def _echo_tail(log: str, fd: int, lines: int = 5) -> None:
@@ -193,9 +208,9 @@ def build(args: argparse.Namespace) -> int:
         if recovered:
             tell(f"{artifact.key}: its last forced rebuild was killed before it ended; the previous build is back "
                  f"in place (what the attempt left: {recovered})")  # fmt: skip
-            if is_done():  # the old build serves, as after any failed direct force
-                held.release()
-                return serve(artifact, location, args, "its previous build is in place")
+        if is_done():  # the old build serves, as after any failed direct force (or an unreadable pointer went)
+            held.release()
+            return serve(artifact, location, args, "its previous build is in place")
         if made_from_others:  # another run built it on other upstream builds: rebuild, keep it
             mark_forced(location, by_upstream=True)
             tell(f"{artifact.key}: the build there was made from other upstream builds than today's "

@@ -22,7 +22,6 @@ from typing import Any, Callable
 
 from marin_rules.artifacts.canonical import canonical_value
 from marin_rules.artifacts.context import StepContext
-from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.lease import LeaseLost
 from marin_rules.artifacts.records import Provenance, Record, utc_now, write_failure, write_success
 
@@ -103,8 +102,10 @@ def run_step(
             status = error.code if isinstance(error.code, int) else 1
         where = write_failure(ctx.output, entry, error, provenance.as_dict(started, ended), status, process)
         print(f"{ctx.key}: step failed ({type(error).__name__}: {error}); failure record {where}", file=sys.stderr)
-        if isinstance(error, MarinError):
-            error.reported = True  # the job process prints nothing more
+        try:
+            error.reported = True  # type: ignore[attr-defined]  # the job process prints nothing more
+        except AttributeError:  # an exception type without attributes: reported again, no harm
+            pass
         raise
     if process:
         return None

@@ -236,9 +236,14 @@ def restore_old_build(location: str, moved: str, owed: bool = False) -> str:
 
 
 def discard_old_build(moved: str) -> None:
-    """Delete an old build `move_old_build` set aside (a dev version's, once rebuilt)."""
+    """Delete an old build `move_old_build` set aside (a dev version's, once rebuilt), or
+    the folder it was moved back out of (on GCS, where folders exist only while they
+    hold objects, that one is gone already)."""
     fs, path = storage.filesystem(moved)
-    fs.rm(path, recursive=True)
+    try:
+        fs.rm(path, recursive=True)
+    except FileNotFoundError:
+        pass
 
 
 def _move_entries(source: str, target: str) -> None:

@@ -285,7 +285,21 @@ class Session:
         be Snakemake's backup of the old one over partial data: its job runs, and restores
         the old build under the lease (`forcing.recover_interrupted`) or waits for the
         rebuild to end, then serves what is there."""
-        return os.path.exists(forcing.rebuilding_pointer(f"{self.records_root}/{artifact.id.path}"))
+        pointer = forcing.rebuilding_pointer(f"{self.records_root}/{artifact.id.path}")
+        try:
+            with open(pointer, encoding="utf-8") as f:
+                moved = json.load(f)["moved"]
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError, TypeError, KeyError):
+            moved = None
+        if isinstance(moved, str) and moved and "/" not in moved:
+            return True
+        if (artifact.key, "pointer") not in self.warned:
+            self.warned.add((artifact.key, "pointer"))
+            print(f"{artifact.key}: {pointer} is unreadable (not a pointer to a kept build): ignored, the build in "
+                  "place serves; delete the file", file=sys.stderr)  # fmt: skip
+        return False
 
     def _run_stamp(self) -> str:
         """The run stamp, touched at the first dev or pending artifact of this invocation."""
@@ -393,6 +407,10 @@ class Session:
                 continue
             try:
                 failed = forcing.recover_interrupted(location)
+            except Exception as e:  # noqa: BLE001 - at exit: say it, the artifact's next job tries again
+                lines.append(f"{key}: its forced rebuild was killed before it ended, and putting the previous build "
+                             f"back failed ({type(e).__name__}: {e}); the next run's job of it tries again")  # fmt: skip
+                continue
             finally:
                 held.release()
             if failed:
