@@ -151,8 +151,18 @@ def _run(args) -> int:
         svg = render_svg(experiment, {r.key: r.state for r in rows})
         if args.output == "-":
             sys.stdout.write(svg)
-        else:
+        elif storage.is_remote(args.output):
             storage.write_text_atomic(args.output, svg)
+            print(f"wrote {args.output} ({len(rows)} artifacts)")
+        else:
+            folder = os.path.dirname(os.path.abspath(args.output))
+            if not os.path.isdir(folder):
+                raise MarinError(f"-o {args.output}: {folder} is not a folder; give an SVG file in an existing folder")
+            try:
+                with open(args.output, "w", encoding="utf-8") as f:
+                    f.write(svg)
+            except OSError as e:
+                raise MarinError(f"-o {args.output}: cannot write it ({type(e).__name__}: {e.strerror or e})") from None
             print(f"wrote {args.output} ({len(rows)} artifacts)")
         return 0
     key = _experiment_key(args.key, experiment, args.command)

@@ -22,21 +22,16 @@ import os
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.files import HISTORY_DIR, REBUILDING
 from marin_rules.artifacts.identity import RECORD_FILE
+from marin_rules.artifacts.records import snakemake_path
 from marin_rules.artifacts.shards import SHARD_RECORD, SHARDS_DIR
 
-MIRROR_DIR = ".snakemake/marin-mirror"
 INDEX_FILE = ".index.json"  # relative record path -> signature of the remote object
-
-
-def mirror_root(prefix: str) -> str:
-    scheme, _, rest = prefix.partition("://")
-    return f"{MIRROR_DIR}/{scheme}/{rest.strip('/')}"
 
 
 def records_root(prefix: str) -> str:
     """Where Snakemake sees the records of `prefix`: the prefix itself, or the local
     mirror of a remote one."""
-    return mirror_root(prefix) if storage.is_remote(prefix) else prefix
+    return snakemake_path(prefix)
 
 
 def _signature(info: dict) -> str:

@@ -427,3 +427,4 @@ def test_suggest_key_never_suggests_the_key_as_typed():
 
     assert suggest_key("raw/x@v1", ["raw/x@v1", "raw/x@v2"]) == " (did you mean raw/x@v2?)"
     assert suggest_key("raw/x@v1", ["raw/x@v1"]) == ""
+    assert suggest_key("MID/B@v1", ["mid/b@v1", "top/c@v1"]) == " (did you mean mid/b@v1?)"

@@ -292,6 +292,7 @@ def test_prefix_with_an_unsupported_scheme_is_refused_in_one_line(url):
 
 def test_prefix_forms_that_are_supported_are_read_the_same_everywhere(tmp_path):
     assert parse_prefix("gs://bucket/marin/", "--prefix ") == "gs://bucket/marin"
+    assert parse_prefix("gs://bucket//marin///p/", "--prefix ") == "gs://bucket/marin/p"  # one prefix, one spelling
     assert parse_prefix(f"file://{tmp_path}/art/", "--prefix ") == f"{tmp_path}/art"
     assert checked_prefix({"prefix": "art/"}) == "art" and checked_prefix({}) == "artifacts"
     with pytest.raises(MarinError, match=r"^--prefix gs://: expected gs://bucket"):

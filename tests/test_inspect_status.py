@@ -175,10 +175,11 @@ def test_a_forced_rebuild_in_flight_or_failed_says_where_the_previous_build_is(e
     os.remove(f"{location}/.artifact.json")
     row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
     assert row == {**row, "state": "missing", "reason": "forced rebuild not finished; the previous build is kept in .history/"}
-    os.remove(f"{location}/.history/.forced-record")  # the job moved the old build
+    os.remove(f"{location}/.history/.forced-record")  # the job moved the old build (or the record was deleted)
     storage.write_json_atomic(f"{location}/.history/20261201T100000Z/.artifact.json", old)
     row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
-    assert row == {**row, "state": "missing", "reason": "forced rebuild not finished; the previous build is kept in .history/"}
+    assert row == {**row, "state": "missing", "reason": "no record: a forced rebuild not finished, or the record was "
+                   "deleted; the previous build is kept in .history/"}  # fmt: skip
     fail(prefix, experiment, "raw/s@v1", "network down", "2026-12-02T08:00:00.000Z")  # the forced rebuild failed
     row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
     assert row["state"] == "failed"
@@ -260,3 +261,14 @@ def test_an_unreadable_newest_failure_record_is_named_not_replaced_by_an_older_f
     row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
     assert row["state"] == "failed"
     assert row["reason"] == f"last attempt failed: {newest}: unreadable record (empty file); repair or delete the file"
+
+
+def test_a_record_whose_fingerprint_was_edited_is_not_reported_as_zero_fields_of_drift(experiment_file, tmp_path, capsys):
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    record = build(prefix, experiment, "raw/s@v1")
+    location = artifact_location(prefix, experiment["raw/s@v1"].id)
+    storage.write_json_atomic(f"{location}/.artifact.json", {**record, "fingerprint": "0" * 16})
+    row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
+    assert row["state"] == "drifted"
+    assert row["reason"].startswith("its recorded fingerprint is not the recipe's, yet no recorded field differs")

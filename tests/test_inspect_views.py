@@ -119,6 +119,11 @@ def test_dag_draws_every_artifact_labelled_and_coloured_by_state(experiment_file
     assert capsys.readouterr().out == out.read_text()
     assert main(["dag", "--configfile", experiment_file, "-o", str(tmp_path / "dag.png")]) == 1
     assert "ending in .svg" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("")
+    for folder in (tmp_path / "afile", tmp_path / "nowhere"):  # the output's fault, not the prefix's
+        assert main(["dag", "--configfile", experiment_file, "--prefix", prefix, "-o", str(folder / "d.svg")]) == 1
+        assert capsys.readouterr().err == f"marin: -o {folder / 'd.svg'}: {folder} is not a folder; give an SVG file in an existing folder\n"
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_diff_and_history_read_a_gcs_prefix(experiment_file, gcs_prefix, capsys):  # noqa: F811
@@ -167,3 +172,17 @@ def test_history_lists_unreadable_failure_and_history_records_naming_each_file(e
 
     events = json.loads(capsys.readouterr().out)
     assert [e["outcome"] for e in events].count("unreadable") == 3
+
+
+def test_history_with_a_corrupt_current_record_still_lists_the_earlier_attempts(experiment_file, tmp_path, capsys):  # noqa: F811
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    key = "checkpoints/nano@v1"
+    location = artifact_location(prefix, experiment[key].id)
+    fail(prefix, experiment, key, "out of memory", "2026-12-02T09:00:00.000Z")
+    storage.write_bytes_atomic(f"{location}/.artifact.json", b"{")
+    assert main(["history", key, "--prefix", prefix, "--configfile", experiment_file]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{key}: 2 attempts (1 with an unreadable record, listed last)"
+    assert lines[1].split()[2] == "failed"
+    assert lines[-1].startswith(f"  unreadable: {location}/.artifact.json: not valid JSON (")

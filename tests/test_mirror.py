@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 from marin_rules.artifacts import storage
-from marin_rules.mirror import mirror_root, refresh_mirror
+from marin_rules.artifacts.records import mirror_root
+from marin_rules.mirror import refresh_mirror
 
 
 def mirrored(mirror: str) -> dict[str, bytes]:

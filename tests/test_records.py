@@ -137,3 +137,18 @@ def test_failure_records_stay_readable_history_of_any_schema(tmp_path):
     assert [f["schema"] for f in failures] == [1, 2]
     assert failures[1]["error"]["message"] == "bad" and failures[1]["path"] == "tokenized/x/v1"
     assert first.endswith(".json") and read_record(location) is None
+
+
+def test_messages_on_a_gcs_prefix_name_the_bucket_object_and_the_path_snakemake_takes():
+    # Snakemake sees a gs:// prefix's records in the local mirror: `-f gs://...` is no target
+    # it knows, and deleting the mirror's copy changes nothing (it is fetched again)
+    from marin_rules.artifacts.records import CorruptRecord, rebuild_hint
+
+    mirror = ".snakemake/marin-mirror/gs/bucket/p/raw/a/v1/.artifact.json"
+    for seen in (mirror, "gs://bucket/p/raw/a/v1/.artifact.json"):
+        assert str(CorruptRecord(seen, "empty file")) == (
+            f"gs://bucket/p/raw/a/v1/.artifact.json: empty file; delete it and rebuild the artifact with: "
+            f"snakemake -f {mirror}"
+        )
+    assert rebuild_hint("gs://bucket/p/raw/a/v1") == f"rebuild it with: snakemake -f {mirror}"
+    assert rebuild_hint("art/raw/a/v1") == "rebuild it with: snakemake -f art/raw/a/v1/.artifact.json"

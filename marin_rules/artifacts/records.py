@@ -37,6 +37,28 @@ __all__ = [
 ]  # fmt: skip
 
 RECORD_SCHEMA = 2  # 2: `files` added, `path` prefix-relative
+MIRROR_DIR = ".snakemake/marin-mirror"  # where Snakemake sees a remote prefix's records (`marin_rules.mirror`)
+
+
+def mirror_root(prefix: str) -> str:
+    """The local mirror of remote `prefix` (relative to the workflow's working directory)."""
+    scheme, _, rest = prefix.partition("://")
+    return f"{MIRROR_DIR}/{scheme}/{rest.strip('/')}"
+
+
+def snakemake_path(path: str) -> str:
+    """A record's path as Snakemake sees it, for the commands messages suggest: a local
+    one as it is, a remote one (gs://) in the local mirror."""
+    return mirror_root(path) if storage.is_remote(path) else path
+
+
+def stored_path(path: str) -> str:
+    """Where a record Snakemake sees really is: the remote one behind a mirror path."""
+    head = MIRROR_DIR + "/"
+    if not path.startswith(head):
+        return path
+    scheme, _, rest = path[len(head) :].partition("/")
+    return f"{scheme}://{rest}"
 
 
 class CorruptRecord(MarinError):
@@ -46,8 +68,9 @@ class CorruptRecord(MarinError):
     def __init__(self, record_file: str, problem: str):
         self.record_file = record_file
         self.problem = problem
+        stored = stored_path(record_file)  # a mirror's copy is fetched again: the remote one is to delete
         super().__init__(
-            f"{record_file}: {problem}; delete it and rebuild the artifact with: snakemake -f {record_file}"
+            f"{stored}: {problem}; delete it and rebuild the artifact with: snakemake -f {snakemake_path(stored)}"
         )
 
 
@@ -197,7 +220,7 @@ def write_success(location: str, entry: Mapping[str, Any], result: Any, provenan
 def rebuild_hint(location: str) -> str:
     """How to rebuild the artifact at `location` alone (its built consumers are served as
     they are): the end of a one-line error."""
-    return f"rebuild it with: snakemake -f {record_location(location)}"
+    return f"rebuild it with: snakemake -f {snakemake_path(record_location(location))}"
 
 
 def unreadable_file(field: str, path: str, location: str, why: BaseException | str) -> StepError:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import ArtifactId
 from marin_rules.inspect import reading
 from marin_rules.inspect.status import first_line
@@ -61,10 +62,14 @@ def _event(record: Mapping[str, Any], outcome: str) -> Event:
 
 
 def artifact_history(location: str, expected: ArtifactId | None = None) -> list[Event]:
-    """Every attempt at the artifact at `location`, oldest first. Raises MarinError
-    when the current record is corrupt (the one line says what to do)."""
+    """Every attempt at the artifact at `location`, oldest first; a record that cannot
+    be read (the current one included) is listed last as unreadable, with its one line."""
     events: list[Event] = []
-    current = reading.record_dict(location, expected)
+    try:
+        current = reading.record_dict(location, expected)
+    except MarinError as e:  # a corrupt current record: the earlier attempts are still worth seeing
+        current = None
+        events.append(Event("?", "?", UNREADABLE, "?", "?", None, "-", str(e)))
     if current is not None:
         events.append(_event(current, "built (current)"))
     kept = [

@@ -214,7 +214,10 @@ def location_status(
         else:
             state, reason = "missing", "never built"
         if reading.history_files(location):  # a forced rebuild that has not (or not yet) succeeded
-            reason = "forced rebuild not finished" if state == "missing" else reason
+            if state == "missing" and not reading.forced_rebuild_owed(location):
+                reason = "no record: a forced rebuild not finished, or the record was deleted"
+            elif state == "missing":
+                reason = "forced rebuild not finished"
             reason += "; the previous build is kept in .history/"
         if done is not None:
             reason += f"; {done} shard(s) built, {len(building)} building"
@@ -229,8 +232,11 @@ def location_status(
         n = len(lines)
         state = "drifted"
         reason = (
-            f"{n} field{'s differ' if n != 1 else ' differs'} from the recipe ({lines[0] if lines else 'fingerprint'}"
+            f"{n} field{'s differ' if n != 1 else ' differs'} from the recipe ({lines[0]}"
             f"{', ...' if n > 1 else ''}); served as built, bump the version to build the new recipe"
+        ) if lines else (
+            "its recorded fingerprint is not the recipe's, yet no recorded field differs (was the record edited?); "
+            "served as built, bump the version to build the recipe"
         )
     elif rebuilt:
         state, reason = "upstream rebuilt", f"{rebuilt[0]}{' (and more)' if len(rebuilt) > 1 else ''}"

@@ -24,7 +24,8 @@ def suggest_key(text: str, keys: Iterable[str], cutoff: float = 0.6) -> str:
     text = str(text)
     keys = [str(k) for k in keys if str(k) != text]
     same_name = [k for k in keys if k.rpartition("@")[0] == text] if "@" not in text else []
-    close = same_name[:3] or difflib.get_close_matches(text, keys, n=1, cutoff=cutoff)
+    other_case = [k for k in keys if k.lower() == text.lower()]  # names are lower case: MID/B@v1 is mid/b@v1
+    close = same_name[:3] or other_case[:1] or difflib.get_close_matches(text, keys, n=1, cutoff=cutoff)
     return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 

@@ -170,7 +170,7 @@ def checked_prefix(config: dict) -> str:
 def parse_prefix(text: Any, option: str) -> str:
     """The one reading of a prefix, for snakemake (`option` = "--config prefix=") and
     `marin` ("--prefix "): a local folder (a `file://` URL is read as its path) or
-    `gs://bucket[/path]`, without a trailing `/`. Anything else is refused in one line:
+    `gs://bucket[/path]`, without a trailing `/` or empty path segments. Anything else is refused in one line:
     other URL schemes (leases need conditional writes, which only these have), a local
     path that is or lies under a file, nothing at all."""
     if not isinstance(text, str) or not text.strip():
@@ -184,7 +184,9 @@ def parse_prefix(text: Any, option: str) -> str:
     if scheme == "gs":
         if not GCS_URL.fullmatch(text):
             raise MarinError(f"{option}{text}: expected gs://bucket or gs://bucket/path (a bucket name of a-z, 0-9, ., _, -)")
-        return text.rstrip("/")
+        bucket, _, path = text[len("gs://") :].partition("/")
+        parts = [p for p in path.split("/") if p]  # gs://b//p is gs://b/p, as a local a//b is a/b
+        return "/".join([f"gs://{bucket}", *parts])
     path = storage.local_path(text)
     if not path:
         raise MarinError(f"{option}{text}: expected {STRING_KEYS['prefix']}, got nothing after file://")
