@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 
 from marin_rules.artifacts import storage
@@ -77,14 +78,15 @@ def _prefix_key(text: str, experiment: Experiment | None, prefix: str) -> tuple[
     return artifact, record
 
 
-def _verify(key: str, location: str, prefix: str, artifact: ArtifactId) -> int:
+def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: str) -> int:
+    """`marin verify`; `flags`: what the suggested snakemake command needs besides its target."""
     from marin_rules.adopt import recorded_source, recorded_source_problems
     from marin_rules.artifacts.records import read_record, verify_files
 
     record = read_record(location, artifact)
     if record is None:
-        print(f"{key}: not built (no record under {location}); build it with: snakemake {record_path(prefix, artifact)}",
-              file=sys.stderr)  # fmt: skip
+        print(f"{key}: not built (no record under {location}); build it with: "
+              f"{shlex.join(['snakemake', record_path(prefix, artifact), *shlex.split(flags)])}", file=sys.stderr)  # fmt: skip
         return 1
     problems = verify_files(location, record)
     source = recorded_source(record.step, record.result)  # data adopted in place: its source too
@@ -92,8 +94,8 @@ def _verify(key: str, location: str, prefix: str, artifact: ArtifactId) -> int:
     if problems:
         for problem in problems:
             print(f"{key}: {problem}")
-        print(f"{key}: {len(problems)} problem(s); rebuild it with: snakemake -f {record_path(prefix, artifact)}",
-              file=sys.stderr)  # fmt: skip
+        print(f"{key}: {len(problems)} problem(s); rebuild it with: "
+              f"{shlex.join(['snakemake', '-f', record_path(prefix, artifact), *shlex.split(flags)])}", file=sys.stderr)  # fmt: skip
         return 1
     adopted = "" if source is None else f"; its adopted source {source} holds its {len(record.result['listing'])} file(s)"
     print(f"{key}: all {len(record.files)} file(s) present at their recorded sizes{adopted}")
@@ -172,7 +174,9 @@ def _run(args) -> int:
         print(record_path(prefix, artifact))
         return 0
     if args.command == "verify":
-        return _verify(key, location, prefix, artifact)
+        from marin_rules.workflow.options import rerun_flags
+
+        return _verify(key, location, prefix, artifact, rerun_flags(experiment.path, prefix, os.getcwd()))
     shown = {"record": reading.record_dict(location, artifact)}
     try:
         shown["last_failure"] = reading.last_failure(location)

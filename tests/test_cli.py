@@ -35,7 +35,8 @@ def test_verify_names_missing_and_truncated_files_and_how_to_rebuild(experiment_
     assert main(["verify", key, *args]) == 1
     captured = capsys.readouterr()
     assert captured.out.splitlines() == [f"{key}: missing data.bin", f"{key}: truncated tokens/train.bin: 100 of 4000 bytes"]
-    assert captured.err == f"{key}: 2 problem(s); rebuild it with: snakemake -f {location}/.artifact.json\n"
+    assert captured.err == (f"{key}: 2 problem(s); rebuild it with: snakemake -f {location}/.artifact.json "
+                            f"--configfile {experiment_file} --config prefix={prefix}\n")  # fmt: skip
 
     assert main(["verify", "evals/nano@v1", *args]) == 1
     assert "evals/nano@v1: not built" in capsys.readouterr().err

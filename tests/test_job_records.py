@@ -6,6 +6,7 @@ whose record drifted is an error."""
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 
@@ -51,6 +52,13 @@ def test_consumer_checks_its_upstreams_files_before_it_starts(ws):
     assert proc.returncode != 0
     line = "mid/b@v1: upstream raw/a@v1: truncated data.txt: 0 of 1 bytes; rebuild it with: snakemake -f "
     assert line in proc.stdout + proc.stderr
+    # the command as printed, with what this run's experiment and prefix need, works
+    printed = next(ln for ln in (proc.stdout + proc.stderr).splitlines() if line in ln).split("rebuild it with: ")[1]
+    printed = printed.split("); failure record ")[0]  # the line of "step failed (...); failure record ..."
+    assert printed == shlex.join(["snakemake", "-f", f"{ws.prefix}/raw/a/v1/.artifact.json", "--configfile",
+                                  str(ws.root / "exp.yaml"), "--config", f"prefix={ws.prefix}"])  # fmt: skip
+    ws._run(*shlex.split(printed)[1:], cwd=ws.root, env=ws.env)
+    assert (Path(ws.prefix) / "raw/a/v1/data.txt").read_text() == "a"
     assert not (Path(ws.prefix) / "mid/b/v1/.artifact.json").exists()
     (failure,) = (Path(ws.prefix) / "mid/b/v1/.failures").glob("*.json")
     assert "truncated data.txt" in json.loads(failure.read_text())["error"]["message"]

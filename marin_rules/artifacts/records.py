@@ -217,10 +217,11 @@ def write_success(location: str, entry: Mapping[str, Any], result: Any, provenan
     return record
 
 
-def rebuild_hint(location: str) -> str:
+def rebuild_hint(location: str, flags: str = "") -> str:
     """How to rebuild the artifact at `location` alone (its built consumers are served as
-    they are): the end of a one-line error."""
-    return f"rebuild it with: snakemake -f {snakemake_path(record_location(location))}"
+    they are): the end of a one-line error. `flags`: what else the command needs to plan
+    the same experiment on the same prefix (`workflow.options.rerun_flags`)."""
+    return f"rebuild it with: snakemake -f {snakemake_path(record_location(location))}" + (f" {flags}" if flags else "")
 
 
 def unreadable_file(field: str, path: str, location: str, why: BaseException | str) -> StepError:

@@ -60,10 +60,11 @@ def _dep_name(experiment: Any, key: str) -> dict[str, Any]:
     return {"name": upstream.name, "version": upstream.version, "path": upstream.path}
 
 
-def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: dict) -> None:
+def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: dict, hint_flags: str = "") -> None:
     """Every upstream is built and complete: its record valid, its files there with their
     sizes (data adopted in place: its source as adopted). Records what was seen
-    (fingerprint, build time) into `deps_record`."""
+    (fingerprint, build time) into `deps_record`. `hint_flags`: the rest of the rebuild
+    command a refusal suggests (`workflow.options.rerun_flags`)."""
     from marin_rules.adopt import source_problems
 
     seen = {}
@@ -71,7 +72,7 @@ def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: di
         upstream = experiment[key]
         location = artifact_location(prefix, upstream.id)
         record = read_record(location, upstream.id)
-        how = rebuild_hint(location)
+        how = rebuild_hint(location, hint_flags)
         if record is None:
             raise MarinError(f"{artifact.key}: upstream {key} has no success record at {location}; {how}")
         problems = verify_files(location, record) + source_problems(upstream, record.result)

@@ -153,6 +153,13 @@ def _log_to(path: str) -> None:
     sys.stderr.reconfigure(line_buffering=True)
 
 
+def rerun_hint(args: argparse.Namespace) -> str:
+    """The flags a suggested rebuild command needs (`workflow.options.rerun_flags`)."""
+    from marin_rules.workflow.options import rerun_flags
+
+    return rerun_flags(args.experiment, args.prefix, args.workflow_dir)
+
+
 def lease_settings(text: str) -> dict[str, Any]:
     from marin_rules.artifacts import lease
 
@@ -327,7 +334,7 @@ def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace,
     sharded = artifact.step in SHARDED_STEPS
 
     def step(c: StepContext) -> Any:
-        check_upstreams(artifact, experiment, args.prefix, deps_record)  # fills in what was seen
+        check_upstreams(artifact, experiment, args.prefix, deps_record, rerun_hint(args))  # fills in what was seen
         if sharded:  # the gather: every shard job has finished
             shards = gathered_results(location, shard_count(c.runtime), artifact.fingerprint, builds_in_deps(deps_record))
             return step_function(artifact.step)(c, shards)

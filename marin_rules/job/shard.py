@@ -69,6 +69,7 @@ def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Na
 
 def _run_shard(artifact: Any, experiment: Any, location: str, shard: Shard, args: argparse.Namespace, held: Any) -> int:
     from marin_rules.job.context import check_upstreams, job_context
+    from marin_rules.job.main import rerun_hint
     from marin_rules.job.run import run_step
     from marin_rules.steps import shard_function
 
@@ -76,7 +77,7 @@ def _run_shard(artifact: Any, experiment: Any, location: str, shard: Shard, args
     entry = {**entry, "shard": {"index": shard.index, "count": shard.count}}
 
     def step(c: Any) -> Any:
-        check_upstreams(artifact, experiment, args.prefix, deps_record)
+        check_upstreams(artifact, experiment, args.prefix, deps_record, rerun_hint(args))
         return shard_function(artifact.step)(c, shard)
 
     def write(result: Any, provenance_dict: dict) -> Any:

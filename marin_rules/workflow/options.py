@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from typing import Any, Iterable
 
 import yaml
@@ -197,6 +198,18 @@ def parse_prefix(text: Any, option: str) -> str:
     if os.path.exists(probe) and not os.path.isdir(probe):
         raise MarinError(f"{option}{text}: {probe} is a file, not a folder; give a folder for the artifacts")
     return prefix
+
+
+def rerun_flags(experiment_path: str, prefix: str, workflow_dir: str) -> str:
+    """What a command a message suggests (`snakemake -f RECORD`) needs besides its target
+    to plan this experiment on this prefix, shell-quoted: `--configfile EXPERIMENT`
+    unless it is the default one, `--config prefix=PREFIX` unless it is the default."""
+    flags = []
+    if os.path.abspath(experiment_path) != os.path.abspath(os.path.join(workflow_dir, DEFAULT_EXPERIMENT)):
+        flags += ["--configfile", experiment_path]
+    if prefix != DEFAULT_PREFIX:
+        flags += ["--config", f"prefix={prefix}"]
+    return shlex.join(flags)
 
 
 def select_experiment(config: dict, configfiles: list[str], workdir: str, workflow_dir: str) -> str:
