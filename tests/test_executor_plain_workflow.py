@@ -115,9 +115,10 @@ def test_after_a_failed_host_job_the_waiting_ones_do_not_start_without_keep_goin
     assert len(started) == 3 or "failed (no --keep-going)" in proc.stderr  # the rest were dropped, saying why
 
 
-def test_after_sigterm_the_waiting_host_jobs_do_not_start(tmp_path):
-    # Snakemake's graceful stop waits for running jobs only; host jobs still waiting in
-    # the executor for a core must not start afterwards (one core: one runs at a time)
+def test_after_sigterm_the_running_job_stops_and_the_waiting_ones_do_not_start(tmp_path):
+    # each job runs in its own session, out of reach of the group signal `timeout` sends,
+    # and Snakemake's graceful stop would wait for it: the executor passes SIGTERM on.
+    # Host jobs still waiting for a core never start (one core: one runs at a time)
     import signal
     import time
 
@@ -137,12 +138,21 @@ def test_after_sigterm_the_waiting_host_jobs_do_not_start(tmp_path):
         while not list(tmp_path.glob("started-*")):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        while "Will exit after finishing currently running jobs" not in log.read_text():  # Snakemake took it
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # to snakemake alone
+        proc.wait(timeout=60)  # nothing releases the running job: it was stopped
     finally:
         (tmp_path / "release").write_text("")
-        proc.wait(timeout=120)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+    assert proc.returncode != 0 and not list(tmp_path.glob("t/*.txt")), log.read_text()
     assert len(list(tmp_path.glob("started-*"))) == 1, log.read_text()  # the two waiting jobs never started
     assert log.read_text().count("not started: snakemake received SIGTERM") == 2, log.read_text()
+
+
+def test_a_local_pod_of_no_processes_is_refused_in_one_message(tmp_path):
+    (tmp_path / "Snakefile").write_text('rule a:\n    output: "x"\n    shell: "touch x"\n')
+    proc = _snakemake(tmp_path, "--tpu-backend", "local-pod", "--tpu-local-processes", "0")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "tpu executor: local pod: num_processes must be >= 1, got 0 (--tpu-local-processes" in proc.stderr
+    assert not (tmp_path / "x").exists()

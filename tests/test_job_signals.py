@@ -24,6 +24,13 @@ def slow(ctx):
     for _ in range(600):  # two minutes unless stopped
         time.sleep(0.2)
     return {"finished": True}
+
+
+def slow_joined(ctx):  # as training on a pod does first: JAX's own SIGTERM handler must not win
+    from marin_rules.train.distributed import initialize, parse_distributed
+
+    initialize(parse_distributed(ctx.runtime.get("distributed")))
+    return slow(ctx)
 '''
 
 
@@ -46,17 +53,23 @@ EXECUTORS = {
         ["--executor", "tpu", "--jobs", "1", "--tpu-backend", "local-pod", "--tpu-local-processes", "2"],
         ", runtime: {tpu: v5p-8}",
     ),
+    "tpu local pod, jax.distributed joined": (
+        ["--executor", "tpu", "--jobs", "1", "--tpu-backend", "local-pod", "--tpu-local-processes", "2"],
+        ", runtime: {tpu: v5p-8}",
+    ),
 }
 
 
 @pytest.mark.parametrize(
     "signal_name, executor",
-    [("SIGTERM", "local"), ("SIGINT", "local"), ("SIGTERM", "tpu host job"), ("SIGTERM", "tpu local pod"), ("SIGINT", "tpu local pod")],
+    [("SIGTERM", "local"), ("SIGINT", "local"), ("SIGTERM", "tpu host job"), ("SIGTERM", "tpu local pod"),
+     ("SIGINT", "tpu local pod"), ("SIGTERM", "tpu local pod, jax.distributed joined")],
 )
 def test_signal_to_snakemake_stops_the_running_step_with_a_failure_record(tmp_path, signal_name, executor):
     flags, runtime = EXECUTORS[executor]
     (tmp_path / "slowsteps.py").write_text(SLOW)
-    (tmp_path / "exp.yaml").write_text(f'artifacts:\n  ck/s@v1: {{step: "slowsteps:slow"{runtime}}}\n')
+    step = "slowsteps:slow_joined" if "joined" in executor else "slowsteps:slow"
+    (tmp_path / "exp.yaml").write_text(f'artifacts:\n  ck/s@v1: {{step: "{step}"{runtime}}}\n')
     prefix = tmp_path / "art"
     command = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "exp.yaml", "--config", f"prefix={prefix}", *flags]
     proc = subprocess.Popen(

@@ -39,3 +39,29 @@ def test_registering_prunes_dead_entries_and_empty_registries_and_touches_nothin
     unregister()
     assert sorted(p.name for p in root.iterdir()) == ["111", "notes"]  # its empty registry removed
     unregister()  # idempotent
+
+
+def test_a_job_that_registers_after_the_stop_signal_does_not_begin(tmp_path):
+    # the signal came while the job process was starting (Snakemake had launched it)
+    import signal
+
+    from marin_rules.workflow.signals import forward
+
+    registry = tmp_path / ".snakemake" / "marin-jobs" / str(os.getpid())  # this process stands for snakemake
+    assert forward(str(registry), signal.SIGINT) == []  # no job registered yet
+    (tmp_path / "steps.py").write_text("def make(ctx):\n    open(ctx.output + '/made', 'w').close()\n")
+    (tmp_path / "exp.yaml").write_text('artifacts:\n  raw/a@v1: {step: "steps:make"}\n')
+    job = [sys.executable, "-m", "marin_rules.job", "--artifact", "raw/a/v1", "--experiment", "exp.yaml",
+           "--prefix", "art", "--registry", str(registry), "--log", "job.log"]  # fmt: skip
+    proc = subprocess.run(job, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 128 + signal.SIGINT
+    assert proc.stderr == "marin-rules: raw/a/v1: not started: snakemake received SIGINT\n"
+    assert not (tmp_path / "art").exists() and registered(str(registry)) == []
+
+    # the stop file of a snakemake that no longer exists goes with its registry
+    old = tmp_path / ".snakemake" / "marin-jobs" / str(dead_pid())
+    old.mkdir()
+    (old / "stop").write_text("SIGTERM")
+    register(str(registry.parent / "999999999"), os.getpid())()
+    assert not old.exists() and (registry / "stop").exists()

@@ -20,7 +20,9 @@ A shard job of a sharded step (`--shard kkkkk-of-nnnnn`, `marin_rules.artifacts.
 does the same for its shard folder: its own lease, its shard record instead of the
 success record (a finished shard is served, never built again). The artifact's own
 job of a sharded step is then the gather: it reads every shard's result. `--threads`
-(Snakemake's allowance) caps the tokenizers' thread pool (`RAYON_NUM_THREADS`).
+(Snakemake's allowance) caps the tokenizers' thread pool (`RAYON_NUM_THREADS`). JAX's
+preemption service is off (`JAX_ENABLE_PREEMPTION_SERVICE`): its SIGTERM handler would
+replace the job's once a step joins `jax.distributed`.
 Exit status: 0 built or served, 1 failed, 128+N stopped by signal N.
 """
 
@@ -76,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.threads and "RAYON_NUM_THREADS" not in os.environ:
         os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # before tokenizers starts its pool
+    # This process owns SIGTERM (stop the step, record the failure). jax.distributed.initialize
+    # would otherwise start JAX's preemption service, whose handler swallows SIGTERM until a
+    # preemption sync point that no step polls: a pod training on after `timeout` or a cancel.
+    os.environ.setdefault("JAX_ENABLE_PREEMPTION_SERVICE", "false")
     install_stop_handlers()
     pod_stderr, log = None, None
     if args.log:
@@ -92,9 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     unregister = None
     try:
         if args.registry:
-            from marin_rules.workflow.signals import register
+            import signal
+
+            from marin_rules.workflow.signals import register, stop_requested
 
             unregister = register(args.registry, os.getpid())
+            stopped = stop_requested(args.registry)  # the signal came before this process registered
+            if stopped is not None:
+                tell(f"marin-rules: {args.artifact}: not started: snakemake received {stopped}")
+                return 128 + int(getattr(signal.Signals, stopped, signal.SIGTERM))
         code = _exit_status(args)
     except JobTerminated as e:  # stopped while registering: nothing begun, nothing to record
         code = 128 + e.signum if e.signum else 1

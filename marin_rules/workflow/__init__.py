@@ -83,6 +83,7 @@ def begin(workflow: Any, config: dict) -> Session:
     if main_process:
         os.environ[COMMAND_ENV] = command
         os.environ[REGISTRY_ENV] = registry
+        signals.clear_stop(registry)  # left by an earlier main process that had this pid
     else:
         command = os.environ.get(COMMAND_ENV) or command
         registry = os.environ.get(REGISTRY_ENV) or registry
@@ -142,7 +143,8 @@ def on_success() -> None:
 
 
 def _explain_at_exit() -> None:
-    """At the main process's exit after a failed run, take back the forced marks of
+    """At the main process's exit: close its signal registry (`signals.close`); after a
+    failed run, also take back the forced marks of
     cascades the run never began (`Session.drop_unbegun_cascades`), restore the old
     builds of forced rebuilds whose jobs were killed outright
     (`Session.recover_killed_rebuilds`), and
@@ -150,6 +152,8 @@ def _explain_at_exit() -> None:
     (`Session.taken_by_another_run`): Snakemake reports the
     missing record as filesystem latency, and an exception raised while waiting for it
     never reaches `onerror:`, hence exit."""
+    if _session is not None and _session.main_process:
+        signals.close(_session.registry)
     if _session is not None and not _session.succeeded and not getattr(_session.workflow, "dryrun", False):
         _session.drop_unbegun_cascades()
         for line in _session.recover_killed_rebuilds() + _session.taken_by_another_run():

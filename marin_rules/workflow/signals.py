@@ -12,9 +12,15 @@ process, then calls the previous handler, so Snakemake stops as it would anyway.
 job process stops its step, writes a failure record naming the signal and exits
 non-zero; no success record is written.
 
+A job process that starts after the signal (Snakemake had already launched it; under
+the tpu executor a job's own `snakemake --mode remote` takes seconds to start) finds
+the file `stop` the main process wrote into the registry before forwarding, and stops
+before it begins (`stop_requested`).
+
 Entries of processes that no longer exist (a job killed with SIGKILL, a run whose
-machine went down) are pruned whenever a job registers, and a registry folder is
-removed once empty, so `.snakemake/marin-jobs/` does not grow.
+machine went down) are pruned whenever a job registers, with the `stop` file of a main
+process that no longer exists, and a registry folder is removed once empty, so
+`.snakemake/marin-jobs/` does not grow.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from marin_rules.artifacts.lease import process_exists
 
 REGISTRY_ROOT = ".snakemake/marin-jobs"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_FILE = "stop"  # in a registry: the signal its main process received, for jobs registering later
 
 
 def registry_dir(main_pid: int | None = None) -> str:
@@ -51,6 +58,8 @@ def prune(root: str) -> None:
         return
     for name in registries:
         registry = os.path.join(root, name)
+        if not process_exists(int(name)):
+            clear_stop(registry)
         for pid in registered(registry):
             if not process_exists(pid):
                 try:
@@ -84,6 +93,29 @@ def register(registry: str, pid: int) -> Callable[[], None]:
     return unregister
 
 
+def clear_stop(registry: str) -> None:
+    """Remove the `stop` file (a new main process whose pid an old one had, or a dead one)."""
+    try:
+        os.remove(os.path.join(registry, STOP_FILE))
+    except FileNotFoundError:
+        pass
+
+
+def close(registry: str) -> None:
+    """At the main process's exit: its `stop` file, and its registry once empty, go."""
+    clear_stop(registry)
+    _remove_if_empty(registry)
+
+
+def stop_requested(registry: str) -> str | None:
+    """The name of the signal the main process received before this job registered, or None."""
+    try:
+        with open(os.path.join(registry, STOP_FILE), encoding="utf-8") as f:
+            return f.read().strip() or "SIGTERM"
+    except FileNotFoundError:
+        return None
+
+
 def registered(registry: str) -> list[int]:
     try:
         names = os.listdir(registry)
@@ -93,7 +125,14 @@ def registered(registry: str) -> list[int]:
 
 
 def forward(registry: str, signum: int) -> list[int]:
-    """Send `signum` to every registered job process; returns the pids reached."""
+    """Note the stop for jobs that register later, then send `signum` to every
+    registered job process; returns the pids reached."""
+    try:
+        os.makedirs(registry, exist_ok=True)
+        with open(os.path.join(registry, STOP_FILE), "w", encoding="utf-8") as f:
+            f.write(signal.Signals(signum).name)
+    except OSError:  # a read-only or vanished workdir: the running jobs still get the signal
+        pass
     reached = []
     for pid in registered(registry):
         try:

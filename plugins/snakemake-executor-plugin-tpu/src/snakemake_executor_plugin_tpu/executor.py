@@ -27,10 +27,13 @@ as submitted, until enough is free (`--jobs` alone bounds pod jobs). A job the e
 (an input outside the workdir, a tpu inside a group, an unknown TPU type, a wildcard
 value Snakemake's `--target-jobs` cannot carry) fails alone, with the reason, so
 `--keep-going` goes on with the others. Waiting host jobs never start after a failure
-without `--keep-going`, nor after SIGTERM (Snakemake's graceful stop, which waits for
-running jobs only): they fail unstarted, saying why, as in local mode. The SIGTERM
-handler is chained in front of the scheduler's when the first job is handed over (the
-scheduler installs its own after creating the executor); it only sets a flag.
+without `--keep-going`, nor after SIGTERM: they fail unstarted, saying why, as in local
+mode. On SIGTERM the running jobs' process groups get SIGTERM too (a gcloud driver then
+deletes its node): each job runs in its own session, out of reach of the process-group
+signal that `timeout` and CI cancels send, which stops local mode's jobs; Snakemake's
+graceful stop would wait for them. The SIGTERM handler is chained in front of the
+scheduler's when the first job is handed over (the scheduler installs its own after
+creating the executor); it sets a flag and signals, nothing that takes a lock.
 """
 
 from __future__ import annotations
@@ -67,12 +70,16 @@ class Executor(RemoteExecutor):
         self._host_mem_running = 0
         self._host_lock = threading.Lock()  # run_job (scheduler thread) and check_active_jobs (polling thread)
         self._stop_reason: str | None = None  # set by the SIGTERM handler: start no waiting host job
+        self._running: set[ProcessGroup] = set()  # started and not yet seen ended: SIGTERM reaches them
         self._signal_chained = False
         super().__init__(workflow, logger)
 
     def __post_init__(self):
         self.settings = self.workflow.executor_settings
-        self.local_pod = LocalPodSpec(self.settings.local_processes, self.settings.local_devices)
+        try:
+            self.local_pod = LocalPodSpec(self.settings.local_processes, self.settings.local_devices)
+        except ValueError as e:  # --tpu-local-processes 0, --tpu-local-devices -1
+            raise WorkflowError(f"tpu executor: {e} (--tpu-local-processes, --tpu-local-devices)") from None
         self.next_seconds_between_status_checks = POLL_SECONDS
         self._on_worker = False
         self._workflow_archive: tuple[Path, str] | None = None
@@ -130,6 +137,7 @@ class Executor(RemoteExecutor):
             group = start_local_pod(self.job_command(job, on_worker=False), self.local_pod, job_dir, os.environ)
         else:
             group = self._start_gcloud(job, wildcards, tpu_type, job_dir, description)
+        self._running.add(group)
         self.logger.info(f"tpu executor: {label}; logs in {job_dir}/")
         self.report_job_submission(
             SubmittedJobInfo(job, external_jobid=",".join(map(str, group.pids)), aux={"group": group, "dir": job_dir})
@@ -147,6 +155,8 @@ class Executor(RemoteExecutor):
 
         def on_sigterm(signum, frame):
             self._stop_reason = "snakemake received SIGTERM"
+            for group in list(self._running):
+                group.signal_running(signal.SIGTERM)
             if callable(previous):
                 previous(signum, frame)
             elif previous == signal.SIG_DFL:
@@ -178,6 +188,7 @@ class Executor(RemoteExecutor):
             self._host_waiting.popleft()
             job_dir = info.aux["dir"]
             info.aux["group"] = ProcessGroup.start([info.aux["command"]], [os.environ], [job_dir / "job.log"])
+            self._running.add(info.aux["group"])
             info.external_jobid = ",".join(map(str, info.aux["group"].pids))
             self._host_threads_running += threads
             self._host_mem_running += mem_mb
@@ -242,6 +253,7 @@ class Executor(RemoteExecutor):
             if code is None:
                 still_active.append(info)
                 continue
+            self._running.discard(group)
             if "threads" in info.aux:
                 with self._host_lock:
                     self._host_threads_running -= info.aux["threads"]

@@ -107,10 +107,10 @@ class ProcessGroup:
                 self.first_failure = (i, code)
         if self.first_failure is not None and None in codes:
             if self._kill_at is None:
-                self._signal_running(signal.SIGTERM)
+                self.signal_running(signal.SIGTERM)
                 self._kill_at = time.monotonic() + self.grace
             elif time.monotonic() >= self._kill_at:
-                self._signal_running(signal.SIGKILL)
+                self.signal_running(signal.SIGKILL)
         if None in codes:
             return None
         return 0 if self.first_failure is None else self.first_failure[1]
@@ -133,14 +133,14 @@ class ProcessGroup:
 
     def terminate(self) -> None:
         """SIGTERM every process (and its children), SIGKILL what is left after `grace`."""
-        self._signal_running(signal.SIGTERM)
+        self.signal_running(signal.SIGTERM)
         deadline = time.monotonic() + self.grace
         for p in self.procs:
             try:
                 p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        self._signal_running(signal.SIGKILL)
+        self.signal_running(signal.SIGKILL)
         for p in self.procs:
             p.wait()
 
@@ -155,7 +155,8 @@ class ProcessGroup:
         tail = text.splitlines()[-lines:]
         return "\n".join(line if len(line) <= width else line[:width] + " ..." for line in tail)
 
-    def _signal_running(self, signum: int) -> None:
+    def signal_running(self, signum: int) -> None:
+        """Send `signum` to the process group of every process still running (no wait)."""
         for p in self.procs:
             if p.poll() is None:
                 try:
