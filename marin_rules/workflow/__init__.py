@@ -75,9 +75,12 @@ def begin(workflow: Any, config: dict) -> Session:
     records_root = mirror.records_root(prefix)
     if main_process and storage.is_remote(prefix):
         try:
+            storage.check_bucket(prefix)
             mirror.refresh_mirror(prefix, records_root)
         except OSError as e:  # gcsfs's connection errors are OSErrors
             raise stop(MarinError(storage.storage_problem(prefix, e))) from None
+        except MarinError as e:  # no such bucket
+            raise stop(e) from None
     command = shlex.join(options.redact_command(sys.argv))
     registry = signals.registry_dir()
     if main_process:

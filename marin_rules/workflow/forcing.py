@@ -94,9 +94,15 @@ def mark_forced(location: str, by_upstream: bool = False) -> None:
 
 
 def unmark_forced(location: str) -> None:
-    """Take back `mark_forced` before the job ran (a cascade its run never began)."""
+    """Take back `mark_forced` before the job ran (a cascade its run never began); a
+    `.history/` that held nothing else goes too."""
     _remove(marker_of(location))
     _remove(storage.join(location, HISTORY_DIR, CASCADE))
+    if not storage.is_remote(location):  # on GCS an emptied folder is gone already
+        try:
+            os.rmdir(os.path.join(storage.local_path(location), HISTORY_DIR))
+        except OSError:  # not empty: earlier builds are kept there
+            pass
 
 
 def forced_by_upstream(location: str) -> bool:
