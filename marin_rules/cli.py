@@ -106,7 +106,8 @@ def _run(args) -> int:
     from marin_rules.inspect import status as st
 
     prefix = parse_prefix(args.prefix, "--prefix ")
-    storage.check_bucket(prefix)
+    if args.command != "path":  # the one command that reads nothing there
+        storage.check_bucket(prefix)
     if args.command in ("diff", "history"):
         experiment = _load(args, required=False)
         if args.command == "history":

@@ -201,7 +201,7 @@ def test_a_failed_direct_force_is_served_by_the_next_run_even_after_its_upstream
     (tmp_path / "crash-at").unlink()
     proc = ws.snakemake()
     assert "Nothing to be done" in proc.stdout + proc.stderr and ws.record("ck/t@v1") == first
-    assert not (Path(ws.prefix) / "ck/t/v1/.history").exists()  # the mark taken back leaves nothing
+    assert not (Path(ws.prefix) / "ck/t/v1/.history/.forced-record").exists()
     history = _marin(ws, "history", "ck/t@v1")
     assert history.splitlines()[0] == "ck/t@v1: 2 attempts"  # the build in place once, and the failed force
 
@@ -350,7 +350,7 @@ def test_a_cascade_whose_forced_upstream_failed_is_not_owed_later(tmp_path, snak
     first = ws.record("ck/t@v1")
     (tmp_path / "crash-source").write_text("")
     assert ws.snakemake("--forcerun", ws.record_path("raw/a@v1"), check=False).returncode != 0
-    assert not (Path(ws.prefix) / "ck/t/v1/.history/.forced-record").exists()
+    assert not (Path(ws.prefix) / "ck/t/v1/.history").exists()  # the mark taken back leaves nothing
     (tmp_path / "crash-source").unlink()
     ws.snakemake("-f", ws.record_path("raw/a@v1"))
     assert ws.record("ck/t@v1") == first
