@@ -9,6 +9,7 @@ a real lease), as steps leave them; no step runs, so each state is set up exactl
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.identity import artifact_location
 from marin_rules.artifacts.lease import acquire, new_holder
+from marin_rules.artifacts.provenance import utc_now
 from marin_rules.artifacts.records import write_failure, write_success
 from marin_rules.cli import main
 from marin_rules.artifacts.shards import all_shards
@@ -250,6 +252,12 @@ def test_a_lease_whose_builder_died_on_this_host_is_failed_not_building(experime
     assert rows["tokenizers/bpe@v1"]["reason"] == (
         f"matches the recipe; a rebuild's builder ({killed_rebuild}) is gone: killed? (no failure record)"
     )
+    # a pod whose process 0 was killed: process 1, stopped by the executor, left its own failure record
+    later = (utc_now() + dt.timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    fail(prefix, experiment, "raw/s@v1", "terminated by signal SIGTERM", later)
+    reason = status_json(experiment_file, prefix, capsys)["raw/s@v1"]["reason"]
+    assert reason.startswith(f"its builder ({killed}) is gone: killed? (a failure record since it started, as a "
+                             f"pod's other processes leave: {later.replace('T', ' ')[:19]}: ")  # fmt: skip
 
 
 def test_an_unreadable_newest_failure_record_is_named_not_replaced_by_an_older_failure(experiment_file, tmp_path, capsys):

@@ -207,6 +207,12 @@ def location_status(
         elif gone or gone_shards:
             builder = f"its builder ({gone})" if gone else f"a shard's builder ({gone_shards[0]})"
             state, reason = "failed", f"{_gone(builder)}; the next run takes the lease over and resumes"
+            lease = _read_holder(location)
+            ended = str(((last_failure or {}).get("provenance") or {}).get("ended", ""))
+            if gone and lease is not None and ended >= str(lease.since):  # another process of its pod wrote it
+                reason = (f"its builder ({gone}) is gone: killed? (a failure record since it started, as a pod's "
+                          f"other processes leave: {_failure_line(last_failure)}); the next run takes the lease over "
+                          "and resumes")  # fmt: skip
         elif unreadable:
             state, reason = "failed", f"last attempt failed: {unreadable}"
         elif last_failure is not None:
