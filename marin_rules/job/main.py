@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         from marin_rules.cluster.pod import pod_process_from_env
 
         pod = pod_process_from_env(os.environ)  # every process of a pod runs this command
-        log = args.log if pod is None or pod.process_id == 0 else f"{args.log}.p{pod.process_id}"
+        suffix = "" if pod is None or pod.process_id == 0 else f".p{pod.process_id}"
+        log = args.log if args.log.endswith(suffix) else args.log + suffix  # the Snakefile's rules declare it
         console = os.dup(2)
         if pod is not None:  # the executor shows a pod process's own stderr: keep it for the cause
             pod_stderr = console

@@ -116,6 +116,15 @@ class Session:
         return f"{self.records_root}/{{artifact}}/{RECORD_FILE}"
 
     def log_pattern(self) -> str:
+        """The job's `log:`. On a pod, process k > 0 (its own `snakemake --mode remote`)
+        declares `job.log.p<k>`: Snakemake deletes a job's log before running it, and on
+        a local pod's shared disk process 0's log would go while process 0 writes it."""
+        if not self.main_process:
+            from marin_rules.cluster.pod import pod_process_from_env
+
+            pod = pod_process_from_env(os.environ)
+            if pod is not None and pod.process_id:
+                return f"{LOG_ROOT}/{{artifact}}/job.log.p{pod.process_id}"
         return f"{LOG_ROOT}/{{artifact}}/job.log"
 
     def shard_pattern(self) -> str:
