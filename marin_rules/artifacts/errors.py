@@ -45,8 +45,8 @@ class StepError(MarinError):
 
 
 def json_problem(e: ValueError) -> str:
-    """"not valid JSON (<what>, at line L, column C)" for a json.JSONDecodeError (whose
-    message may itself end in "at": "Unterminated string starting at"); other
+    """"not valid JSON (<what> at line L, column C)" for a json.JSONDecodeError (whose
+    message may itself end in "at": "Unterminated string starting at line ..."); other
     ValueErrors (UnicodeDecodeError) by their own text."""
     if not hasattr(e, "lineno"):
         return f"not valid JSON ({e})"

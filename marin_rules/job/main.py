@@ -212,9 +212,7 @@ def build(args: argparse.Namespace) -> int:
 
         def is_done() -> bool:  # a record beside the pointer may be Snakemake's backup over partial data
             made_from_others.clear()
-            if not storage.exists(storage.join(location, RECORD_FILE)) or storage.exists(marker):
-                return False
-            if storage.exists(pointer):
+            if not storage.exists(storage.join(location, RECORD_FILE)) or storage.exists(marker) or storage.exists(pointer):
                 return False
             change = finished_on_other_upstreams(artifact, experiment, location, args.prefix)
             if change is not None:

@@ -294,15 +294,13 @@ class Session:
         be Snakemake's backup of the old one over partial data: its job runs, and restores
         the old build under the lease (`forcing.recover_interrupted`) or waits for the
         rebuild to end, then serves what is there."""
-        pointer = forcing.rebuilding_pointer(f"{self.records_root}/{artifact.id.path}")
-        try:
-            with open(pointer, encoding="utf-8") as f:
-                moved = json.load(f)["moved"]
-        except FileNotFoundError:
+        from marin_rules.inspect.reading import unended_rebuild
+
+        seen = f"{self.records_root}/{artifact.id.path}"  # the prefix, or its mirror (which copies the pointer)
+        pointer = forcing.rebuilding_pointer(seen)
+        if not os.path.exists(pointer):
             return False
-        except (OSError, ValueError, TypeError, KeyError):
-            moved = None
-        if isinstance(moved, str) and moved and "/" not in moved:
+        if unended_rebuild(seen) is not None:
             return True
         if (artifact.key, "pointer") not in self.warned:
             self.warned.add((artifact.key, "pointer"))
