@@ -95,8 +95,10 @@ def test_signal_to_snakemake_stops_the_running_step_with_a_failure_record(tmp_pa
     folder = prefix / "ck/s/v1"
     failures = {f.name: json.loads(f.read_text()) for f in (folder / ".failures").glob("*.json")}
     assert len([n for n in failures if "-p" not in n]) == 1  # a pod's other processes add theirs (-p1)
-    for failure in failures.values():
-        assert failure["error"]["type"] == "JobTerminated" and failure["error"]["exit_status"] == signal_name
+    for name, failure in failures.items():
+        # process 0 names the signal; a pod's other processes may meet the executor's SIGTERM first (Ctrl-C cancels)
+        named = {signal_name} if "-p" not in name else {signal_name, "SIGTERM"}
+        assert failure["error"]["type"] == "JobTerminated" and failure["error"]["exit_status"] in named
         assert failure["provenance"]["command"][1:] == command[1:]  # the user's command, not the executor's
     assert not (folder / ".artifact.json").exists() and not (folder / ".lease.json").exists()
     assert (folder / "partial.txt").read_text() == "half"
