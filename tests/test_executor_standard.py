@@ -88,8 +88,12 @@ class TestWorkflowsFakeGcloud(TestWorkflowsDefaultSettings):
         assert sorted(n.split("-")[1] for n in ssh_nodes) == (["c", "d", "d"] if test_name == "simple" else ["c"])
         for node in ssh_nodes:  # every pod job's node was deleted
             assert not (cloud / "nodes" / node).exists()
-        worker_home = cloud / next(n for n in ssh_nodes if n.split("-")[1] == "c") / "worker-1"
-        assert (worker_home / "snakemake-workflow" / "Snakefile").exists()  # the sources reached every worker
+        c_node = cloud / next(n for n in ssh_nodes if n.split("-")[1] == "c")
+        assert (c_node / "worker-1" / "snakemake-workflow" / "Snakefile").exists()  # the sources reached every worker
+        # each worker ran the job in its own copy of the workdir, not in this host's (the
+        # API passes the workdir as --directory; both workers once wrote into it at once)
+        for worker in ("worker-0", "worker-1"):
+            assert (c_node / worker / "snakemake-workflow" / "test3.out").exists()
 
 
 def test_a_group_member_that_asks_for_a_tpu_is_refused_with_the_fix(tmp_path):

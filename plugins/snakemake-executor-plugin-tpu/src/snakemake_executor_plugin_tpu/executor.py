@@ -96,6 +96,14 @@ class Executor(RemoteExecutor):
         finally:
             self._on_worker = False
 
+    def additional_general_args(self) -> str:
+        """On a TPU worker, `--directory .`: the worker command has already cd'ed into
+        the worker's copy of the workdir, and Snakemake passes `--directory <this host's
+        absolute workdir>` to every job when the run was given one (`--directory`, the
+        API's workdir), a path the worker does not have (Snakemake would create it
+        there and run the job in an empty folder). The last `--directory` wins."""
+        return "--directory ." if self._on_worker else ""
+
     def get_envvar_declarations(self) -> str:
         """Nothing: the variables reach jobs unchanged another way (see the module
         docstring). Snakemake's own declaration quotes with `repr`, which the shell
