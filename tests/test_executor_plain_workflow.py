@@ -156,3 +156,40 @@ def test_a_local_pod_of_no_processes_is_refused_in_one_message(tmp_path):
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "tpu executor: local pod: num_processes must be >= 1, got 0 (--tpu-local-processes" in proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_jobs_run_in_the_directory_of_a_relative_or_absolute_directory_flag(tmp_path):
+    # Snakemake hands its jobs `--directory` as given: relative, jobs entered it a second
+    # time (`-d sub` wrote sub/sub/...); absolute, a TPU worker ran in a path it lacks
+    rules = (
+        "rule all:\n    input: 'host.txt', 'pod.txt'\n"
+        "rule host:\n    output: 'host.txt'\n    shell: 'pwd > {output}'\n"
+        "rule pod:\n    output: 'pod.txt'\n    resources: tpu='v5p-8'\n"
+        "    shell: 'pwd > {output}; test \"$SNAKEMAKE_TPU_PROCESS_ID\" = 0 || pwd > other-{output}'\n"
+    )
+    (tmp_path / "Snakefile").write_text(rules)
+    (tmp_path / "sub").mkdir()
+    proc = _snakemake(tmp_path, "-d", "sub", "--tpu-backend", "local-pod", "--tpu-local-processes", "2")
+    assert proc.returncode == 0, proc.stderr
+    sub = (tmp_path / "sub").resolve()
+    assert (sub / "host.txt").read_text() == f"{sub}\n" and (sub / "pod.txt").read_text() == f"{sub}\n"
+    assert (sub / "other-pod.txt").read_text() == f"{sub}\n"  # the pod's process 1 ran there too
+    assert not (sub / "sub").exists()
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, timeout=30)
+    (tmp_path / ".gitignore").write_text(".snakemake/\nbin/\ncloud/\nsub/\n")
+    cloud = tmp_path / "cloud"
+    env = {**os.environ, **install_fake_cloud(tmp_path / "bin", cloud, workers=2)}
+    workdir = tmp_path / "wd"
+    workdir.mkdir()
+    subprocess.run(["git", "init", "-q", str(workdir)], check=True, timeout=30)
+    (workdir / "Snakefile").write_text(rules)
+    zone = ["--tpu-zone", "us-east5-a", "--tpu-workdir", "wf"]
+    proc = _snakemake(tmp_path, "-s", str(workdir / "Snakefile"), "-d", str(workdir), *zone, env=env)
+    assert proc.returncode == 0, proc.stderr
+    (node,) = {c[4] for c in gcloud_calls(cloud) if c[2:4] == ["tpu-vm", "ssh"]}
+    for worker in ("worker-0", "worker-1"):  # each ran the job in its own copy of the workdir
+        home = cloud / node / worker / "wf"
+        assert (home / "pod.txt").read_text() == f"{home}\n"
+    assert (workdir / "pod.txt").read_text() == f"{cloud / node / 'worker-0' / 'wf'}\n"  # worker 0's, copied back
+    assert not (workdir / "other-pod.txt").exists()

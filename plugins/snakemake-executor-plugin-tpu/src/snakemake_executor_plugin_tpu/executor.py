@@ -97,12 +97,13 @@ class Executor(RemoteExecutor):
             self._on_worker = False
 
     def additional_general_args(self) -> str:
-        """On a TPU worker, `--directory .`: the worker command has already cd'ed into
-        the worker's copy of the workdir, and Snakemake passes `--directory <this host's
-        absolute workdir>` to every job when the run was given one (`--directory`, the
-        API's workdir), a path the worker does not have (Snakemake would create it
+        """`--directory .`: every job starts in its working directory (a host job or a
+        local pod in this process's, which Snakemake has entered; a TPU worker's command
+        cds into its copy). Snakemake itself passes the run's `--directory` as given:
+        relative, it would be entered a second time (`-d sub` ran jobs in sub/sub);
+        absolute, it names a path a TPU worker does not have (Snakemake would create it
         there and run the job in an empty folder). The last `--directory` wins."""
-        return "--directory ." if self._on_worker else ""
+        return "--directory ."
 
     def get_envvar_declarations(self) -> str:
         """Nothing: the variables reach jobs unchanged another way (see the module
