@@ -123,10 +123,22 @@ def test_load_trained_gives_the_final_validation_loss(baseline, tokens):
     trained = load_trained(str(output))
     assert trained.step == STEPS and trained.config.d_model == 32 and trained.seq_len == 32
     assert Path(trained.tokenizer).is_file() and trained.tokenizer.endswith("tokenizer.json")
-    val = make_loader(tokens, split="validation", seq_len=32, batch_size=8, seed=0)
+    val = make_loader(tokens, split="validation", seq_len=32, batch_size=16, seed=0)  # batch_size rows
     loss = jax.jit(lambda tokens: loss_and_aux(trained.model, tokens)[1]["ce_loss"])
     mean = float(np.mean([loss(val.batch(s)) for s in range(2)]))
     assert mean == pytest.approx(result["final_val_loss"], abs=1e-5)
+
+
+def test_validation_sees_the_same_sequences_whatever_the_accumulation(baseline, tokens, cache, tmp_path):
+    # validation batches are batch_size rows, run as micro-batches: with accumulation
+    # they once were micro-batches, so fewer sequences (and another unigram baseline)
+    result, _ = baseline  # grad_accum_steps 2
+    spec = runs.write_spec(tmp_path / "spec.json", output=str(tmp_path / "artifact"),
+                           config=runs.tiny_config(grad_accum_steps=1), data=tokens, compile_cache=cache)  # fmt: skip
+    single = runs.run(spec, runs.train_env(1), tmp_path / "log")
+    # the very same validation tokens (the final losses differ: the MoE's routing
+    # statistics are per micro-batch, so the two runs train differently)
+    assert single["unigram_val_loss"] == result["unigram_val_loss"]
 
 
 def test_resume_after_kill_ends_bitwise_identical_to_the_uninterrupted_run(baseline, tokens, cache, tmp_path):

@@ -77,7 +77,7 @@ class TrainConfig:
     seed: Annotated[int, Int(min=0, max=MAX_SEED), "initialisation and data order"] = 0
     checkpoint_every: Annotated[Count, "steps between checkpoints"] = 100
     eval_every: Annotated[int, Int(min=0, max=INT32_MAX, max_why=INT32_WHY), "steps between validation losses; 0: only at the end"] = 0
-    eval_batches: Annotated[Count, "validation batches per evaluation"] = 4
+    eval_batches: Annotated[Count, "validation batches of batch_size sequences per evaluation"] = 4
     log_every: Annotated[Count, "steps between metrics lines"] = 10
     mesh: Annotated[MeshConfig, "how devices split into data x expert parallelism"] = field(default_factory=MeshConfig)
 

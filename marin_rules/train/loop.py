@@ -142,11 +142,13 @@ def start_state(config: TrainConfig, mesh: Any, manager: Any, output: str) -> tu
 
 
 def validation_loss(plan: Plan, ts: TrainState) -> float:
-    pid, nproc = jax.process_index(), jax.process_count()
+    """Mean loss over `eval_batches` validation batches of `batch_size` rows each, run
+    as the training step's micro-batches (the same rows whatever `grad_accum_steps`)."""
+    pid, nproc, accum = jax.process_index(), jax.process_count(), plan.config.grad_accum_steps
     losses = []
     for s in range(plan.config.eval_batches):
-        tokens = global_batch(plan.data.val.batch(s, pid, nproc), 1, plan.sharding)[0]
-        losses.append(plan.eval_step(ts.params, ts.state, tokens))
+        micro_batches = global_batch(plan.data.val.batch(s, pid, nproc, accum), accum, plan.sharding)
+        losses += [plan.eval_step(ts.params, ts.state, micro_batches[j]) for j in range(accum)]
     return float(np.mean(jax.device_get(losses)))
 
 

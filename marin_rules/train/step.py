@@ -38,7 +38,7 @@ def train(ctx: StepContext) -> dict:
         sources, split="train", seq_len=first.seq_len, batch_size=first.batch_size, seed=seed
     )
     val_loader = make_loader(
-        sources, split=VAL_SPLIT, seq_len=first.seq_len, batch_size=first.micro_batch_size, seed=seed
+        sources, split=VAL_SPLIT, seq_len=first.seq_len, batch_size=first.batch_size, seed=seed
     )
     config = parse_train_config(ctx.config, vocab_size=train_loader.vocab_size)
     if config.model.vocab_size < train_loader.vocab_size:
