@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.errors import StepError
 from marin_rules.artifacts.records import Provenance
 from marin_rules.job.run import run_step
 
@@ -68,6 +69,15 @@ def test_result_without_stable_json_form_fails_with_a_record(tmp_path):
         "result.s: value of type set has no stable form for the record of the step's result; use numbers, strings, "
         "booleans, null, lists and mappings (convert arrays with .tolist(), numpy scalars with float() or int())"
     )
+
+
+def test_a_result_that_is_not_a_dict_fails_with_a_record(tmp_path):
+    out = str(tmp_path / "x/y/v1")
+    with pytest.raises(StepError, match=r"^result: the step returned a list; a step returns a JSON-able dict"):
+        run_step(_ctx(out), _entry(out), Provenance(str(tmp_path), [], None, None), lambda ctx: [1, 2])
+    assert not (Path(out) / ".artifact.json").exists()
+    assert len(list((Path(out) / ".failures").glob("*.json"))) == 1
+    assert run_step(_ctx(out), _entry(out), Provenance(str(tmp_path), [], None, None), lambda ctx: None).result == {}
 
 
 def test_sigterm_during_a_step_leaves_a_failure_record_naming_the_signal(tmp_path):

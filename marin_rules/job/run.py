@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from marin_rules.artifacts.canonical import canonical_value
 from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.errors import StepError
 from marin_rules.artifacts.lease import LeaseLost
 from marin_rules.artifacts.records import Provenance, Record, utc_now, write_failure, write_success
 
@@ -88,6 +89,11 @@ def run_step(
     storage.makedirs(ctx.output)
     try:
         result = function(ctx)
+        if result is not None and not isinstance(result, dict):
+            raise StepError(
+                f"result: the step returned a {type(result).__name__}; a step returns a JSON-able dict "
+                "(or None), which becomes its record's result"
+            )
         result = canonical_value({} if result is None else result, "result", "the record of the step's result")
         if not process and still_held is not None and not still_held():
             raise LeaseLost(f"{ctx.output}: lease lost before the success record was written; not recording success")
