@@ -43,7 +43,7 @@ def dense_reference():
     return _loss_and_grads("dense")
 
 
-@pytest.mark.parametrize("impl, capacity_factor", [("ragged", 1.0), ("capacity", 4.0)])
+@pytest.mark.parametrize("impl, capacity_factor", [("ragged", 1.0), ("capacity", 4.0), ("capacity", 1e300)])
 def test_backend_matches_dense_in_loss_and_gradients(dense_reference, impl, capacity_factor):
     ref_loss, ref_metrics, ref_grads = dense_reference
     loss, metrics, grads = _loss_and_grads(impl, capacity_factor)
@@ -69,6 +69,13 @@ def test_capacity_buckets_keep_first_choices_first_and_drop_the_overflow():
     assert slots[:, 0].tolist() == [0, 1, dropped]
     # second choices: expert 1 slots 2, 3 and expert 2 slot 4
     assert slots[:, 1].tolist() == [2, 4, 3]
+
+
+def test_capacity_is_at_most_one_slot_per_token():
+    # an expert is chosen at most once per token: a huge factor asks for no more slots
+    # (1e8 once overflowed the jitted program's int argument)
+    assert capacity(64, 2, 4, 1.25) == 40
+    assert capacity(64, 2, 4, 1e300) == capacity(64, 2, 4, 2.0) == 64
 
 
 def test_capacity_with_a_small_factor_reports_dropped_assignments():

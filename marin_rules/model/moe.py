@@ -162,8 +162,9 @@ def _sorted_grouped(x, experts, weights, w_gate, w_up, w_down, grouped_ffn):
 
 
 def capacity(n_tokens: int, k: int, n_experts: int, capacity_factor: float) -> int:
-    """Slots per expert for `n_tokens` local tokens: ceil(cf * T * k / E), at least 1."""
-    return max(1, math.ceil(capacity_factor * n_tokens * k / n_experts))
+    """Slots per expert for `n_tokens` local tokens: ceil(cf * T * k / E), at least 1
+    and at most T (an expert is chosen at most once per token, so T slots never drop)."""
+    return min(n_tokens, max(1, math.ceil(capacity_factor * n_tokens * k / n_experts)))
 
 
 def _bucket_slots(experts: jax.Array, n_experts: int, cap: int) -> jax.Array:
