@@ -182,6 +182,15 @@ def test_a_step_function_that_does_not_exist_is_refused_at_load_naming_it(ws):
     assert not (Path(ws.prefix) / "ck/m/v1").exists()  # found before anything ran
 
 
+def test_a_key_of_long_segments_is_planned_and_built(ws):
+    # each segment may be 200 characters: the rules' key regex was built one recursion
+    # level per character and failed with RecursionError on 3 x 200
+    key = "/".join(c * 200 for c in "xyz") + "@v1"
+    ws.write({key: {"step": "usersteps:make", "config": {"text": "long"}}, "side/d@v1": {"step": "usersteps:make"}})
+    ws.snakemake()
+    assert ws.record(key)["status"] == "success"
+
+
 def test_drift_warns_once_in_dry_run_dag_rulegraph_and_run_without_rebuilding(built):
     ws = built
     before = ws.record("mid/b@v1")

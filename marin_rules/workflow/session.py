@@ -453,7 +453,8 @@ class Session:
 def trie_regex(words: list[str]) -> str:
     """A regex matching exactly `words`, as a prefix trie: short to store and to match
     (Snakemake substitutes and matches the constraint for every job of a rule, so a
-    flat alternation of thousands of sweep members would cost quadratic time)."""
+    flat alternation of thousands of sweep members would cost quadratic time). Built
+    bottom-up without recursion: a key may be hundreds of characters long."""
     import re
 
     trie: dict = {}
@@ -463,14 +464,15 @@ def trie_regex(words: list[str]) -> str:
             node = node.setdefault(ch, {})
         node[""] = {}
 
-    def build(node: dict) -> str:
-        ends = "" in node
-        branches = [re.escape(ch) + build(child) for ch, child in sorted(node.items()) if ch]
-        if not branches:
-            return ""
-        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
-        if ends:
-            return "(?:" + body + ")?"
-        return body
-
-    return build(trie)
+    regex: dict[int, str] = {}  # id(trie node) -> the regex of the words below it
+    stack = [(trie, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if not children_done:
+            stack.append((node, True))
+            stack += [(child, False) for ch, child in node.items() if ch]
+            continue
+        branches = [re.escape(ch) + regex[id(child)] for ch, child in sorted(node.items()) if ch]
+        body = "" if not branches else branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        regex[id(node)] = "(?:" + body + ")?" if branches and "" in node else body
+    return regex[id(trie)]
