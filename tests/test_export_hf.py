@@ -35,6 +35,8 @@ LAYOUTS = {
     "qwen2-shared-and-dense-layers": ({"shared_expert": True, "moe_every": 2}, QWEN2_MOE),
     "qwen2-top1": ({"top_k": 1}, QWEN2_MOE),
     "untied-head": ({"tie_embeddings": False}, MIXTRAL),
+    # rows of 20 and 13 floats: transformers' grouped-matmul kernel refuses them
+    "odd-widths": ({"d_model": 20, "n_heads": 2, "n_kv_heads": 1, "d_expert": 13}, MIXTRAL),
 }
 LINES = [
     "Fair is foul, and foul is fair:",

@@ -12,6 +12,8 @@ renormalised when k > 1) is, weight for weight,
   attention biases are off (`qkv_bias: false`).
 Refused, with the reason: a sigmoid router gate, and quantile balancing (a router
 bias that changes which experts are chosen); neither architecture has them.
+When d_model or d_expert is not a multiple of `ALIGNED_WIDTH`, config.json selects
+transformers' eager experts loop (its grouped-matmul kernel refuses such rows).
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from marin_rules.model.config import ModelConfig
 
 MIXTRAL = "MixtralForCausalLM"
 QWEN2_MOE = "Qwen2MoeForCausalLM"
+# transformers' default experts kernel (torch grouped_mm) needs rows of a multiple of 16
+# bytes ("strides should be multiple of 16 bytes"): 8 bf16 values. Wider or narrower
+# experts get `experts_implementation: eager` in config.json (same logits, a loop).
+ALIGNED_WIDTH = 8
 
 
 def architecture(c: ModelConfig) -> str:
@@ -71,6 +77,8 @@ def hf_config(c: ModelConfig, special: Mapping[str, int | None]) -> dict[str, An
         "eos_token_id": special.get("eos"),
         "pad_token_id": special.get("pad"),
     }
+    if c.n_moe_layers > 0 and (c.d_model % ALIGNED_WIDTH or c.d_expert % ALIGNED_WIDTH):
+        common["experts_implementation"] = "eager"
     if arch == MIXTRAL:
         return {
             **common,
