@@ -82,6 +82,15 @@ CASES: dict[str, tuple[dict, str]] = {
         "always measures the validation loss (at the end, and every eval_every steps); set validation_fraction > 0 "
         "on tokenized/a@v1 (the default is 0.05)",
     ),
+    "mixture of two tokenizers": (
+        with_entries(
+            chain("checkpoints/m@v1", deps__data={"tokenized/a@v1": 1, "tokenized/b@v1": 1}),
+            tokenizers_u=TOK, tokenized_b={**TOKENIZED, "deps": {"corpus": "raw/a@v1", "tokenizer": "tokenizers/u@v1"}},
+        ),
+        "checkpoints/m@v1: deps.data: a mixture needs one tokenizer, but its members are tokenized differently "
+        "(tokenized/a@v1 with tokenizers/t@v1, tokenized/b@v1 with tokenizers/u@v1); tokenize every member with "
+        "the same tokenizer artifact",
+    ),
     "model vocabulary below the tokenizer's": (
         chain("checkpoints/m@v1", config__model__vocab_size=300),
         "checkpoints/m@v1: config.model.vocab_size: 300 is smaller than the vocab_size 512 of tokenizer "

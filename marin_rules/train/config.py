@@ -166,6 +166,14 @@ def check_train_upstream(config: Mapping[str, Any], upstream: Mapping[str, Any])
     data = upstream.get("data")
     members = [data] if isinstance(data, Upstream) else list((data or {}).values())
     model_vocab = (config.get("model") or {}).get("vocab_size")
+    tokenizers = {m.key: [t.key for t in m.upstreams("tokenizer")] for m in members if m.step == "tokenize"}
+    if len({tuple(keys) for keys in tokenizers.values()}) > 1:
+        used = ", ".join(f"{key} with {' '.join(keys)}" for key, keys in tokenizers.items())
+        raise ConfigError(
+            "deps.data",
+            f"a mixture needs one tokenizer, but its members are tokenized differently ({used}); "
+            "tokenize every member with the same tokenizer artifact",
+        )
     for tokenized in (m for m in members if m.step == "tokenize"):
         if tokenized.get("validation_fraction", DEFAULT_VALIDATION_FRACTION) == 0:
             raise ConfigError(
