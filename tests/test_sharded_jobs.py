@@ -102,6 +102,11 @@ def test_forcerun_tokenize_rebuilds_its_shards_and_keeps_the_old_build(tmp_path,
     dry = snakemake_cmd(*base, "--forcerun", "tokenize", "-n", cwd=tmp_path)
     assert (dry.stdout + dry.stderr).count("rule tokenize_shard:") == 2  # -n lists the shard jobs that will run
     assert not (prefix / TOKENS / ".history").exists()  # a dry run moves nothing
+    for mode in (["--dag"], ["--rulegraph"], ["--summary"], ["--list-changes", "params"], ["--touch"]):
+        # Snakemake runs no executor in these (its `dryrun` is then False): they once moved the build
+        snakemake_cmd(*base, "--forcerun", "tokenize", *mode, cwd=tmp_path)
+        assert not (prefix / TOKENS / ".history").exists(), mode
+        assert json.loads((prefix / TOKENS / ".artifact.json").read_text()) == old, mode
     rerun = snakemake_cmd(*base, "--forcerun", "tokenize", cwd=tmp_path)
     out = rerun.stdout + rerun.stderr
     assert out.count("rule tokenize_shard:") == 2 and "forced: the old build moved to" in out

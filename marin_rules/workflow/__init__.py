@@ -157,7 +157,7 @@ def _explain_at_exit() -> None:
     never reaches `onerror:`, hence exit."""
     if _session is not None and _session.main_process:
         signals.close(_session.registry)
-    if _session is not None and not _session.succeeded and not getattr(_session.workflow, "dryrun", False):
+    if _session is not None and not _session.succeeded and not _session.dry:
         _session.drop_unbegun_cascades()
         for line in _session.recover_killed_rebuilds() + _session.taken_by_another_run():
             print(f"marin-rules: {line}", file=sys.stderr, flush=True)

@@ -104,6 +104,17 @@ class Session:
     def __repr__(self) -> str:  # short: Snakemake may print the objects it is given
         return f"Session(experiment={self.experiment.path!r}, prefix={self.prefix!r})"
 
+    @property
+    def dry(self) -> bool:
+        """True unless this invocation runs jobs: `-n`, `--touch`, and every mode that
+        only plans (`--dag`, `--rulegraph`, `--summary`, `--list-changes`, `--report`...),
+        for which Snakemake sets no executor (its own `dryrun` is then False). Nothing
+        is moved, marked or recovered in a dry invocation."""
+        workflow = self.workflow
+        if getattr(workflow, "executor_plugin", None) is None:
+            return True
+        return bool(getattr(workflow, "dryrun", False) or getattr(workflow, "touch", False))
+
     # ---- paths -------------------------------------------------------------------
     def location(self, key: str) -> str:
         return artifact_location(self.prefix, self.experiment[key].id)
@@ -188,7 +199,7 @@ class Session:
         A forced rebuild that failed put the old build back and used up its mark; its
         retry is still that forced rebuild, so the mark is saved again here (else the
         retry would find the old build and serve it as done)."""
-        if attempt > 1 and self.main_process and not getattr(self.workflow, "dryrun", False):
+        if attempt > 1 and self.main_process and not self.dry:
             artifact = self.experiment.by_path.get(wildcards.artifact)
             if artifact is not None and artifact.key in self._marked:
                 location = self.location(artifact.key)
@@ -246,7 +257,7 @@ class Session:
             inputs["marin_run_stamp"] = self._run_stamp()  # newer than the record: Snakemake reruns it
         elif "shard" in wildcards.keys() and self.main_process and not forced and self._stale_shard(artifact, wildcards.shard):
             inputs["marin_run_stamp"] = self._run_stamp()  # its job sets the stale shard aside and builds it
-        elif "shard" in wildcards.keys() and self.main_process and forced and getattr(self.workflow, "dryrun", False):
+        elif "shard" in wildcards.keys() and self.main_process and forced and self.dry:
             inputs["marin_run_stamp"] = self._run_stamp()  # listed by -n: a real run retires the old shards first
         elif "shard" not in wildcards.keys() and self.main_process and not forced and self._rebuild_unended(artifact):
             inputs["marin_run_stamp"] = self._run_stamp()  # its job restores the old build (or waits for the rebuild)
@@ -329,10 +340,10 @@ class Session:
                 print(f"{artifact.key}: {source_changed(artifact.config['source'], problems)}", file=sys.stderr)
         if artifact.step == "train" and (forced or record is None):
             self.training.append(artifact.key)
-            if len(self.training) == 1 and getattr(self.workflow, "dryrun", False):
+            if len(self.training) == 1 and self.dry:
                 atexit.register(self.print_plan)  # `onstart:` does not run in dry runs
         if forced:
-            dry = getattr(self.workflow, "dryrun", False)
+            dry = self.dry
             if artifact.key in self._pending:
                 print(
                     f"{artifact.key}: a forced run stopped {self._pending[artifact.key]} "
