@@ -80,6 +80,23 @@ def test_a_result_that_is_not_a_dict_fails_with_a_record(tmp_path):
     assert run_step(_ctx(out), _entry(out), Provenance(str(tmp_path), [], None, None), lambda ctx: None).result == {}
 
 
+def test_an_error_whose_message_cannot_be_made_still_leaves_a_failure_record(tmp_path):
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("str failed")
+
+    def step(ctx):
+        raise Unprintable()
+
+    out = str(tmp_path / "x/y/v1")
+    with pytest.raises(Unprintable):
+        run_step(_ctx(out), _entry(out), Provenance(str(tmp_path), [], None, None), step)
+    (failure,) = (Path(out) / ".failures").glob("*.json")
+    error = json.loads(failure.read_text())["error"]
+    assert error["type"] == "Unprintable"
+    assert error["message"] == "<the Unprintable's message could not be made: RuntimeError>"
+
+
 def test_sigterm_during_a_step_leaves_a_failure_record_naming_the_signal(tmp_path):
     out = str(tmp_path / "x/y/v1")
     script = textwrap.dedent(

@@ -259,7 +259,7 @@ def write_failure(
         "status": "failed",
         "error": {
             "type": type(error).__name__,
-            "message": str(error),
+            "message": error_message(error),
             "traceback": "".join(tb.format_exception(type(error), error, error.__traceback__)),
             "exit_status": exit_status,
         },
@@ -269,6 +269,15 @@ def write_failure(
     target = storage.join(failures_location(location), f"{stamp}{suffix}.json")
     storage.write_json_atomic(target, record)
     return target
+
+
+def error_message(error: BaseException) -> str:
+    """`str(error)`, or a stand-in when the exception's own `__str__` raises (a failure
+    must still be recorded)."""
+    try:
+        return str(error)
+    except Exception as e:  # noqa: BLE001 - any error of a user's __str__
+        return f"<the {type(error).__name__}'s message could not be made: {type(e).__name__}>"
 
 
 def read_failures(location: str) -> list[dict[str, Any]]:

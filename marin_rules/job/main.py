@@ -37,7 +37,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
-from marin_rules.artifacts.records import read_record
+from marin_rules.artifacts.records import error_message, read_record
 from marin_rules.job.run import JobTerminated, install_stop_handlers, run_step, stop_for_lost_lease
 
 
@@ -143,7 +143,7 @@ def _problem(prefix: str, error: BaseException) -> str:
     credentials: OSErrors and google.api_core's errors) naming the prefix, else the error."""
     if isinstance(error, OSError) or type(error).__module__.startswith("google."):
         return storage.storage_problem(prefix, error)
-    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
+    return f"{type(error).__name__}: {(error_message(error).strip().splitlines() or [''])[0][:300]}"
 
 
 def _echo_tail(log: str, fd: int, lines: int = 5) -> None:

@@ -24,7 +24,7 @@ from marin_rules.artifacts.canonical import canonical_value
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import StepError
 from marin_rules.artifacts.lease import LeaseLost
-from marin_rules.artifacts.records import Provenance, Record, utc_now, write_failure, write_success
+from marin_rules.artifacts.records import Provenance, Record, error_message, utc_now, write_failure, write_success
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _state: dict[str, Any] = {"stopping": None, "lost": None}
@@ -107,7 +107,8 @@ def run_step(
         elif isinstance(error, SystemExit):
             status = error.code if isinstance(error.code, int) else 1
         where = write_failure(ctx.output, entry, error, provenance.as_dict(started, ended), status, process)
-        print(f"{ctx.key}: step failed ({type(error).__name__}: {error}); failure record {where}", file=sys.stderr)
+        print(f"{ctx.key}: step failed ({type(error).__name__}: {error_message(error)}); failure record {where}",
+              file=sys.stderr)  # fmt: skip
         try:
             error.reported = True  # type: ignore[attr-defined]  # the job process prints nothing more
         except AttributeError:  # an exception type without attributes: reported again, no harm
