@@ -381,3 +381,27 @@ def test_a_retry_of_a_failed_forced_rebuild_rebuilds_and_does_not_serve_the_old_
     folder = Path(ws.prefix) / "ck/t/v1"
     assert len(list((folder / ".history").glob("*-failed"))) == 1  # the failed attempt's leftovers
     assert not (folder / ".history/.forced-record").exists()
+
+
+def test_forcing_an_artifact_never_built_sets_its_leftovers_aside_and_restores_nothing(tmp_path, snakemake_cmd, monkeypatch):
+    ws = Workspace(tmp_path, snakemake_cmd)
+    (tmp_path / "steps.py").write_text(TRAIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ws.write({
+        "raw/a@v1": {"step": "usersteps:make", "config": {"text": "a"}},
+        "ck/t@v1": {"step": "steps:train", "deps": {"src": "raw/a@v1"}, "config": {"steps": 4}},
+    })  # fmt: skip
+    folder = Path(ws.prefix) / "ck/t/v1"
+    (tmp_path / "crash-at").write_text("2")
+    assert ws.snakemake(check=False).returncode != 0  # ck/t never finished: ckpt.txt says 2
+    (tmp_path / "crash-at").write_text("3")
+    forced = ws.snakemake("--forcerun", ws.record_path("raw/a@v1"), check=False)  # cascades to ck/t, which fails again
+    out = forced.stdout + forced.stderr
+    assert forced.returncode != 0 and "ck/t@v1: forced: what an unfinished attempt left moved to" in out
+    assert "previous build is back" not in out  # there was none to put back
+    (aside,) = (folder / ".history").iterdir()
+    assert (aside / "ckpt.txt").read_text() == "2" and (folder / "ckpt.txt").read_text() == "3"
+    (tmp_path / "crash-at").unlink()
+    plain = ws.snakemake()
+    assert "forced" not in plain.stdout + plain.stderr  # nothing owed: a plain run resumes this attempt
+    assert ws.record("ck/t@v1")["result"] == {"resumed_from": 3, "steps": 4}

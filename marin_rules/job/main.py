@@ -236,6 +236,15 @@ def build(args: argparse.Namespace) -> int:
     try:
         owed = not process and forced_by_upstream(location)  # read before the move clears it
         moved = move_old_build(location) if not process else None
+        if moved and not storage.exists(storage.join(moved, RECORD_FILE)):
+            # never finished: what an unfinished attempt left is kept aside, not resumed, and
+            # there is no previous build to put back if this one fails
+            if next(storage.walk_files(moved), None) is not None:
+                print(f"{artifact.key}: forced: what an unfinished attempt left moved to {moved} (kept, not resumed)",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            else:
+                discard_old_build(moved)
+            moved = None
         if moved:
             from marin_rules.artifacts.provenance import utc_now
             from marin_rules.job.context import job_context
