@@ -68,7 +68,9 @@ def _corpus(source: str, listing: Mapping[str, int]) -> str | None:
     if "train_documents" not in manifest:
         return "missing train_documents in manifest.json"
     for split, names in manifest["shards"].items():
-        for name in names if isinstance(names, list) else []:
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            return f"shards.{split} in manifest.json is not a list of shard file names"
+        for name in names:
             if f"{split}/{name}" not in listing:
                 return f"missing {split}/{name} (listed in manifest.json)"
     return None
@@ -79,8 +81,10 @@ def _tokenized(source: str, listing: Mapping[str, int]) -> str | None:
     for key in ("vocab_size", "dtype", "eos_id"):
         if key not in index:
             return f"missing {key} in index.json"
-    for split in index["splits"].values():
-        for shard in split.get("shards", []) if isinstance(split, dict) else []:
+    for name, split in index["splits"].items():
+        if not isinstance(split, dict) or not isinstance(split.get("shards"), list):
+            return f"splits.{name} in index.json is not an object with a list of 'shards'"
+        for shard in split["shards"]:
             path = shard.get("path") if isinstance(shard, dict) else None
             if path not in listing:
                 return f"missing {path} (listed in index.json)"

@@ -148,6 +148,20 @@ def test_tokenized_layout_names_the_shard_its_index_lists_but_lacks(tmp_path):
     }  # fmt: skip
 
 
+def test_shard_lists_that_are_not_lists_of_names_are_refused_naming_them(tmp_path):
+    # a string was walked as its characters: the consumer failed on '<source>/train/s'
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "shard-00000.jsonl.gz").write_bytes(b"x")
+    manifest = {"train_documents": 1, "shards": {"train": "shard-00000.jsonl.gz"}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match=r"d@v1: adopt.source: .* shards.train in manifest.json is not a list of shard"):
+        check_layout("d@v1", {"source": str(tmp_path), "kind": "corpus"})
+    index = {"vocab_size": 400, "dtype": "uint16", "eos_id": 1, "splits": {"train": {"shards": "train/t.npy"}}}
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    with pytest.raises(ConfigError, match=r"splits.train in index.json is not an object with a list of 'shards'"):
+        check_layout("d@v1", {"source": str(tmp_path), "kind": "tokenized"})
+
+
 @pytest.mark.parametrize(
     "entry, message",
     [
