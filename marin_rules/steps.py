@@ -127,9 +127,10 @@ def is_valid_step(step: Any) -> bool:
 def check_user_step(step: str) -> None:
     """Refuse a user step whose module cannot be found, without importing it (it may
     import JAX); `find_spec` does import its parent packages. Searched like the run
-    does: jobs run in `python -m snakemake` started in the working directory, so the
+    does: jobs run `python -m marin_rules.job` in the working directory, which puts
+    it first on their path and the Snakefile's folder second (`job.main`); here the
     current directory comes first, then `sys.path` (which holds the Snakefile's
-    directory once Snakemake has read it, PYTHONPATH and installed packages)."""
+    folder once Snakemake has read it, PYTHONPATH and installed packages)."""
     module_name = step.partition(":")[0]
     try:
         with _current_directory_on_path():

@@ -457,3 +457,27 @@ def test_command_line_kept_in_records_redacts_secret_looking_values():
     for secret in ("abc123", "=pw", " SK", "K2", "S3"):
         assert secret not in shown, shown
     assert "prefix=/a" in shown and "hf_token=<redacted>" in shown and shown.endswith("-n")
+
+
+def test_a_user_step_module_beside_the_snakefile_is_found_by_planning_and_by_the_jobs(tmp_path):
+    # planning searched the Snakefile's folder (Snakemake puts it on sys.path), the jobs
+    # did not: `-s elsewhere/Snakefile` planned fine, then every job failed
+    import shutil
+    import subprocess
+
+    from conftest import REPO, SNAKEMAKE
+
+    workflow = tmp_path / "wf"
+    workflow.mkdir()
+    shutil.copy(REPO / "Snakefile", workflow / "Snakefile")
+    shutil.copytree(REPO / "rules", workflow / "rules")
+    (workflow / "besidesteps.py").write_text("def make(ctx):\n    return {'made': True}\n")
+    (workflow / "exp.yaml").write_text(yaml.safe_dump({"artifacts": {"raw/b@v1": {"step": "besidesteps:make"}}}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    command = [SNAKEMAKE, "-s", str(workflow / "Snakefile"), "--configfile", str(workflow / "exp.yaml"),
+               "--config", f"prefix={tmp_path / 'art'}", "--cores", "1"]  # fmt: skip
+    proc = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert storage.read_json(str(tmp_path / "art/raw/b/v1/.artifact.json"))["result"] == {"made": True}

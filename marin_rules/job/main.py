@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     # would otherwise start JAX's preemption service, whose handler swallows SIGTERM until a
     # preemption sync point that no step polls: a pod training on after `timeout` or a cancel.
     os.environ.setdefault("JAX_ENABLE_PREEMPTION_SERVICE", "false")
+    if args.workflow_dir and args.workflow_dir not in sys.path:
+        # user steps are found where planning found them (steps.check_user_step): the
+        # working directory (sys.path[0] under `python -m`), then the Snakefile's folder
+        sys.path.insert(1, args.workflow_dir)
     install_stop_handlers()
     pod_stderr, log = None, None
     if args.log:
