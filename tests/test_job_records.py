@@ -6,12 +6,15 @@ whose record drifted is an error."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from conftest import REPO, SNAKEMAKE
 from test_workflow import built, built_chain, chain, nothing_to_do, ws  # noqa: F401 (fixtures)
 
 
@@ -55,9 +58,15 @@ def test_consumer_checks_its_upstreams_files_before_it_starts(ws):
     # the command as printed, with what this run's experiment and prefix need, works
     printed = next(ln for ln in (proc.stdout + proc.stderr).splitlines() if line in ln).split("rebuild it with: ")[1]
     printed = printed.split("); failure record ")[0]  # the line of "step failed (...); failure record ..."
-    assert printed == shlex.join(["snakemake", "-f", f"{ws.prefix}/raw/a/v1/.artifact.json", "--configfile",
+    # the run's Snakefile is not ./Snakefile (the tests run `-s <repo>/Snakefile`): -s and -d
+    # make the command run from anywhere
+    assert printed == shlex.join(["snakemake", "-f", f"{ws.prefix}/raw/a/v1/.artifact.json", "-s",
+                                  str(REPO / "Snakefile"), "-d", str(ws.root), "--configfile",
                                   str(ws.root / "exp.yaml"), "--config", f"prefix={ws.prefix}"])  # fmt: skip
-    ws._run(*shlex.split(printed)[1:], cwd=ws.root, env=ws.env)
+    elsewhere = ws.root / "elsewhere"
+    elsewhere.mkdir()
+    subprocess.run([SNAKEMAKE, *shlex.split(printed)[1:]], cwd=elsewhere, env={**os.environ, **ws.env},
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
     assert (Path(ws.prefix) / "raw/a/v1/data.txt").read_text() == "a"
     assert not (Path(ws.prefix) / "mid/b/v1/.artifact.json").exists()
     (failure,) = (Path(ws.prefix) / "mid/b/v1/.failures").glob("*.json")

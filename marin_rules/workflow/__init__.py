@@ -42,6 +42,7 @@ JOB_SHELL = (
     "{params.python:q} -m marin_rules.job --artifact {wildcards.artifact:q} --rule {rule:q} --jobid {jobid}"
     " --experiment {params.experiment:q} --prefix {params.prefix:q} --records {params.records:q}"
     " --lease {params.lease:q} --registry {params.registry:q} --workflow-dir {params.workflow_dir:q}"
+    " --snakefile {params.snakefile:q}"
     " --log {log:q} --command {params.command:q}"
 )
 SHARD_SHELL = JOB_SHELL + " --shard {wildcards.shard:q} --threads {threads}"  # a `{step}_shard` rule's

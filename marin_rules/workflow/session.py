@@ -180,6 +180,7 @@ class Session:
             "python": sys.executable, "experiment": os.path.abspath(self.experiment.path), "prefix": self.prefix,
             "records": self.records_root, "command": self.command, "lease": self.lease,
             "registry": self.registry, "workflow_dir": self.workflow_dir,
+            "snakefile": os.path.abspath(self.workflow.main_snakefile),
         }  # fmt: skip
 
     def tpu(self, wildcards) -> str:
