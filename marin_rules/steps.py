@@ -94,6 +94,7 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
         "marin_rules.eval.config:check_evaluate",
         "marin_rules.eval.config:EvaluateSettings",
         {"model": "train", "data": "download"},
+        check_upstream="marin_rules.eval.config:check_evaluate_upstream",
     ),
     "export_hf": BuiltinStep(
         "marin_rules.export.hf:export_hf",

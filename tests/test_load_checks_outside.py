@@ -91,6 +91,13 @@ CASES: dict[str, tuple[dict, str]] = {
         "(tokenized/a@v1 with tokenizers/t@v1, tokenized/b@v1 with tokenizers/u@v1); tokenize every member with "
         "the same tokenizer artifact",
     ),
+    "evaluation on documents the model trained on": (
+        with_entries(chain("evaluations/m@v1", deps__data="raw/b@v1"),
+                     raw_b={"step": "download", "config": {"heldout": ["macbeth", "hamlet"]}}),  # fmt: skip
+        "evaluations/m@v1: deps.data: raw/b@v1 holds out macbeth, which checkpoints/m@v1 trained on (its corpus "
+        "raw/a@v1 holds out only hamlet): the scores would not be held-out scores; evaluate on raw/a@v1 (its "
+        "held-out split), or hold macbeth out of raw/a@v1 too",
+    ),
     "model vocabulary below the tokenizer's": (
         chain("checkpoints/m@v1", config__model__vocab_size=300),
         "checkpoints/m@v1: config.model.vocab_size: 300 is smaller than the vocab_size 512 of tokenizer "
@@ -256,3 +263,12 @@ def test_sweep_keys_the_case_keeps_apart_load(tmp_path):
     data = with_entries(chain("raw/a@v1"), tokenized_s=TOKENIZED, tokenized_t=TOKENIZED)
     data["sweeps"] = {"s/n{i}@v1": {**SWEEP, "cases": [{"i": 1, "a": "s", "b": "t"}]}}
     assert load(tmp_path, data)["s/n1@v1"].deps["data"] == {"tokenized/s@v1": 1, "tokenized/t@v1": 3}
+
+
+def test_an_evaluation_held_out_of_training_too_or_capped_by_sample_count_loads(tmp_path):
+    same = with_entries(chain("evaluations/m@v1", deps__data="raw/b@v1"),
+                        raw_b={"step": "download", "config": {"heldout": ["hamlet"]}})  # fmt: skip
+    assert load(tmp_path, same)  # hamlet is held out of the training corpus as well
+    other = with_entries(chain("evaluations/m@v1", deps__data="raw/b@v1"),
+                         raw_b={"step": "download", "config": {"source": "/elsewhere", "heldout": ["macbeth"]}})  # fmt: skip
+    assert load(tmp_path, other)  # another source: its documents are not the corpus's

@@ -181,6 +181,45 @@ def check_evaluate(config: Mapping[str, Any], deps: Mapping[str, Any]) -> None:
     parse_evaluate(config, deps)
 
 
+def check_evaluate_upstream(config: Mapping[str, Any], upstream: Mapping[str, Any]) -> None:
+    """At load: the held-out documents scored must be held out of the model's training.
+    The model's training corpora are the `download` artifacts up its data chain; an
+    evaluation on one of them scores its own held-out split. An evaluation on another
+    download of the same source must not hold out a document that such a corpus trains
+    on (unless that corpus caps its training documents with `sample_count`, which may
+    leave it out: not decidable here)."""
+    from marin_rules.data.checks import DEFAULT_SOURCE
+
+    data, model = upstream.get("data"), upstream.get("model")
+    if data is None or model is None or data.step != "download":
+        return
+    corpora, seen, todo = {}, set(), list(model.upstreams("data"))
+    while todo:
+        entry = todo.pop()
+        if entry.key in seen:
+            continue
+        seen.add(entry.key)
+        if entry.step == "download":
+            corpora[entry.key] = entry
+        else:
+            todo += [u for role in entry.deps for u in entry.upstreams(role)]
+    if data.key in corpora:
+        return
+    source = data.get("source", DEFAULT_SOURCE)
+    for corpus in corpora.values():
+        if corpus.get("source", DEFAULT_SOURCE) != source or corpus.get("sample_count") is not None:
+            continue
+        trained_on = [key for key in data.get("heldout", ()) if key not in corpus.get("heldout", ())]
+        if trained_on:
+            raise ConfigError(
+                "deps.data",
+                f"{data.key} holds out {', '.join(trained_on)}, which {model.key} trained on (its corpus "
+                f"{corpus.key} holds out only {', '.join(corpus.get('heldout', ())) or 'nothing'}): the scores would "
+                f"not be held-out scores; evaluate on {corpus.key} (its held-out split), or hold "
+                f"{', '.join(trained_on)} out of {corpus.key} too",
+            )
+
+
 def parse_evaluate(config: Mapping[str, Any] | None, deps: Mapping[str, Any] | None) -> EvaluateConfig:
     _check_deps({} if deps is None else deps)
     given = check_fields(EvaluateSettings, {} if config is None else config, "config")
