@@ -405,3 +405,26 @@ def test_forcing_an_artifact_never_built_sets_its_leftovers_aside_and_restores_n
     plain = ws.snakemake()
     assert "forced" not in plain.stdout + plain.stderr  # nothing owed: a plain run resumes this attempt
     assert ws.record("ck/t@v1")["result"] == {"resumed_from": 3, "steps": 4}
+
+
+def test_a_build_killed_outright_gets_its_failure_record_from_the_run_that_takes_over(tmp_path, snakemake_cmd, monkeypatch):
+    # every other end of an attempt releases its lease: one left behind was killed, and
+    # `marin history` must still list that attempt
+    ws = Workspace(tmp_path, snakemake_cmd)
+    (tmp_path / "steps.py").write_text(TRAIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ws.write({"ck/t@v1": {"step": "steps:train", "config": {"steps": 4}}})
+    folder = Path(ws.prefix) / "ck/t/v1"
+    (tmp_path / "kill-at").write_text("2")
+    assert ws.snakemake(check=False).returncode != 0  # the job process was SIGKILLed after step 2
+    assert not (folder / ".failures").exists() and (folder / ".lease.json").exists()
+    (tmp_path / "kill-at").unlink()
+    proc = ws.snakemake()
+    assert "ck/t@v1: an earlier attempt (" in proc.stderr and "was killed before it ended; taking the build over" in proc.stderr
+    assert ws.record("ck/t@v1")["result"] == {"resumed_from": 2, "steps": 4}
+    (failure,) = [json.loads(f.read_text()) for f in (folder / ".failures").glob("*.json")]
+    assert failure["error"]["type"] == "AttemptLost" and failure["error"]["exit_status"] == "killed"
+    assert "ended without a record" in failure["error"]["message"]
+    assert "2 attempt" in _marin(ws, "history", "ck/t@v1")
+    ws.snakemake("-f", ws.record_path("ck/t@v1"))  # a lease released as usual: no such record
+    assert len(list((folder / ".failures").glob("*.json"))) == 1

@@ -204,6 +204,7 @@ class Lease:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.lost: str | None = None
+        self.taken_over: LeaseHolder | None = None  # the gone or stale holder this lease replaced
 
     def renew(self) -> bool:
         """Write a fresh `renewed` if the lease is still ours; False when it is not."""
@@ -307,6 +308,7 @@ def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
                 print(why, file=sys.stderr, flush=True)
             lease, tried = _take(location, store, data, version, tried, heartbeat_s, stale_s)
             if lease is not None:
+                lease.taken_over = current if why else None
                 try:
                     done = is_done()  # built by a holder that released just before we took it?
                 except BaseException:  # is_done refused what it found: the lease is not left behind

@@ -231,6 +231,8 @@ def build(args: argparse.Namespace) -> int:
         if recovered:
             tell(f"{artifact.key}: its last forced rebuild was killed before it ended; the previous build is back "
                  f"in place (what the attempt left: {recovered})")  # fmt: skip
+        elif held.taken_over is not None and not process:  # (recover_interrupted wrote that one's record)
+            record_lost_attempt(artifact, experiment, location, args, held.taken_over)
         if is_done():  # the old build serves, as after any failed direct force (or an unreadable pointer went)
             held.release()
             return serve(artifact, location, args, "its previous build is in place")
@@ -332,6 +334,34 @@ def take_lease(args: argparse.Namespace, key: str, location: str, what: str, is_
     if held is not None:
         held.start_heartbeat(stop_for_lost_lease)
     return held
+
+
+class AttemptLost(Exception):
+    """The error of the failure record `record_lost_attempt` writes for an attempt that
+    ended without ending its lease."""
+
+
+def record_lost_attempt(artifact: Any, experiment: Any, location: str, args: argparse.Namespace, holder: Any) -> None:
+    """A job took the lease over from `holder`, gone or stale: an attempt that left its
+    lease behind was killed outright (SIGKILL, the OOM killer, a lost machine), or stopped
+    renewing; every other end releases the lease. Unless it wrote a failure record
+    since it began, write the one it could not (under this run's recipe, which a resumed
+    build shares), so `marin history` lists every attempt, and say so on the console."""
+    from marin_rules.artifacts.records import read_failures, write_failure
+    from marin_rules.job.context import job_context
+
+    if any(str((f.get("provenance") or {}).get("started", "")) >= holder.since for f in read_failures(location)):
+        return
+    _, entry, _, _ = job_context(artifact, experiment, location, args)
+    lost = AttemptLost(
+        f"the attempt of {holder.describe()} ended without a record (its lease was last renewed {holder.renewed}): "
+        "killed outright (SIGKILL, the OOM killer) or its machine lost; a later run took the build over"
+    )
+    provenance = {"user": holder.user, "host": holder.host, "pid": holder.pid, "started": holder.since,
+                  "ended": holder.renewed, "duration_s": None}  # fmt: skip
+    where = write_failure(location, entry, lost, provenance, "killed")
+    tell(f"{artifact.key}: an earlier attempt ({holder.describe()}) was killed before it ended; taking the build "
+         f"over (failure record {where})")  # fmt: skip
 
 
 def serve(artifact: Any, location: str, args: argparse.Namespace, why: str = "") -> int:
