@@ -5,6 +5,7 @@ and a fixed version may not depend on one. Real Snakemake runs of small user ste
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -96,9 +97,15 @@ def test_fixed_on_dev_refused_in_mixtures_and_for_dash_dev_versions():
 
 
 @pytest.mark.parametrize("user, safe", [("alice", "alice"), ("Bob Smith", "bob-smith"), ("DOMAIN\\jo", "domain-jo"),
-                                         ("../..", "unknown"), (None, "unknown"), ("é.ö", "unknown")])  # fmt: skip
+                                         ("../..", "u626ac4c0"), (None, "unknown"), ("é.ö", "u35413a73")])  # fmt: skip
 def test_path_safe_user_gives_one_safe_segment(user, safe):
     assert path_safe_user(user) == safe
+
+
+def test_users_whose_names_keep_no_safe_character_get_folders_of_their_own():
+    # they all shared dev-unknown, so one user's dev builds replaced another's
+    owners = {path_safe_user(name) for name in ("ÄÖ", "éö", ".", "..", "李")}
+    assert len(owners) == 5 and all(re.fullmatch(r"u[0-9a-f]{8}", o) for o in owners)
 
 
 def test_owner_enters_the_path_of_dev_versions_only_and_is_found_again():

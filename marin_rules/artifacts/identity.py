@@ -17,6 +17,7 @@ dev version's `-user` (`path_safe_user` keeps at most `MAX_OWNER_BYTES`, 54).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -115,9 +116,12 @@ def path_safe_user(user: str | None) -> str:
     """A user name as one path segment: lowercased, every run of characters outside
     `[a-z0-9._-]` replaced by `-`, leading/trailing `.`, `_`, `-` stripped, cut to
     `MAX_OWNER_BYTES` (a dev version's folder `version-user` stays a valid folder
-    name); `unknown` when nothing is left (no user name, or one of symbols only)."""
-    safe = re.sub(r"[^a-z0-9._-]+", "-", (user or "").lower()).strip("._-")
-    return safe[:MAX_OWNER_BYTES].rstrip("._-") or "unknown"
+    name). A name with nothing left (`éö`, `..`) becomes `u` and 8 hex digits of its
+    SHA-1, so two such users still get folders of their own; no name is `unknown`."""
+    if not user:
+        return "unknown"
+    safe = re.sub(r"[^a-z0-9._-]+", "-", user.lower()).strip("._-")
+    return safe[:MAX_OWNER_BYTES].rstrip("._-") or "u" + hashlib.sha1(user.encode("utf-8", "replace")).hexdigest()[:8]
 
 
 def artifact_location(prefix: str, artifact: ArtifactId) -> str:
