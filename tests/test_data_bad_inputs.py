@@ -243,39 +243,29 @@ def test_a_shard_that_is_not_gzipped_is_named(corpus):
             read()
 
 
-def test_a_document_without_text_is_named_not_a_key_error(corpus):
-    lines = shard_lines(corpus)
-    doc = json.loads(lines[30])
+def _without_text(line: bytes) -> bytes:
+    doc = json.loads(line)
     del doc["text"]
-    set_shard_lines(corpus, [*lines[:30], json.dumps(doc).encode(), *lines[31:]])
-    expected = exactly(
-        f"deps.corpus: {shard(corpus)} document 31 has no string `text` field: "
-        "every document needs a string `text`; fix the shard or rebuild the corpus"
-    )
-    for read in every_reader(corpus):
-        with pytest.raises(StepError, match=expected):
-            read()
+    return json.dumps(doc).encode()
 
 
-def test_a_document_that_is_not_an_object_is_named(corpus):
+NO_TEXT = "every document needs a string `text`; fix the shard or rebuild the corpus"
+
+
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (_without_text, f"has no string `text` field: {NO_TEXT}"),
+        (lambda line: b"[1, 2]", f"is an array, not a JSON object: {NO_TEXT}"),
+        (lambda line: b'{"text": "x",}', "is not valid JSON (Expecting property name enclosed in double quotes at "
+                                         "line 1, column 14): the shard is damaged; copy it again or rebuild the corpus"),
+    ],
+    ids=["no-text", "not-an-object", "not-json"],
+)  # fmt: skip
+def test_a_bad_document_is_named_by_every_reader(corpus, damage, problem):
     lines = shard_lines(corpus)
-    set_shard_lines(corpus, [*lines[:30], b"[1, 2]", *lines[31:]])
-    expected = exactly(
-        f"deps.corpus: {shard(corpus)} document 31 is an array, not a JSON object: "
-        "every document needs a string `text`; fix the shard or rebuild the corpus"
-    )
-    for read in every_reader(corpus):
-        with pytest.raises(StepError, match=expected):
-            read()
-
-
-def test_a_line_that_is_not_json_is_named(corpus):
-    lines = shard_lines(corpus)
-    set_shard_lines(corpus, [*lines[:30], b'{"text": "x",}', *lines[31:]])
-    expected = exactly(
-        f"deps.corpus: {shard(corpus)} document 31 is not valid JSON (Expecting property name enclosed in "
-        "double quotes at line 1, column 14): the shard is damaged; copy it again or rebuild the corpus"
-    )
+    set_shard_lines(corpus, [*lines[:30], damage(lines[30]), *lines[31:]])
+    expected = exactly(f"deps.corpus: {shard(corpus)} document 31 {problem}")
     for read in every_reader(corpus):
         with pytest.raises(StepError, match=expected):
             read()

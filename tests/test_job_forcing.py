@@ -64,11 +64,17 @@ def _status(ws) -> dict[str, str]:
     return {line.split()[0]: line for line in out.splitlines()[1:] if line.strip()}
 
 
-def test_forcing_a_trained_artifact_rebuilds_from_scratch_and_keeps_the_old_build(tmp_path, snakemake_cmd, monkeypatch):
+def _train_workspace(tmp_path, snakemake_cmd, monkeypatch, artifacts: dict) -> Workspace:
+    """A workspace whose `steps.py` holds the stand-in training, with `artifacts` written."""
     ws = Workspace(tmp_path, snakemake_cmd)
     (tmp_path / "steps.py").write_text(TRAIN)
     monkeypatch.syspath_prepend(str(tmp_path))
-    ws.write({"ck/t@v1": {"step": "steps:train", "config": {"steps": 5}}})
+    ws.write(artifacts)
+    return ws
+
+
+def test_forcing_a_trained_artifact_rebuilds_from_scratch_and_keeps_the_old_build(tmp_path, snakemake_cmd, monkeypatch):
+    ws = _train_workspace(tmp_path, snakemake_cmd, monkeypatch, {"ck/t@v1": {"step": "steps:train", "config": {"steps": 5}}})
     folder = Path(ws.prefix) / "ck/t/v1"
     (tmp_path / "crash-at").write_text("3")
     assert ws.snakemake(check=False).returncode != 0  # stopped after step 3
@@ -143,15 +149,15 @@ def test_a_forced_rebuild_killed_outright_on_a_gcs_prefix_puts_the_old_build_bac
     assert failure["error"]["type"] == "RebuildKilled" and failure["error"]["exit_status"] == "killed"
 
 
+RAW_AND_TRAIN = {
+    "raw/a@v1": {"step": "usersteps:make", "config": {"text": "a"}},
+    "ck/t@v1": {"step": "steps:train", "deps": {"src": "raw/a@v1"}, "config": {"steps": 4}},
+}
+
+
 def _built_raw_and_train(tmp_path, snakemake_cmd, monkeypatch) -> Workspace:
     """raw/a@v1 -> ck/t@v1 (the stand-in training of 4 steps), built."""
-    ws = Workspace(tmp_path, snakemake_cmd)
-    (tmp_path / "steps.py").write_text(TRAIN)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    ws.write({
-        "raw/a@v1": {"step": "usersteps:make", "config": {"text": "a"}},
-        "ck/t@v1": {"step": "steps:train", "deps": {"src": "raw/a@v1"}, "config": {"steps": 4}},
-    })  # fmt: skip
+    ws = _train_workspace(tmp_path, snakemake_cmd, monkeypatch, RAW_AND_TRAIN)
     ws.snakemake()
     return ws
 
@@ -384,13 +390,7 @@ def test_a_retry_of_a_failed_forced_rebuild_rebuilds_and_does_not_serve_the_old_
 
 
 def test_forcing_an_artifact_never_built_sets_its_leftovers_aside_and_restores_nothing(tmp_path, snakemake_cmd, monkeypatch):
-    ws = Workspace(tmp_path, snakemake_cmd)
-    (tmp_path / "steps.py").write_text(TRAIN)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    ws.write({
-        "raw/a@v1": {"step": "usersteps:make", "config": {"text": "a"}},
-        "ck/t@v1": {"step": "steps:train", "deps": {"src": "raw/a@v1"}, "config": {"steps": 4}},
-    })  # fmt: skip
+    ws = _train_workspace(tmp_path, snakemake_cmd, monkeypatch, RAW_AND_TRAIN)
     folder = Path(ws.prefix) / "ck/t/v1"
     (tmp_path / "crash-at").write_text("2")
     assert ws.snakemake(check=False).returncode != 0  # ck/t never finished: ckpt.txt says 2
@@ -410,10 +410,7 @@ def test_forcing_an_artifact_never_built_sets_its_leftovers_aside_and_restores_n
 def test_a_build_killed_outright_gets_its_failure_record_from_the_run_that_takes_over(tmp_path, snakemake_cmd, monkeypatch):
     # every other end of an attempt releases its lease: one left behind was killed, and
     # `marin history` must still list that attempt
-    ws = Workspace(tmp_path, snakemake_cmd)
-    (tmp_path / "steps.py").write_text(TRAIN)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    ws.write({"ck/t@v1": {"step": "steps:train", "config": {"steps": 4}}})
+    ws = _train_workspace(tmp_path, snakemake_cmd, monkeypatch, {"ck/t@v1": {"step": "steps:train", "config": {"steps": 4}}})
     folder = Path(ws.prefix) / "ck/t/v1"
     (tmp_path / "kill-at").write_text("2")
     assert ws.snakemake(check=False).returncode != 0  # the job process was SIGKILLed after step 2
