@@ -341,7 +341,7 @@ class Session:
                 print(f"{artifact.key}: {source_changed(artifact.config['source'], problems)}", file=sys.stderr)
         if artifact.step == "train" and (forced or record is None):
             self.training.append(artifact.key)
-            if len(self.training) == 1 and self.dry:
+            if len(self.training) == 1 and getattr(self.workflow, "dryrun", False):  # -n (not --dag: no plan asked)
                 atexit.register(self.print_plan)  # `onstart:` does not run in dry runs
         if forced:
             dry = self.dry
