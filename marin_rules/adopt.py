@@ -84,8 +84,10 @@ def _tokenized(source: str, listing: Mapping[str, int]) -> str | None:
     for name, split in index["splits"].items():
         if not isinstance(split, dict) or not isinstance(split.get("shards"), list):
             return f"splits.{name} in index.json is not an object with a list of 'shards'"
-        for shard in split["shards"]:
+        for i, shard in enumerate(split["shards"]):
             path = shard.get("path") if isinstance(shard, dict) else None
+            if not isinstance(path, str):
+                return f"splits.{name}.shards[{i}] in index.json is not an object with a 'path' (a file name)"
             if path not in listing:
                 return f"missing {path} (listed in index.json)"
     return None

@@ -176,9 +176,12 @@ def _run(args) -> int:
         print(record_path(prefix, artifact))
         return 0
     if args.command == "verify":
-        from marin_rules.workflow.options import rerun_flags
+        from marin_rules.workflow.options import PROJECT_SNAKEFILE, rerun_flags
 
-        return _verify(key, location, prefix, artifact, rerun_flags(experiment.path, prefix, os.getcwd()))
+        here = os.getcwd()  # run elsewhere than beside a Snakefile: the command names this project's
+        own = os.path.exists(os.path.join(here, "Snakefile")) or not os.path.exists(PROJECT_SNAKEFILE)
+        flags = rerun_flags(experiment.path, prefix, here, "" if own else PROJECT_SNAKEFILE, here)
+        return _verify(key, location, prefix, artifact, flags)
     shown = {"record": reading.record_dict(location, artifact)}
     try:
         shown["last_failure"] = reading.last_failure(location)

@@ -160,6 +160,10 @@ def test_shard_lists_that_are_not_lists_of_names_are_refused_naming_them(tmp_pat
     (tmp_path / "index.json").write_text(json.dumps(index))
     with pytest.raises(ConfigError, match=r"splits.train in index.json is not an object with a list of 'shards'"):
         check_layout("d@v1", {"source": str(tmp_path), "kind": "tokenized"})
+    index["splits"]["train"]["shards"] = [{"path": 5}]
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    with pytest.raises(ConfigError, match=r"splits.train.shards\[0\] in index.json is not an object with a 'path'"):
+        check_layout("d@v1", {"source": str(tmp_path), "kind": "tokenized"})
 
 
 @pytest.mark.parametrize(

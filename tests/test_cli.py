@@ -3,11 +3,13 @@ line (never a traceback), and a closed pipe (`marin status | head`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 
+from conftest import REPO
 from marin_rules.artifacts.identity import artifact_location
 from marin_rules.cli import main
 from marin_rules.experiment import load_experiment
@@ -40,6 +42,12 @@ def test_verify_names_missing_and_truncated_files_and_how_to_rebuild(experiment_
 
     assert main(["verify", "evals/nano@v1", *args]) == 1
     assert "evals/nano@v1: not built" in capsys.readouterr().err
+
+    elsewhere = tmp_path / "elsewhere"  # no Snakefile here: the command names the project's
+    elsewhere.mkdir()
+    with contextlib.chdir(elsewhere):
+        assert main(["verify", key, *args]) == 1
+    assert f"-s {REPO / 'Snakefile'} -d {elsewhere} --configfile" in capsys.readouterr().err
 
 
 def test_show_and_verify_give_the_corrupt_record_line_and_fail(experiment_file, tmp_path, capsys):  # noqa: F811

@@ -297,3 +297,14 @@ def test_junk_after_the_gzip_data_is_corrupt_not_uncompressed(tmp_path, corpus):
     for read in [whole_split, *others, lambda: list(dolma.read_lines(str(corpus), "train"))]:
         with pytest.raises(StepError, match=expected):
             read()
+
+
+def test_a_damaged_held_out_shard_is_named_by_evaluation(corpus):
+    from marin_rules.eval.tasks import read_heldout
+
+    assert [play.name for play in read_heldout(str(corpus))]  # the good copy reads
+    heldout = corpus / "heldout" / dolma.shard_name(0)
+    heldout.write_bytes(gzip.compress(b"[1]\n"))
+    expected = exactly(f"deps.data: {heldout} document 1 is an array, not a JSON object: {NO_TEXT}")
+    with pytest.raises(StepError, match=expected):
+        read_heldout(str(corpus))

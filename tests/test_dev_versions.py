@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from marin_rules.artifacts.errors import ConfigError
-from marin_rules.artifacts.identity import ArtifactId, parse_key, path_safe_user
+from marin_rules.artifacts.identity import MAX_OWNER_BYTES, ArtifactId, parse_key, path_safe_user
 from marin_rules.experiment import build_experiment, default_dev_user, dev_user_in_path
 
 STEP = '''
@@ -106,6 +106,10 @@ def test_users_whose_names_keep_no_safe_character_get_folders_of_their_own():
     # they all shared dev-unknown, so one user's dev builds replaced another's
     owners = {path_safe_user(name) for name in ("ÄÖ", "éö", ".", "..", "李")}
     assert len(owners) == 5 and all(re.fullmatch(r"u[0-9a-f]{8}", o) for o in owners)
+    # names that keep some: Jörg and Jürg both kept j-rg
+    jorg, jurg = path_safe_user("Jörg"), path_safe_user("Jürg")
+    assert jorg != jurg and re.fullmatch(r"j-rg-[0-9a-f]{8}", jorg) and re.fullmatch(r"j-rg-[0-9a-f]{8}", jurg)
+    assert len(path_safe_user("ö" + "x" * 300)) == MAX_OWNER_BYTES
 
 
 def test_owner_enters_the_path_of_dev_versions_only_and_is_found_again():

@@ -257,6 +257,8 @@ def test_the_context_is_the_trained_length_unless_a_longer_one_is_asked_for(trai
     assert MarinLM.from_trained(shorter).max_length == 16
     assert MarinLM.from_trained(shorter, max_length=48).max_length == 48
     assert MarinLM.from_trained(shorter, max_length=999).max_length == TINY_MODEL["max_seq_len"]
+    with pytest.raises(ValueError, match=r"^max_length: expected a context of at least 1 token, got 0$"):
+        MarinLM.from_trained(shorter, max_length=0)
 
 
 def test_cloze_documents_are_deterministic_and_offer_the_true_next_line(artifacts):

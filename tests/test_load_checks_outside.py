@@ -272,3 +272,13 @@ def test_an_evaluation_held_out_of_training_too_or_capped_by_sample_count_loads(
     other = with_entries(chain("evaluations/m@v1", deps__data="raw/b@v1"),
                          raw_b={"step": "download", "config": {"source": "/elsewhere", "heldout": ["macbeth"]}})  # fmt: skip
     assert load(tmp_path, other)  # another source: its documents are not the corpus's
+
+
+def test_an_evaluation_corpus_that_trained_the_tokenizer_only_is_still_checked(tmp_path):
+    # raw/a@v1 (holding out hamlet) trains the tokenizer; raw/all@v1 (holding out nothing)
+    # is what the model trains on: the check once stopped at the tokenizer's corpus
+    data = with_entries(chain("tokenized/a@v1", deps__corpus="raw/all@v1"), raw_all={"step": "download"})
+    assert refusal(tmp_path, data).startswith(
+        "evaluations/m@v1: deps.data: raw/a@v1 holds out hamlet, which checkpoints/m@v1 trained on (its corpus "
+        "raw/all@v1 holds out only nothing)"
+    )

@@ -116,6 +116,11 @@ def test_forcerun_tokenize_rebuilds_its_shards_and_keeps_the_old_build(tmp_path,
     new = json.loads((prefix / TOKENS / ".artifact.json").read_text())
     assert new["provenance"]["started"] > old["provenance"]["started"] and new["result"]["tokens"] == old["result"]["tokens"]
 
+    (prefix / TOKENS / ".artifact.json").unlink()  # as if it never finished: no "old build" to speak of
+    unfinished = snakemake_cmd(*base, "--forcerun", "tokenize", cwd=tmp_path)
+    out = unfinished.stdout + unfinished.stderr
+    assert "forced: what an unfinished attempt left moved to" in out and "the old build moved" not in out
+
 
 def test_shards_made_from_a_rebuilt_tokenizer_are_built_again_not_served(tmp_path, snakemake_cmd):
     # `--delete-all-output` deletes the records, not the data: the tokenizer is then

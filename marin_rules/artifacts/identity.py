@@ -116,12 +116,17 @@ def path_safe_user(user: str | None) -> str:
     """A user name as one path segment: lowercased, every run of characters outside
     `[a-z0-9._-]` replaced by `-`, leading/trailing `.`, `_`, `-` stripped, cut to
     `MAX_OWNER_BYTES` (a dev version's folder `version-user` stays a valid folder
-    name). A name with nothing left (`éö`, `..`) becomes `u` and 8 hex digits of its
-    SHA-1, so two such users still get folders of their own; no name is `unknown`."""
+    name). A name with characters beyond ASCII ends in `-` and 8 hex digits of its
+    SHA-1 (`Jörg` and `Jürg` are `j-rg-...`, each their own), and one with nothing left
+    (`..`) is `u` and those digits, so such users still get folders of their own;
+    `unknown` only when there is no name."""
     if not user:
         return "unknown"
+    digest = hashlib.sha1(user.encode("utf-8", "replace")).hexdigest()[:8]
     safe = re.sub(r"[^a-z0-9._-]+", "-", user.lower()).strip("._-")
-    return safe[:MAX_OWNER_BYTES].rstrip("._-") or "u" + hashlib.sha1(user.encode("utf-8", "replace")).hexdigest()[:8]
+    if not user.isascii() and safe:
+        return f"{safe[: MAX_OWNER_BYTES - 9].rstrip('._-')}-{digest}"
+    return safe[:MAX_OWNER_BYTES].rstrip("._-") or f"u{digest}"
 
 
 def artifact_location(prefix: str, artifact: ArtifactId) -> str:

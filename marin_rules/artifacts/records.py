@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import traceback as tb
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -70,7 +71,7 @@ class CorruptRecord(MarinError):
         self.problem = problem
         stored = stored_path(record_file)  # a mirror's copy is fetched again: the remote one is to delete
         super().__init__(
-            f"{stored}: {problem}; delete it and rebuild the artifact with: snakemake -f {snakemake_path(stored)}"
+            f"{stored}: {problem}; delete it and rebuild the artifact with: snakemake -f {shlex.quote(snakemake_path(stored))}"
         )
 
 
@@ -221,7 +222,8 @@ def rebuild_hint(location: str, flags: str = "") -> str:
     """How to rebuild the artifact at `location` alone (its built consumers are served as
     they are): the end of a one-line error. `flags`: what else the command needs to plan
     the same experiment on the same prefix (`workflow.options.rerun_flags`)."""
-    return f"rebuild it with: snakemake -f {snakemake_path(record_location(location))}" + (f" {flags}" if flags else "")
+    target = shlex.quote(snakemake_path(record_location(location)))  # a prefix may hold spaces
+    return f"rebuild it with: snakemake -f {target}" + (f" {flags}" if flags else "")
 
 
 def unreadable_file(field: str, path: str, location: str, why: BaseException | str) -> StepError:

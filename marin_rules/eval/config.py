@@ -183,11 +183,11 @@ def check_evaluate(config: Mapping[str, Any], deps: Mapping[str, Any]) -> None:
 
 def check_evaluate_upstream(config: Mapping[str, Any], upstream: Mapping[str, Any]) -> None:
     """At load: the held-out documents scored must be held out of the model's training.
-    The model's training corpora are the `download` artifacts up its data chain; an
-    evaluation on one of them scores its own held-out split. An evaluation on another
-    download of the same source must not hold out a document that such a corpus trains
-    on (unless that corpus caps its training documents with `sample_count`, which may
-    leave it out: not decidable here)."""
+    The model's training corpora are the `download` artifacts up its data chain (a
+    tokenizer's corpus is not training data). Scoring one of them scores its own
+    held-out split; another download of the same source must not hold out a document
+    that a training corpus trains on (unless that corpus caps its training documents
+    with `sample_count`, which may leave it out: not decidable here)."""
     from marin_rules.data.checks import DEFAULT_SOURCE
 
     data, model = upstream.get("data"), upstream.get("model")
@@ -202,12 +202,13 @@ def check_evaluate_upstream(config: Mapping[str, Any], upstream: Mapping[str, An
         if entry.step == "download":
             corpora[entry.key] = entry
         else:
-            todo += [u for role in entry.deps for u in entry.upstreams(role)]
-    if data.key in corpora:
-        return
-    source = data.get("source", DEFAULT_SOURCE)
+            todo += [u for role in entry.deps if role != "tokenizer" for u in entry.upstreams(role)]
+
+    def source(entry: Any) -> str:
+        return str(entry.get("source", DEFAULT_SOURCE)).rstrip("/")
+
     for corpus in corpora.values():
-        if corpus.get("source", DEFAULT_SOURCE) != source or corpus.get("sample_count") is not None:
+        if corpus.key == data.key or source(corpus) != source(data) or corpus.get("sample_count") is not None:
             continue
         trained_on = [key for key in data.get("heldout", ()) if key not in corpus.get("heldout", ())]
         if trained_on:

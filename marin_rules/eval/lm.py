@@ -156,6 +156,8 @@ class MarinLM(TemplateLM):
         from marin_rules.eval.model_scorer import ModelScorer
 
         limit = trained.config.max_seq_len
+        if max_length is not None and int(max_length) < 1:
+            raise ValueError(f"max_length: expected a context of at least 1 token, got {max_length}")
         length = min(trained.seq_len or limit, limit) if max_length is None else min(int(max_length), limit)
         tokenizer, special = load_tokenizer(trained.tokenizer)
         return cls(ModelScorer(trained.model, length), tokenizer, special, **kwargs)

@@ -27,7 +27,6 @@ Either way the folder works offline with `HF_DATASETS_OFFLINE=1`.
 from __future__ import annotations
 
 import argparse
-import gzip
 import io
 import json
 import os
@@ -39,6 +38,7 @@ import yaml
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import StepError
+from marin_rules.data import dolma
 from marin_rules.eval.config import BPB_TASK, CLOZE_TASK, LOCAL_TASKS, BpbOptions, ClozeOptions
 
 
@@ -65,16 +65,11 @@ def read_heldout(data_location: str) -> list[Play]:
             "`heldout: [<play>, ...]` so evaluation has plays training never saw"
         )
     plays = []
-    for location in files:
-        with storage.open_file(location, "rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                doc = json.loads(line)
-                meta = doc.get("metadata") or {}
-                name = meta.get("play") or doc.get("id") or os.path.basename(location)
-                if doc.get("text", "").strip():
-                    plays.append(Play(str(name), doc["text"]))
+    for i, doc in enumerate(dolma.read_split(data_location, "heldout", field="deps.data")):  # damage: one line
+        meta = doc.get("metadata")
+        name = (meta.get("play") if isinstance(meta, dict) else None) or doc.get("id") or f"heldout-{i}"
+        if doc["text"].strip():
+            plays.append(Play(str(name), doc["text"]))
     if not plays:
         raise StepError(f"deps.data: the held-out files under {folder} hold no text")
     return plays

@@ -200,6 +200,10 @@ def parse_prefix(text: Any, option: str) -> str:
     return prefix
 
 
+# this project's Snakefile (a source checkout, as the README installs it)
+PROJECT_SNAKEFILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "Snakefile")
+
+
 def rerun_flags(experiment_path: str, prefix: str, workflow_dir: str, snakefile: str = "", workdir: str = "") -> str:
     """What a command a message suggests (`snakemake -f RECORD`) needs besides its target
     to plan this experiment on this prefix, shell-quoted: `-s SNAKEFILE -d WORKDIR`
