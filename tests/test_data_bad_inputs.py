@@ -220,24 +220,17 @@ def every_reader(corpus: Path) -> list[Callable[[], object]]:
     ]
 
 
-def test_a_truncated_shard_is_named_by_every_reader(corpus):
-    data = shard(corpus).read_bytes()
-    shard(corpus).write_bytes(data[: len(data) // 2])
-    expected = exactly(
-        f"deps.corpus: {shard(corpus)} is truncated (its gzip data ends before the end-of-stream marker): "
-        "the shard is damaged; copy it again or rebuild the corpus"
-    )
-    for read in [*every_reader(corpus), lambda: list(dolma.read_lines(str(corpus), "train"))]:
-        with pytest.raises(StepError, match=expected):
-            read()
-
-
-def test_a_shard_that_is_not_gzipped_is_named(corpus):
-    shard(corpus).write_bytes(gzip.decompress(shard(corpus).read_bytes()))
-    expected = exactly(
-        f"deps.corpus: {shard(corpus)} is not gzip-compressed (it starts with b'{{\"'): "
-        "the shard is damaged; copy it again or rebuild the corpus"
-    )
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (lambda data: data[: len(data) // 2], "is truncated (its gzip data ends before the end-of-stream marker)"),
+        (gzip.decompress, "is not gzip-compressed (it starts with b'{\"')"),
+    ],
+    ids=["truncated", "not-gzipped"],
+)  # fmt: skip
+def test_a_damaged_shard_file_is_named_by_every_reader(corpus, damage, problem):
+    shard(corpus).write_bytes(damage(shard(corpus).read_bytes()))
+    expected = exactly(f"deps.corpus: {shard(corpus)} {problem}: the shard is damaged; copy it again or rebuild the corpus")
     for read in [*every_reader(corpus), lambda: list(dolma.read_lines(str(corpus), "train"))]:
         with pytest.raises(StepError, match=expected):
             read()

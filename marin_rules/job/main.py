@@ -195,7 +195,7 @@ def build(args: argparse.Namespace) -> int:
     from marin_rules.steps import SHARDED_STEPS
     from marin_rules.workflow.forcing import (
         begin_rebuild, discard_old_build, end_rebuild, forced_by_upstream, mark_forced, marker_of, move_old_build,
-        rebuilding_pointer, recover_interrupted, restore_old_build,
+        holds_build, moved_note, rebuilding_pointer, recover_interrupted, restore_old_build,
     )  # fmt: skip
 
     experiment = load_experiment(args.experiment)
@@ -243,14 +243,9 @@ def build(args: argparse.Namespace) -> int:
     try:
         owed = not process and forced_by_upstream(location)  # read before the move clears it
         moved = move_old_build(location) if not process else None
-        if moved and not storage.exists(storage.join(moved, RECORD_FILE)):
-            # never finished: what an unfinished attempt left is kept aside, not resumed, and
-            # there is no previous build to put back if this one fails
-            if next(storage.walk_files(moved), None) is not None:
-                print(f"{artifact.key}: forced: what an unfinished attempt left moved to {moved} (kept, not resumed)",
-                      file=sys.stderr, flush=True)  # fmt: skip
-            else:
-                discard_old_build(moved)
+        if moved:
+            print(f"{artifact.key}: forced: {moved_note(moved)}", file=sys.stderr, flush=True)
+        if moved and not holds_build(moved):  # never finished: nothing to put back if this one fails
             moved = None
         if moved:
             from marin_rules.artifacts.provenance import utc_now
@@ -259,7 +254,6 @@ def build(args: argparse.Namespace) -> int:
             _, entry, provenance, _ = job_context(artifact, experiment, location, args)
             now = utc_now()
             begin_rebuild(location, moved, owed, entry, provenance.as_dict(now, now))  # for a killed one's failure
-            print(f"{artifact.key}: forced: the old build moved to {moved}", file=sys.stderr, flush=True)
         try:
             if not process and artifact.step not in SHARDED_STEPS:  # shards check their own (shards.py)
                 begin_attempt(artifact, experiment, location, args.prefix)

@@ -112,7 +112,9 @@ def forced_by_upstream(location: str) -> bool:
 
 def move_old_build(location: str) -> str | None:
     """In the job, under the lease: if the main process marked this build forced, move
-    what the old build left into `.history/<UTC time>/`; returns that folder or None."""
+    what the old build left into `.history/<UTC time>/`; returns that folder, or None
+    when there was nothing to move. The folder holds the old record when a build had
+    finished (`holds_build`), else only what an unfinished attempt left."""
     marker = marker_of(location)
     try:
         saved = storage.read_bytes(marker)
@@ -123,7 +125,23 @@ def move_old_build(location: str) -> str | None:
         storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
     _remove(marker)
     _remove(storage.join(location, HISTORY_DIR, CASCADE))
+    if next(storage.walk_files(target), None) is None:  # an unfinished attempt that left nothing
+        discard_old_build(target)
+        return None
     return target
+
+
+def holds_build(moved: str) -> bool:
+    """Did `move_old_build` set a finished build aside (its record is there), or only
+    what an unfinished attempt left (nothing to put back if the rebuild fails)?"""
+    return storage.exists(storage.join(moved, RECORD_FILE))
+
+
+def moved_note(moved: str) -> str:
+    """How a forced job tells where `move_old_build` put things."""
+    if holds_build(moved):
+        return f"the old build moved to {moved}"
+    return f"what an unfinished attempt left moved to {moved} (kept, not resumed)"
 
 
 def _remove(path: str) -> None:

@@ -385,11 +385,8 @@ class Session:
             raise stop(e) from None
         if self.records_root != self.prefix:  # the mirror's shard records go with the build
             shutil.rmtree(os.path.join(self.records_root, artifact.id.path, SHARDS_DIR), ignore_errors=True)
-        if moved and storage.exists(storage.join(moved, RECORD_FILE)):
-            print(f"{artifact.key}: forced: the old build moved to {moved}", file=sys.stderr)
-        elif moved:  # never finished: what its unfinished attempt left
-            print(f"{artifact.key}: forced: what an unfinished attempt left moved to {moved} (kept, not resumed)",
-                  file=sys.stderr)  # fmt: skip
+        if moved:
+            print(f"{artifact.key}: forced: {forcing.moved_note(moved)}", file=sys.stderr)
 
     def taken_by_another_run(self) -> list[str]:
         """One line for each artifact this run planned whose record is missing at its end
