@@ -17,8 +17,11 @@ parameters, no router.
 
 Usage: python benchmarks/train_throughput.py [--rounds 5] [--batch 16] [--seq 128]
        [--accum 2] [--optimizer muon] [--backends dense,capacity,ragged] [--d-model 128]
-       [--profile]
-`--profile` splits the dense step's time by XLA op (a jax.profiler trace): matmuls
+       [--head-dim 32] [--compute-dtype float32|bfloat16] [--peak-n N] [--profile]
+On an accelerator the defaults change with the platform: bfloat16 compute (float32 on
+CPU, where it is faster) and a 8192^3 peak matmul (2048^3 on CPU), since a 2048^3
+product is too short to time a GPU's or TPU's rate. A longer `--seq` raises the
+model's `max_seq_len` to match. `--profile` splits the dense step's time by XLA op (a jax.profiler trace): matmuls
 or other ops, in the micro-batches' forward/backward or the optimizer update, and
 how fast the model's FLOPs go through the matmul ops against the ceiling. `--d-model`
 widens the default model (the headline figures are the default model's).
@@ -62,6 +65,16 @@ def widened(model: dict, d_model: int) -> dict:
 def dense_baseline(model: dict) -> dict:
     hidden = model["top_k"] * model["d_expert"] + (model["d_expert"] if model.get("shared_expert") else 0)
     return {**model, "moe_every": 0, "d_ff": hidden}
+
+
+def sized(model: dict, args: argparse.Namespace) -> dict:
+    """The model as this run trains it: `--compute-dtype`, a context of `--seq`, and
+    with `--head-dim` that many dimensions per head (half as many key/value heads)."""
+    model = {**model, "compute_dtype": args.compute_dtype, "max_seq_len": max(model["max_seq_len"], args.seq)}
+    if args.head_dim:
+        heads = model["d_model"] // args.head_dim
+        model.update(n_heads=heads, n_kv_heads=max(1, heads // 2))
+    return model
 
 
 def compile_step(model: dict, args: argparse.Namespace):
@@ -151,10 +164,16 @@ def main() -> None:
     parser.add_argument("--optimizer", default="muon", choices=("muon", "adamw"))
     parser.add_argument("--backends", default="dense,capacity,ragged")
     parser.add_argument("--d-model", type=int, default=MOE["d_model"], help="width (FFN sizes and heads scale with it)")
+    parser.add_argument("--head-dim", type=int, help="dimensions per head (default: 32, the default model's)")
+    parser.add_argument("--compute-dtype", choices=("float32", "bfloat16"), help="default: float32 on CPU, else bfloat16")
+    parser.add_argument("--peak-n", type=int, help="side of the peak matmul (default: 2048 on CPU, else 8192)")
     parser.add_argument("--profile", action="store_true", help="also split the dense step's time by kind of XLA op")
     args = parser.parse_args()
+    on_cpu = jax.default_backend() == "cpu"
+    args.compute_dtype = args.compute_dtype or ("float32" if on_cpu else "bfloat16")
+    args.peak_n = args.peak_n or (2048 if on_cpu else 8192)
 
-    moe = widened(MOE, args.d_model)
+    moe = sized(widened(MOE, args.d_model), args)
     variants = {"dense_model": dense_baseline(moe)}
     for impl in args.backends.split(","):
         variants[f"moe_{impl}"] = {**moe, "moe_impl": impl}
@@ -162,7 +181,7 @@ def main() -> None:
     for name, model in tqdm(variants.items(), desc="compiling", file=sys.stderr):
         steps[name], configs[name], compile_s[name], hlos[name] = compile_step(model, args)
     dtype = configs["dense_model"].model.compute_dtype
-    local_peak_flops(dtype, repeats=1)  # compile the peak measurement too
+    local_peak_flops(dtype, n=args.peak_n, repeats=1)  # compile the peak measurement too
     # round-robin: each round times one step of every variant, then the ceiling
     times: dict[str, list[float]] = {name: [] for name in variants}
     peaks: list[float] = []
@@ -171,9 +190,9 @@ def main() -> None:
             t = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - t)
-        peaks.append(local_peak_flops(dtype, repeats=1))
+        peaks.append(local_peak_flops(dtype, n=args.peak_n, repeats=1 if on_cpu else 3))
     results = {name: figures(configs[name], args, times[name], peaks, compile_s[name]) for name in variants}
-    print(f"{dtype} 2048^3 matmul ceiling per round (GFLOP/s): {[round(p / 1e9, 1) for p in peaks]}", file=sys.stderr)
+    print(f"{dtype} {args.peak_n}^3 matmul ceiling per round (GFLOP/s): {[round(p / 1e9, 1) for p in peaks]}", file=sys.stderr)
     for name, r in results.items():
         print(f"{name:14s} step {r['step_s']:.3f}s  {r['tokens_per_s']:9.0f} tok/s  MFU {r['mfu']:.1%}  "
               f"compile {r['compile_s']:.1f}s", file=sys.stderr)  # fmt: skip
@@ -199,6 +218,8 @@ def main() -> None:
         "batch": args.batch,
         "seq_len": args.seq,
         "devices": jax.device_count(),
+        "device_kind": jax.devices()[0].device_kind,
+        "peak_n": args.peak_n,
         "moe_config": ModelConfig(**moe).to_dict(),
         "results": results,
         "dense_step_breakdown": breakdown,

@@ -13,7 +13,14 @@ from flax import nnx
 
 from marin_rules.model.config import ModelConfig
 from marin_rules.model.router import RouterBias
-from marin_rules.model.transformer import MoETransformer, empty_cache, loss_and_aux, moe_layers, update_router_bias
+from marin_rules.model.transformer import (
+    MoETransformer,
+    attention_implementation,
+    empty_cache,
+    loss_and_aux,
+    moe_layers,
+    update_router_bias,
+)
 
 TINY = dict(
     vocab_size=97, max_seq_len=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
@@ -176,3 +183,16 @@ def test_capacity_drops_let_a_later_token_change_an_earlier_output_and_dropless_
     assert dropless("capacity") == "ragged" and dropless("dense") == "dense"
     assert not np.allclose(*outputs["capacity"], atol=1e-4)  # row 0 depends on its batch
     np.testing.assert_allclose(*outputs["ragged"], atol=1e-5)  # row 0 is row 0's alone
+
+
+def test_attention_uses_cudnn_only_on_gpu_in_16_bit_with_heads_it_supports():
+    # cuDNN's fused attention needs a GPU, 16-bit operands and head_dim a multiple of 8
+    # up to 128; everything else (this CPU, TPU, float32) keeps XLA's. The cuDNN path
+    # itself is checked on a GPU by benchmarks/attention_check.py (no GPU in CI).
+    assert attention_implementation("gpu", "bfloat16", 128) == "cudnn"
+    assert attention_implementation("gpu", "bfloat16", 32) == "cudnn"
+    assert attention_implementation("gpu", "float32", 128) == "xla"
+    assert attention_implementation("gpu", "bfloat16", 12) == "xla"
+    assert attention_implementation("gpu", "bfloat16", 256) == "xla"
+    assert attention_implementation("cpu", "bfloat16", 128) == "xla"
+    assert attention_implementation("tpu", "bfloat16", 128) == "xla"

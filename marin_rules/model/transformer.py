@@ -26,7 +26,13 @@ With `compute_dtype: bfloat16` the residual stream itself is bfloat16: the embed
 lookup is cast on entry and every attention/FFN output added to it is bfloat16; RMSNorm
 and rotary embeddings compute in float32 and cast back; the router runs in float32;
 the output head multiplies bfloat16 operands but accumulates in float32
-(`preferred_element_type`), so the logits and the loss are float32. References: nanoGPT model.py, Llama (RMSNorm, rotary, SwiGLU, GQA), GShard
+(`preferred_element_type`), so the logits and the loss are float32.
+
+Attention: causal attention without a mask or cache (training, plain scoring) runs
+cuDNN's fused flash attention on a GPU when it applies (16-bit compute, head_dim a
+multiple of 8 up to 128: `attention_implementation`), else XLA's, which builds the
+[T, T] scores in memory. Both compute the same function; they round differently.
+References: nanoGPT model.py, Llama (RMSNorm, rotary, SwiGLU, GQA), GShard
 and Switch Transformer (MoE), Marin grug MoE (router bias).
 """
 
@@ -114,6 +120,13 @@ def cached_attention(q, k, v, kv: tuple[jax.Array, jax.Array], positions: jax.Ar
     return y, (k_cache, v_cache)
 
 
+def attention_implementation(backend: str, compute_dtype: str, head_dim: int) -> str:
+    """`cudnn` (fused flash attention) where it applies, else `xla`: see the module docstring."""
+    if backend == "gpu" and jnp.dtype(compute_dtype).itemsize == 2 and head_dim % 8 == 0 and head_dim <= 128:
+        return "cudnn"
+    return "xla"
+
+
 class Attention(nnx.Module):
     """Causal grouped-query attention: n_heads queries share n_kv_heads keys/values."""
 
@@ -138,7 +151,8 @@ class Attention(nnx.Module):
         v = linear(x, self.w_v[...].astype(dt)).reshape(B, T, self.n_kv_heads, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if kv is None and mask is None:
-            y = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # [B, T, n_heads, head_dim]
+            impl = attention_implementation(jax.default_backend(), str(self.dtype), self.head_dim)
+            y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)  # [B, T, n_heads, head_dim]
         elif kv is None:
             y = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])
         else:
