@@ -110,7 +110,7 @@ def _assignments(T: int, E: int, skewed: bool):
 
 @pytest.mark.parametrize("T", [64, 2048])  # exact path: buckets of T rows (64), padded blocks (2048)
 @pytest.mark.parametrize("skewed", [False, True], ids=["buckets-fit", "buckets-overflow"])
-def test_cpu_ragged_drops_nothing_whether_its_speculative_buckets_fit_or_not(T, skewed):
+def test_padded_ragged_drops_nothing_whether_its_speculative_buckets_fit_or_not(T, skewed):
     E, D, I = 4, 8, 16
     experts = _assignments(T, E, skewed)
     loads = np.bincount(np.asarray(experts).ravel(), minlength=E)

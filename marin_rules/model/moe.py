@@ -20,20 +20,23 @@ returns (y [T, D], dropped assignments as a fraction of T*k). They differ in cos
   sequence at a time and should see no effect from other tokens: they use a
   dropless backend instead (`dropless`, and `load_trained(..., dropless=True)`).
 - `ragged`: dropless. Assignments sorted by expert, one `jax.lax.ragged_dot` per
-  matrix over the contiguous groups, weighted results scatter-added back. On CPU,
-  where XLA turns ragged_dot into a masked dense matmul (measured 4x slower than the
-  useful work with 4 experts), the assignments first go into `capacity`'s buckets
-  at factor 1.25 (`SPECULATIVE_CAPACITY`), which skips the sort and the expert
-  weight copies; when an expert's bucket would overflow (`lax.cond`, decided per
-  call, so nothing is ever dropped) the exact path runs instead: buckets with room
-  for every token (C = T) when that is no more rows than padded blocks, else the
-  grouped matmul as padded blocks with gathered expert weights
-  (`grouped_ffn_blocked`). Forward at T = 1,024 (top-2 of 4, d_model 128,
+  matrix over the contiguous groups, weighted results scatter-added back: on TPU.
+  On CPU and GPU, XLA lowers ragged_dot to a masked dense matmul (measured 4x slower
+  than the useful work with 4 experts on this CPU; on an H200 with jax 0.11.2 the
+  training step ran at 0.38 of the dense model's, slower than running every expert),
+  so there the assignments first go into `capacity`'s buckets at factor 1.25
+  (`SPECULATIVE_CAPACITY`), which skips the sort and the expert weight copies; when
+  an expert's bucket would overflow (`lax.cond`, decided per call, so nothing is
+  ever dropped) the exact path runs instead: buckets with room for every token
+  (C = T) when that is no more rows than padded blocks, else the grouped matmul as
+  padded blocks with gathered expert weights (`grouped_ffn_blocked`, rows per block
+  from `PADDED_BLOCK_ROWS`). Forward at T = 1,024 (top-2 of 4, d_model 128,
   d_expert 256, this CPU): blocks 4.8 ms, C = T 3.8 ms, speculative buckets 3.0 ms.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -67,8 +70,8 @@ def grouped_ffn_ragged_dot(xs, group_sizes, w_gate, w_up, w_down):
 
 
 def grouped_ffn_blocked(xs, group_sizes, w_gate, w_up, w_down, block: int = 512):
-    """The same as `grouped_ffn_ragged_dot` for CPU, where XLA lowers ragged_dot to a
-    masked dense matmul (E times the FLOPs). Each group is padded to a multiple of
+    """The same as `grouped_ffn_ragged_dot` for CPU and GPU, where XLA lowers ragged_dot
+    to a masked dense matmul (E times the FLOPs). Each group is padded to a multiple of
     `block` rows; every block belongs to one expert, whose weights are gathered for a
     batched matmul (megablocks-style). Cost: (M + E*block) rows instead of E*M, plus
     one copy of an expert's weights per block: 512-row blocks took 7.5 / 13.3 / 39 ms
@@ -101,49 +104,56 @@ def expert_counts(experts: jax.Array, n_experts: int) -> jax.Array:
     return jnp.zeros((n_experts,), jnp.int32).at[experts.reshape(-1)].add(1)
 
 
-SPECULATIVE_CAPACITY = 1.25  # CPU `ragged`: bucket factor tried first (see the module docstring)
+SPECULATIVE_CAPACITY = 1.25  # CPU/GPU `ragged`: bucket factor tried first (see the module docstring)
+# CPU/GPU `ragged`: rows per padded block. Each block copies its expert's weights, so
+# a chip that multiplies faster than it copies wants longer blocks (on a GPU a block
+# of B rows costs about (peak FLOP/s / memory bytes/s) / B of its matmul time in weight
+# copies: ~15% at 1,024 rows on an H200), at most E * B padded rows.
+PADDED_BLOCK_ROWS = {"cpu": 512, "gpu": 1024}
 
 
 def dispatch_ragged(x, experts, weights, w_gate, w_up, w_down, *, capacity_factor):
     del capacity_factor
-    if jax.default_backend() == "cpu":
-        return _dropless_cpu(x, experts, weights, w_gate, w_up, w_down), jnp.zeros((), jnp.float32)
+    block = PADDED_BLOCK_ROWS.get(jax.default_backend())
+    if block is not None:
+        return _dropless_padded(x, experts, weights, w_gate, w_up, w_down, block), jnp.zeros((), jnp.float32)
     y = _sorted_grouped(x, experts, weights, w_gate, w_up, w_down, grouped_ffn_ragged_dot)
     return y, jnp.zeros((), jnp.float32)
 
 
-@jax.custom_jvp
-def _dropless_cpu(x, experts, weights, w_gate, w_up, w_down):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(6,))
+def _dropless_padded(x, experts, weights, w_gate, w_up, w_down, block):
     """Speculative buckets, the exact path when one would overflow (module docstring).
-    Differentiated (training), it is the exact path alone (`_dropless_cpu_jvp`):
+    Differentiated (training), it is the exact path alone (`_dropless_padded_jvp`):
     reverse mode through `lax.cond` keeps both branches' residuals, which made the
     backward pass 2.4x slower than the branch it runs."""
     T, k = experts.shape
     E = w_gate.shape[0]
     cap = capacity(T, k, E, SPECULATIVE_CAPACITY)
-    exact = lambda: _exact_cpu(x, experts, weights, w_gate, w_up, w_down)  # noqa: E731
+    exact = lambda: _exact_padded(x, experts, weights, w_gate, w_up, w_down, block)  # noqa: E731
     if cap >= T:
         return exact()
     fits = jnp.max(expert_counts(experts, E)) <= cap
     return jax.lax.cond(fits, lambda: _bucketed(x, experts, weights, w_gate, w_up, w_down, cap=cap)[0], exact)
 
 
-@_dropless_cpu.defjvp
-def _dropless_cpu_jvp(primals, tangents):
+@_dropless_padded.defjvp
+def _dropless_padded_jvp(block, primals, tangents):
     x, experts, weights, w_gate, w_up, w_down = primals
     dx, _, dweights, dw_gate, dw_up, dw_down = tangents  # experts are integers: no tangent
-    exact = lambda x, weights, *w: _exact_cpu(x, experts, weights, *w)  # noqa: E731
+    exact = lambda x, weights, *w: _exact_padded(x, experts, weights, *w, block)  # noqa: E731
     return jax.jvp(exact, (x, weights, w_gate, w_up, w_down), (dx, dweights, dw_gate, dw_up, dw_down))
 
 
-def _exact_cpu(x, experts, weights, w_gate, w_up, w_down):
-    """Dropless on CPU in whichever layout multiplies fewer rows: buckets with room
-    for every token (E*T rows) or padded blocks (`blocked_layout`)."""
+def _exact_padded(x, experts, weights, w_gate, w_up, w_down, block):
+    """Dropless in whichever layout multiplies fewer rows: buckets with room for every
+    token (E*T rows) or padded blocks of `block` rows (`blocked_layout`)."""
     T, k = experts.shape
     E = w_gate.shape[0]
-    if E * T <= math.prod(blocked_layout(T * k, E)):
+    if E * T <= math.prod(blocked_layout(T * k, E, block)):
         return _bucketed(x, experts, weights, w_gate, w_up, w_down, cap=T)[0]
-    return _sorted_grouped(x, experts, weights, w_gate, w_up, w_down, grouped_ffn_blocked)
+    grouped = functools.partial(grouped_ffn_blocked, block=block)
+    return _sorted_grouped(x, experts, weights, w_gate, w_up, w_down, grouped)
 
 
 def _sorted_grouped(x, experts, weights, w_gate, w_up, w_down, grouped_ffn):
