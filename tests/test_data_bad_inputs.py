@@ -137,6 +137,51 @@ def test_a_lone_surrogate_in_metadata_is_named_by_document_and_field(tmp_path, r
     )
 
 
+NO_JSON_FORM = "has no stable JSON form for the corpus shards; use a finite number or a string in the source"
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "value"),
+    [
+        (b'{"text": "t", "metadata": {"score": NaN}}', "metadata.score", "nan"),
+        (b'{"text": "t", "metadata": {"stats": {"loss": [1.5, -Infinity]}}}', "metadata.stats.loss[1]", "-inf"),
+        (b'{"text": "t", "metadata": {"big": 1e999}}', "metadata.big", "inf"),  # read as Infinity
+    ],
+    ids=["nan", "nested-infinity", "overflowing-number"],
+)
+def test_nan_in_source_metadata_is_refused_naming_document_and_field(tmp_path, line, field, value):
+    failed_download(
+        tmp_path,
+        lambda src: (src / "a.jsonl").write_bytes(b'{"text": "ok", "metadata": {"score": 0.5}}\n' + line + b"\n"),
+        f"config.source: {{src}}/a.jsonl document 'a:1', `{field}`: {value} {NO_JSON_FORM}",
+    )
+
+
+def test_nan_in_parquet_metadata_is_refused_naming_document_and_field(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"text": ["a", "b"], "metadata": [{"score": 1.0}, {"score": float("nan")}]})
+    failed_download(
+        tmp_path,
+        lambda src: pq.write_table(table, src / "p.parquet"),
+        f"config.source: {{src}}/p.parquet document 'p:1', `metadata.score`: nan {NO_JSON_FORM}",
+    )
+
+
+def test_shards_are_standard_json_and_nan_outside_the_copied_metadata_is_not_refused(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_bytes(b'{"text": "t", "meta": {"score": NaN}, "metadata": {"score": 0.25}}\n')
+    download(StepContext("raw/good", "v1", {"source": str(src)}, {}, {}, str(tmp_path / "raw")))
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in a shard")
+
+    lines = gzip.decompress((tmp_path / "raw" / "train" / dolma.shard_name(0)).read_bytes()).splitlines()
+    assert [json.loads(line, parse_constant=refuse)["metadata"]["score"] for line in lines] == [0.25]
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="needs a file system that takes any bytes in names")
 def test_a_file_name_that_is_not_utf8_says_rename_it(tmp_path):
     def write(src: Path) -> None:

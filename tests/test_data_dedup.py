@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from marin_rules.artifacts.errors import ConfigError, StepError
 from marin_rules.data import dolma
 from marin_rules.data.dedup import dedup, load_signatures, stable_key
 from marin_rules.data.dedup_config import candidate_probability, lsh_bands
-from marin_rules.data.dedup_lsh import UnionFind, shingles
+from marin_rules.data.dedup_lsh import UnionFind, shingle_pieces, shingles, signature
 from marin_rules.data.download import download
 from marin_rules.experiment import build_experiment
 
@@ -250,6 +251,48 @@ def test_step_refuses_bad_config_before_writing(tmp_path):
 def test_char_shingles_collapse_whitespace_and_short_texts_are_one_shingle():
     assert shingles("Ab  c\nD", 3, "char") == ["ab ", "b c", " c ", "c d"]
     assert shingles("To be", 5, "word") == ["to be"]
+
+
+def whole_text_shingles(text: str, ngram: int, unit: str) -> list[str]:
+    """The model's definition, over the whole text at once (what pieces must add up to)."""
+    units = text.lower().split() if unit == "word" else list(" ".join(text.lower().split()))
+    sep = " " if unit == "word" else ""
+    if len(units) <= ngram:
+        return [sep.join(units)]
+    return [sep.join(units[i : i + ngram]) for i in range(len(units) - ngram + 1)]
+
+
+@pytest.mark.parametrize("unit", ["word", "char"])
+def test_long_texts_are_shingled_in_pieces_with_the_whole_texts_shingles_and_signature(unit):
+    rng = random.Random(3)
+    parts = ["ΟΔΟΣ", "Σ", "word", "İx", "a", " ", "  ", "\n", "\u3000", "\t\x1c"]  # final sigma, Unicode spaces
+    texts = ["", " ", "To be", "ab", *("".join(rng.choices(parts, k=rng.randint(1, 400))) for _ in range(150))]
+    for text in texts:
+        for ngram in (1, 2, 5):
+            pieces = list(shingle_pieces(text, ngram, unit, piece_chars=16))
+            whole = whole_text_shingles(text, ngram, unit)
+            assert [s for piece in pieces for s in piece] == whole, (text, ngram)
+            if len(text) > 200:
+                assert len(pieces) > 1
+            if unit == "char":
+                assert max(len(piece) for piece in pieces) <= 16
+            assert signature(pieces, 64, 1).digest() == signature([whole], 64, 1).digest()
+
+
+def signing_peak(text: str) -> int:
+    """Bytes allocated at most while signing `text` (word 5-grams), the text aside."""
+    tracemalloc.start()
+    try:
+        signature(shingle_pieces(text, 5, "word"), 128, 1)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_signing_memory_does_not_grow_with_the_document():
+    short, long = (" ".join(f"w{i % 5000}" for i in range(n)) for n in (300_000, 1_200_000))  # 1.7 and 6.9 MB
+    short_peak, long_peak = signing_peak(short), signing_peak(long)
+    assert long_peak < 1.2 * short_peak and long_peak < len(long) / 2  # all shingles at once: 35x the text
 
 
 def test_dedup_artifact_feeds_train_tokenizer_and_tokenize_in_a_snakemake_run(tmp_path, snakemake_cmd):

@@ -4,10 +4,11 @@ Model: a split of a raw-data artifact is a folder of gzipped JSON-lines shards
 `{artifact}/{split}/shard-00000.jsonl.gz`, ... Each line is one document
 `{id, text, source, added, metadata}` (the Dolma format). Shards are read in name
 order and lines in file order, so a split is one deterministic sequence of
-documents. Works on any fsspec location (local path, `gs://...`). A damaged shard
-(truncated or corrupt gzip, not gzip at all, a line that is not JSON, a document that
-is not an object with a string `text`) is one StepError line naming the field
-(`deps.corpus`), the shard and the document, never a bare EOFError or KeyError.
+documents. Lines are standard JSON (UTF-8, no NaN or Infinity). Works on any
+fsspec location (local path, `gs://...`). A damaged shard (truncated or corrupt
+gzip, not gzip at all, a line that is not JSON, a document that is not an object
+with a string `text`) is one StepError line naming the field (`deps.corpus`), the
+shard and the document, never a bare EOFError or KeyError.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ def write_split(location: str, split: str, docs: Iterable[dict[str, Any]], compr
     """Write documents as shards under `{location}/{split}/`; returns the shard
     names (relative to the split). Always writes at least one (maybe empty) shard,
     so every split of an artifact has the same layout. `compresslevel` (gzip's 1-9)
-    trades size for speed."""
-    lines = (json.dumps(doc, ensure_ascii=False, sort_keys=True).encode("utf-8") for doc in docs)
+    trades size for speed. Lines are standard JSON, which other readers accept: a NaN
+    or infinite number raises ValueError, as a lone surrogate does (UnicodeEncodeError),
+    and the caller names the document. The check is the encoder's own (no extra pass)."""
+    lines = (json.dumps(doc, ensure_ascii=False, sort_keys=True, allow_nan=False).encode("utf-8") for doc in docs)
     return write_lines(location, split, lines, compresslevel)
 
 

@@ -24,9 +24,12 @@ Sources (`config.source`):
 
 A source file that cannot be read as its suffix says (not UTF-8, a truncated, corrupt
 or uncompressed `.gz`, a line that is not a JSON object with a string `text`, a lone
-surrogate escape such as `"\ud800"`, a file name that is not UTF-8) is one StepError
-line naming the file (and the line) and the fix; no manifest is written then. Checks
-are made per file, or where the data is touched anyway, so good input is read as fast.
+surrogate escape such as `"\ud800"`, a number standard JSON has no form for in a
+record's metadata (`NaN`, `Infinity` and `1e999`, which Python's json reads), a file
+name that is not UTF-8) is one StepError line naming the file (and the line or
+document) and the fix; no manifest is written then. Checks are made per file, or
+where the data is touched anyway (the shard writer refuses what JSON cannot hold), so
+good input is read as fast.
 
 Output documents: `id` = xxh3-128 of the text (unique after deduplication),
 `source` = the configured source, `added` = when this step ran, `metadata` =
@@ -49,8 +52,9 @@ import xxhash
 from tqdm import tqdm
 
 from marin_rules.artifacts import storage
+from marin_rules.artifacts.canonical import canonical_value
 from marin_rules.artifacts.context import StepContext
-from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.errors import ConfigError, StepError
 from marin_rules.data import dolma
 from marin_rules.data.checks import DEFAULT_SOURCE, check_download, shakespeare_keys, shakespeare_texts
 
@@ -117,8 +121,11 @@ def download(ctx: StepContext) -> dict[str, Any]:
             "train": dolma.write_split(ctx.output, "train", train),
             "heldout": dolma.write_split(ctx.output, "heldout", heldout_docs),
         }
-    except UnicodeEncodeError:  # a lone surrogate in metadata (texts were encoded above): looked for only now
-        raise unencodable_metadata([*train, *heldout_docs]) from None
+    except ValueError:  # a lone surrogate (texts were encoded above) or NaN in metadata: looked for only now
+        error = unwritable_metadata([*train, *heldout_docs])
+        if error is None:
+            raise
+        raise error from None
     train_bytes = sum(len(d["text"].encode("utf-8")) for d in train)
     heldout_bytes = sum(len(d["text"].encode("utf-8")) for d in heldout_docs)
     result = {
@@ -249,18 +256,25 @@ def surrogate_error(location: str, where: str, what: str, e: UnicodeEncodeError)
     )
 
 
-def unencodable_metadata(docs: list[dict[str, Any]]) -> StepError:
-    """The error for the first document whose metadata UTF-8 cannot encode."""
+def unwritable_metadata(docs: list[dict[str, Any]]) -> StepError | None:
+    """The error for the first document whose metadata a shard cannot hold: a lone
+    surrogate (UTF-8 cannot encode it) or a value with no standard JSON form (NaN,
+    Infinity), named by its path inside the metadata (`metadata.scores[1]`); None when
+    every document's metadata can be written."""
     for doc in docs:
         metadata = doc["metadata"]
+        where = f"document {metadata['key']!r}"
         for name, value in metadata.items():
+            what = {"key": "id", "title": "metadata.title"}.get(name, f"metadata.{name}")
             try:
                 name.encode("utf-8")
                 json.dumps(value, ensure_ascii=False).encode("utf-8")
+                canonical_value(value, what, "the corpus shards")
             except UnicodeEncodeError as e:
-                what = {"key": "id", "title": "metadata.title"}.get(name, f"metadata.{name}")
-                return surrogate_error(metadata["path"], f"document {metadata['key']!r}", what, e)
-    return StepError("config.source: a document holds a lone surrogate (UTF-8 cannot encode it): replace or remove it")
+                return surrogate_error(metadata["path"], where, what, e)
+            except ConfigError as e:
+                return StepError(f"config.source: {metadata['path']} {where}, `{e.field}`: {e.message} in the source")
+    return None
 
 
 def _read_bytes(location: str) -> bytes:
