@@ -42,6 +42,7 @@ LINES = [
     "Fair is foul, and foul is fair:",
     "Now is the winter of our discontent made glorious summer",
     "To be, or not to be, that is the question:",
+    "Exit, pursued <|endoftext|> by a bear.",  # a special token's text is text, in training and in the export
 ]
 
 

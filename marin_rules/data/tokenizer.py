@@ -114,7 +114,9 @@ def hf_files(special: dict[str, str]) -> dict[str, dict[str, Any]]:
     """What `transformers.PreTrainedTokenizerFast.from_pretrained` reads besides tokenizer.json."""
     tokens = {f"{role}_token": special[role] for role in SPECIAL_ROLES}
     return {
-        "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False, **tokens},
+        # split_special_tokens: a literal "<|endoftext|>" in a text is text, as our encoding reads it
+        "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+                                  "split_special_tokens": True, **tokens},
         "special_tokens_map.json": tokens,
     }
 

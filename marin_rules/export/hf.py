@@ -7,7 +7,9 @@ weights (`load_trained`), picks the architecture that computes the same function
 5.x uses) and the tokenizer files beside the model (`tokenizer.json`,
 `tokenizer_config.json`, `special_tokens_map.json`), so that
 `AutoModelForCausalLM.from_pretrained(dir)` and `AutoTokenizer.from_pretrained(dir)`
-load it. Weight mapping (ours are [in, out], torch Linear weights [out, in]):
+load it; `tokenizer_config.json` says `split_special_tokens: true`, so the exported
+tokenizer reads a literal `<|endoftext|>` in a text as text, as training and
+evaluation do. Weight mapping (ours are [in, out], torch Linear weights [out, in]):
 q/k/v/o, router and dense SwiGLU matrices transposed; per expert `gate_up_proj` =
 concat(w_gate.T, w_up.T) [E, 2I, D] and `down_proj` = w_down.T [E, D, I]; RMSNorm
 scales as they are; the embedding as it is (the head tied to it, or `lm_head` =
@@ -118,7 +120,11 @@ def export_hf(ctx: StepContext) -> dict[str, Any]:
     for name in TOKENIZER_FILES:
         source = storage.join(tokenizer_dir, name)
         if storage.exists(source):
-            storage.write_bytes_atomic(storage.join(ctx.output, name), storage.read_bytes(source))
+            if name == "tokenizer_config.json":  # also from tokenizers built before it said so
+                settings = {**storage.read_json(source), "split_special_tokens": True}
+                storage.write_json_atomic(storage.join(ctx.output, name), settings)
+            else:
+                storage.write_bytes_atomic(storage.join(ctx.output, name), storage.read_bytes(source))
             copied.append(name)
     if "tokenizer.json" not in copied:
         raise StepError(f"deps.model: no tokenizer.json beside {trained.tokenizer}; the export needs its tokenizer")
