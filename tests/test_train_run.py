@@ -287,3 +287,29 @@ def test_nan_loss_stops_the_run_naming_the_step(tokens, cache, tmp_path):
     err = runs.tail(tmp_path / "log")
     assert "StepError: loss became nan at step" in err or "StepError: loss became inf at step" in err
     assert "config.optimizer.learning_rate" in err
+
+
+@pytest.mark.parametrize(
+    "step,optimizer,advice",
+    [
+        (1, {}, "loss is nan at step 1, before any update: the initialised model's forward pass is not finite; "
+                "check config.model (rope_theta, init_std, norm_eps) and bump the version"),
+        (7, {"name": "adamw", "learning_rate": 0.5, "grad_clip": 0},
+         "loss became nan at step 7; lower config.optimizer.learning_rate (now 0.5), or set "
+         "config.optimizer.grad_clip (now 0: off), and bump the version"),
+        (7, {"name": "muon", "learning_rate": 0.5, "muon_lr": 0.02, "grad_clip": 1.0},
+         "loss became nan at step 7; lower config.optimizer.learning_rate (now 0.5) or config.optimizer.muon_lr "
+         "(now 0.02), or lower config.optimizer.grad_clip (now 1.0), and bump the version"),
+    ],
+    ids=["first-step", "adamw-unclipped", "muon-clipped"],
+)
+def test_a_non_finite_loss_gets_advice_that_fits_when_and_how_it_trained(step, optimizer, advice):
+    from marin_rules.artifacts.errors import StepError
+    from marin_rules.train.config import parse_train_config
+    from marin_rules.train.loop import check_finite
+
+    config = parse_train_config(runs.tiny_config(optimizer=optimizer))
+    check_finite(2.5, step, config)  # a finite loss passes
+    with pytest.raises(StepError) as e:
+        check_finite(float("nan"), step, config)
+    assert str(e.value) == advice

@@ -1,7 +1,18 @@
-"""`python -m marin_rules.job ...`: build one artifact (see marin_rules.job.main)."""
+"""`python -m marin_rules.job ...`: build one artifact (see marin_rules.job.main).
 
+A job stopped by a signal (exit status 128 + N) has written its failure record and
+released its lease by the time `main` returns; it then exits at once, without the
+interpreter's teardown, which crashed the process (SIGSEGV) when the signal came
+while XLA was compiling in its own threads."""
+
+import os
 import sys
 
 from marin_rules.job.main import main
 
-sys.exit(main())
+code = main()
+if code >= 128:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+sys.exit(code)

@@ -153,11 +153,21 @@ def validation_loss(plan: Plan, ts: TrainState) -> float:
 
 
 def check_finite(objective: float, step: int, config: TrainConfig) -> None:
-    if not math.isfinite(objective):
+    """A StepError when the loss of `step` (computed before that step's update) is not
+    finite. At step 1 no update has happened: the initial model itself is not finite."""
+    if math.isfinite(objective):
+        return
+    if step == 1:
         raise StepError(
-            f"loss became {objective} at step {step}; lower config.optimizer.learning_rate "
-            f"(now {config.optimizer.learning_rate}) or set config.optimizer.grad_clip, and bump the version"
+            f"loss is {objective} at step 1, before any update: the initialised model's forward pass is not "
+            "finite; check config.model (rope_theta, init_std, norm_eps) and bump the version"
         )
+    opt = config.optimizer
+    rates = f"config.optimizer.learning_rate (now {opt.learning_rate})"
+    if opt.name == "muon":
+        rates += f" or config.optimizer.muon_lr (now {opt.muon_lr})"
+    clip = "set config.optimizer.grad_clip (now 0: off)" if opt.grad_clip <= 0 else f"lower config.optimizer.grad_clip (now {opt.grad_clip})"
+    raise StepError(f"loss became {objective} at step {step}; lower {rates}, or {clip}, and bump the version")
 
 
 def train_steps(plan: Plan, ts: TrainState, start: int, manager: Any, log: MetricsLog) -> tuple[TrainState, dict | None, Clock]:
