@@ -25,10 +25,11 @@ import sys
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, ArtifactId, artifact_location
+from marin_rules.artifacts.records import CorruptRecord
 from marin_rules.experiment import DEFAULT_EXPERIMENT, Experiment, load_experiment
 from marin_rules.inspect import reading
 from marin_rules.mirror import records_root
-from marin_rules.workflow.options import DEFAULT_PREFIX, parse_prefix
+from marin_rules.workflow.options import DEFAULT_PREFIX, PROJECT_SNAKEFILE, parse_prefix, rerun_flags
 
 EXPERIMENT_COMMANDS = ("status", "show", "path", "verify", "plan", "dag")
 
@@ -81,7 +82,7 @@ def _prefix_key(text: str, experiment: Experiment | None, prefix: str) -> tuple[
 def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: str) -> int:
     """`marin verify`; `flags`: what the suggested snakemake command needs besides its target."""
     from marin_rules.adopt import recorded_source, recorded_source_problems
-    from marin_rules.artifacts.records import read_record, verify_files
+    from marin_rules.artifacts.records import read_record, rebuild_hint, verify_files
 
     record = read_record(location, artifact)
     if record is None:
@@ -94,29 +95,46 @@ def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: s
     if problems:
         for problem in problems:
             print(f"{key}: {problem}")
-        print(f"{key}: {len(problems)} problem(s); rebuild it with: "
-              f"{shlex.join(['snakemake', '-f', record_path(prefix, artifact), *shlex.split(flags)])}", file=sys.stderr)  # fmt: skip
+        print(f"{key}: {len(problems)} problem(s); {rebuild_hint(location, flags)}", file=sys.stderr)
         return 1
     adopted = "" if source is None else f"; its adopted source {source} holds its {len(record.result['listing'])} file(s)"
     print(f"{key}: all {len(record.files)} file(s) present at their recorded sizes{adopted}")
     return 0
 
 
-def _run(args) -> int:
-    from marin_rules.inspect import status as st
+def _rerun_flags(experiment: Experiment | None, prefix: str) -> str:
+    """What a `snakemake -f RECORD` these commands suggest needs besides its target
+    (`rerun_flags`); run elsewhere than beside a Snakefile, it names this project's."""
+    if experiment is None:
+        return ""
+    here = os.getcwd()
+    own = os.path.exists(os.path.join(here, "Snakefile")) or not os.path.exists(PROJECT_SNAKEFILE)
+    return rerun_flags(os.path.abspath(experiment.path), prefix, here, "" if own else PROJECT_SNAKEFILE, here)
 
+
+def _run(args) -> int:
     prefix = parse_prefix(args.prefix, "--prefix ")
     if args.command != "path":  # the one command that reads nothing there
         storage.check_bucket(prefix)
+    experiment = _load(args, required=args.command not in ("diff", "history"))
+    flags = _rerun_flags(experiment, prefix)
+    try:
+        return _command(args, experiment, prefix, flags)
+    except CorruptRecord as e:  # its rebuild command, completed for this experiment and prefix
+        raise e.with_flags(flags) from None
+
+
+def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> int:
+    from marin_rules.inspect import status as st
+
     if args.command in ("diff", "history"):
-        experiment = _load(args, required=False)
         if args.command == "history":
             from marin_rules.inspect.history import artifact_history, format_history
 
             name = args.key.rpartition("@")[0] or args.key
             artifact = reading.resolve_key(args.key, _known_keys(experiment, prefix, name))
             location = artifact_location(prefix, artifact)
-            events = artifact_history(location, artifact)
+            events = artifact_history(location, artifact, flags)
             if not events and (experiment is None or artifact.key not in experiment.artifacts):
                 others = _known_keys(experiment, prefix, artifact.name)
                 hint = reading.suggestion(artifact.key, others)
@@ -132,9 +150,8 @@ def _run(args) -> int:
         b, record_b = _prefix_key(args.b, experiment, prefix)
         print(format_diff(a.key, record_a, b.key, record_b, args.only_changed))
         return 0
-    experiment = _load(args)
     if args.command == "status":
-        rows = st.experiment_status(experiment, prefix, every_version=args.all)
+        rows = st.experiment_status(experiment, prefix, every_version=args.all, hint_flags=flags)
         if args.json:
             print(json.dumps([r.to_json() for r in rows], indent=2))
         else:
@@ -176,11 +193,6 @@ def _run(args) -> int:
         print(record_path(prefix, artifact))
         return 0
     if args.command == "verify":
-        from marin_rules.workflow.options import PROJECT_SNAKEFILE, rerun_flags
-
-        here = os.getcwd()  # run elsewhere than beside a Snakefile: the command names this project's
-        own = os.path.exists(os.path.join(here, "Snakefile")) or not os.path.exists(PROJECT_SNAKEFILE)
-        flags = rerun_flags(experiment.path, prefix, here, "" if own else PROJECT_SNAKEFILE, here)
         return _verify(key, location, prefix, artifact, flags)
     shown = {"record": reading.record_dict(location, artifact)}
     try:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from marin_rules.artifacts.canonical import canonical_json, fingerprint
-from marin_rules.artifacts.drift import drift_message, recipe_diff
+from marin_rules.artifacts.drift import drift_message, printable, recipe_diff
 from marin_rules.artifacts.errors import ConfigError, ExperimentError, MarinError
 from marin_rules.artifacts.identity import parse_key
 from marin_rules.experiment import build_experiment, load_experiment
@@ -85,6 +85,21 @@ def test_recipe_diff_lists_changed_added_and_removed_fields():
         "optimizer.learning_rate: 0.003 -> 0.001",
         "deps.data: t/x@v1 -> t/x@v2",
     ]
+
+
+EVIL = "1\x1b[2J\n  n: 1 -> 1\u202eé中"  # clears the screen, forges a drift line, reverses the text
+ESCAPED = "1\\x1b[2J\\n  n: 1 -> 1\\u202eé中"  # as repr() writes it; é and 中 as they are
+
+
+def test_printable_escapes_control_and_bidi_override_characters_and_keeps_other_unicode():
+    assert printable(EVIL) == ESCAPED
+    assert printable("\t\r\x00\x7f\x85\u2028\u2066") == "\\t\\r\\x00\\x7f\\x85\\u2028\\u2066"
+    assert printable("é 中 ü-ß") == "é 中 ü-ß"
+
+
+def test_recipe_diff_lines_show_record_values_and_keys_printable():
+    lines = recipe_diff({"step": "s\x1b[0m", "config": {"n": EVIL, "k\n": 1}}, {"step": "s", "config": {"n": 1}})
+    assert lines == ["step: s\\x1b[0m -> s", "k\\n (removed)", f"n: {ESCAPED} -> 1"]
 
 
 def test_drift_message_caps_field_lines_at_twenty():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -66,6 +67,33 @@ def test_show_and_verify_give_the_corrupt_record_line_and_fail(experiment_file, 
         assert f"snakemake -f {record}" in err
     assert main(["status", *args]) == 0
     assert "corrupt" in next(line for line in capsys.readouterr().out.splitlines() if line.startswith("raw/s@v1"))
+
+
+def test_status_show_and_verify_name_a_corrupt_records_rebuild_command_that_runs_as_printed(experiment_file, tmp_path, capsys):  # noqa: F811
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    populate(prefix, experiment)
+    record = artifact_location(prefix, experiment["raw/s@v1"].id) + "/.artifact.json"
+    with open(record, "w") as f:
+        f.write("{not json")
+    elsewhere = tmp_path / "elsewhere"  # no Snakefile here: the command names the project's
+    elsewhere.mkdir()
+    args = ["--configfile", experiment_file, "--prefix", prefix]
+    expected = shlex.join(["snakemake", "-f", record, "-s", str(REPO / "Snakefile"), "-d", str(elsewhere),
+                           "--configfile", experiment_file, "--config", f"prefix={prefix}"])  # fmt: skip
+    hint = "; delete it and rebuild the artifact with: "
+    with contextlib.chdir(elsewhere):
+        assert main(["status", *args, "--json"]) == 0
+        reason = next(r["reason"] for r in json.loads(capsys.readouterr().out) if r["key"] == "raw/s@v1")
+        assert reason.split(hint)[1] == expected
+        for command in ("show", "verify"):
+            assert main([command, "raw/s@v1", *args]) == 1
+            assert capsys.readouterr().err.split(hint)[1] == expected + "\n", command
+    os.remove(record)
+    planned = subprocess.run([os.path.join(os.path.dirname(MARIN), "snakemake"), *shlex.split(expected)[1:], "-n"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    assert record in planned.stdout  # the rebuild is planned
 
 
 def test_show_prints_the_record_and_the_last_failure(experiment_file, tmp_path, capsys):  # noqa: F811

@@ -271,6 +271,50 @@ def test_an_unreadable_newest_failure_record_is_named_not_replaced_by_an_older_f
     assert row["reason"] == f"last attempt failed: {newest}: unreadable record (empty file); repair or delete the file"
 
 
+def test_status_table_shows_control_and_bidi_characters_of_records_escaped(experiment_file, tmp_path, capsys):
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    evil = "1\x1b[2J\n  n: 1 -> 1\u202eé中"
+    build(prefix, experiment, "raw/s@v1")
+    build(prefix, experiment, "tokenizers/bpe@v1")
+    build(prefix, experiment, "tokenized/s@v1", config={"validation_fraction": evil})  # drifted
+    fail(prefix, experiment, "checkpoints/nano@v1", f"boom {evil}", "2026-12-02T08:00:00.000Z")
+    assert main(["status", "--configfile", experiment_file, "--prefix", prefix]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out
+    lines = out.splitlines()
+    assert len(lines) == 1 + len(experiment.artifacts)  # no forged line
+    drifted = next(line for line in lines if line.startswith("tokenized/s@v1"))
+    assert "(validation_fraction: 1\\x1b[2J\\n  n: 1 -> 1\\u202eé中 -> 0.05)" in drifted
+    failed = next(line for line in lines if line.startswith("checkpoints/nano@v1"))
+    assert failed.endswith("RuntimeError: boom 1\\x1b[2J")  # the error's first line
+
+
+WRONG_SHAPES = {  # a newest failure record that is JSON, but not of a failure record's shape -> its problem
+    "error as text": ({"error": "RuntimeError: boom"}, 'field error should be a mapping, got "RuntimeError: boom"'),
+    "error as a number": ({"error": 5}, "field error should be a mapping, got 5"),
+    "provenance as text": ({"error": {"message": "x"}, "provenance": "x"}, 'field provenance should be a mapping, got "x"'),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_SHAPES))
+def test_a_failure_record_of_the_wrong_shape_is_named_as_unreadable_not_a_crash(experiment_file, tmp_path, capsys, case):
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    populate(prefix, experiment)  # checkpoints/nano@v1: built, then a failed retry
+    data, problem = WRONG_SHAPES[case]
+    for key in ("raw/s@v1", "evals/nano@v1"):  # built; and (below) never built
+        newest = artifact_location(prefix, experiment[key].id) + "/.failures/20261203T000000Z.json"
+        storage.write_json_atomic(newest, data)
+    os.remove(artifact_location(prefix, experiment["evals/nano@v1"].id) + "/.artifact.json")
+    line = f"unreadable record ({problem}); repair or delete the file"
+    rows = status_json(experiment_file, prefix, capsys)
+    assert rows["raw/s@v1"]["state"] == "built" and rows["raw/s@v1"]["reason"].endswith(line)
+    assert rows["evals/nano@v1"]["state"] == "failed" and rows["evals/nano@v1"]["reason"].endswith(line)
+    assert main(["status", "--configfile", experiment_file, "--prefix", prefix]) == 0  # the table, every row
+    assert len(capsys.readouterr().out.splitlines()) == 1 + len(experiment.artifacts)
+
+
 def test_a_record_whose_fingerprint_was_edited_is_not_reported_as_zero_fields_of_drift(experiment_file, tmp_path, capsys):
     prefix = str(tmp_path / "artifacts")
     experiment = load_experiment(experiment_file)

@@ -54,6 +54,24 @@ def test_diff_shows_recipe_fields_and_result_deltas_side_by_side(two_versions, c
     assert "final_val_loss" in out and "steps" not in out
 
 
+def test_diff_shows_control_and_bidi_characters_of_records_escaped(experiment_file, tmp_path, capsys):  # noqa: F811
+    with open(experiment_file, "a") as f:
+        f.write(V2)
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    evil = "1\x1b[2J\n  n: 1 -> 1\u202eé中"
+    escaped = "1\\x1b[2J\\n  n: 1 -> 1\\u202eé中"
+    build(prefix, experiment, "checkpoints/nano@v1", config={"seq_len": evil}, result={"note": evil, f"k{evil}": 1})
+    build(prefix, experiment, "checkpoints/nano@v2", result={"note": "plain"})
+    assert main(["diff", "checkpoints/nano@v1", "checkpoints/nano@v2", "--prefix", prefix]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out
+    lines = out.splitlines()
+    assert f"  seq_len: {escaped} -> 64" in lines and not any(line.startswith("  n: 1 -> 1") for line in lines)
+    assert any(line.split()[:2] == ["note", escaped.split()[0]] for line in lines)
+    assert any(line.startswith(f"k{escaped}") for line in lines)
+
+
 def test_diff_and_history_give_one_line_for_a_bad_name(two_versions, capsys):
     experiment_file, prefix = two_versions
     assert main(["diff", "checkpoints/nano@v7", "checkpoints/nano@v2", "--prefix", prefix]) == 1
@@ -172,6 +190,25 @@ def test_history_lists_unreadable_failure_and_history_records_naming_each_file(e
 
     events = json.loads(capsys.readouterr().out)
     assert [e["outcome"] for e in events].count("unreadable") == 3
+
+
+@pytest.mark.parametrize("data,problem", [
+    ({"error": "RuntimeError: boom"}, 'field error should be a mapping, got "RuntimeError: boom"'),
+    ({"error": 5}, "field error should be a mapping, got 5"),
+    ({"provenance": "x"}, 'field provenance should be a mapping, got "x"'),
+])  # fmt: skip
+def test_history_names_a_failure_record_of_the_wrong_shape_as_unreadable(experiment_file, tmp_path, capsys, data, problem):  # noqa: F811
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    key = "checkpoints/nano@v1"
+    location = artifact_location(prefix, experiment[key].id)
+    fail(prefix, experiment, key, "out of memory", "2026-12-02T09:00:00.000Z")
+    odd = f"{location}/.failures/20261203T000000Z.json"
+    storage.write_json_atomic(odd, data)
+    assert main(["history", key, "--prefix", prefix, "--configfile", experiment_file]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{key}: 2 attempts (1 with an unreadable record, listed last)"
+    assert lines[-1] == f"  unreadable: {odd}: unreadable record ({problem}); repair or delete the file"
 
 
 def test_history_with_a_corrupt_current_record_still_lists_the_earlier_attempts(experiment_file, tmp_path, capsys):  # noqa: F811

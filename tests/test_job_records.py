@@ -47,6 +47,26 @@ def test_corrupt_upstream_record_is_never_served(ws, corrupt, problem):
     assert not (Path(ws.prefix) / "mid/b/v1").exists()  # no consumer built on it
 
 
+def test_a_corrupt_records_rebuild_command_runs_as_printed_from_another_directory(ws):
+    _two(ws)
+    ws.snakemake("--config", f"prefix={ws.prefix}", "target=raw/a@v1")
+    path = Path(ws.record_path("raw/a@v1"))
+    path.write_text("{not json")
+    proc = ws.snakemake("-n", check=False)
+    (line,) = [l for l in proc.stderr.splitlines() if l.startswith("marin-rules: ")]
+    printed = line.split("; delete it and rebuild the artifact with: ")[1]
+    # the run used another experiment, prefix and Snakefile than the defaults: the command says so
+    assert printed == shlex.join(["snakemake", "-f", str(path), "-s", str(REPO / "Snakefile"), "-d", str(ws.root),
+                                  "--configfile", str(ws.root / "exp.yaml"), "--config", f"prefix={ws.prefix}"])  # fmt: skip
+    path.unlink()
+    elsewhere = ws.root / "elsewhere"
+    elsewhere.mkdir()
+    planned = subprocess.run([SNAKEMAKE, *shlex.split(printed)[1:], "-n"], cwd=elsewhere, env={**os.environ, **ws.env},
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    assert str(path) in planned.stdout  # the rebuild is planned
+
+
 def test_consumer_checks_its_upstreams_files_before_it_starts(ws):
     _two(ws)
     ws.snakemake("--config", f"prefix={ws.prefix}", "target=raw/a@v1")
@@ -117,3 +137,70 @@ def test_a_job_that_fails_before_its_step_says_why_in_one_line(tmp_path, gcs_env
     (line,) = proc.stderr.splitlines()  # the console: one line
     assert line.startswith("marin-rules: raw/a/v1: gs://no-such-bucket/x: cannot reach the storage (NotFound: "), line
     assert "Traceback" in (tmp_path / "job.log").read_text()  # the whole story in the log
+
+
+READ_WHILE_REBUILT = '''
+
+def read_while_rebuilt(ctx):
+    """Reads its upstream, then waits while another run (another machine on the same
+    prefix) force-rebuilds that upstream, then writes what it read."""
+    import subprocess
+    import sys
+
+    text = storage.read_text(storage.join(ctx.deps["src"], "data.txt"))
+    subprocess.run([sys.executable, "-m", "snakemake", *ctx.config["rebuild"]], check=True, capture_output=True,
+                   timeout=300)
+    storage.write_text_atomic(storage.join(ctx.output, "data.txt"), text)
+    return {}
+'''
+
+
+def test_a_step_whose_upstream_another_run_rebuilt_meanwhile_records_no_success(ws):
+    with open(ws.root / "usersteps.py", "a") as f:
+        f.write(READ_WHILE_REBUILT)
+    other = ws.root / "other"  # the other run's own working directory, as on another machine
+    other.mkdir()
+    rebuild = ["-f", ws.record_path("raw/a@v1"), "-s", str(REPO / "Snakefile"), "-d", str(other), "-j1",
+               "--configfile", str(ws.root / "exp.yaml"), "--config", f"prefix={ws.prefix}"]  # fmt: skip
+    ws.write({
+        "raw/a@v1": {"step": "usersteps:make", "config": {"text": "a"}},
+        "mid/b@v1": {"step": "usersteps:read_while_rebuilt", "deps": {"src": "raw/a@v1"}, "config": {"rebuild": rebuild}},
+    })  # fmt: skip
+    ws.snakemake("--config", f"prefix={ws.prefix}", "target=raw/a@v1")
+    first = ws.record("raw/a@v1")["provenance"]["ended"]
+    proc = ws.snakemake(check=False)
+    assert proc.returncode != 0
+    second = ws.record("raw/a@v1")["provenance"]["ended"]
+    assert second != first  # the other run rebuilt the upstream while the step ran
+    assert not Path(ws.record_path("mid/b@v1")).exists()
+    (failure,) = (Path(ws.prefix) / "mid/b/v1/.failures").glob("*.json")
+    message = json.loads(failure.read_text())["error"]["message"]
+    assert message == (f"mid/b@v1: upstream raw/a@v1: built {first} then, {second} now: another run rebuilt it while "
+                       "this step was reading it, so what the step read may be neither build; no success is "
+                       "recorded: run snakemake again once that rebuild has finished")  # fmt: skip
+    assert message in proc.stderr
+    assert (Path(ws.prefix) / "mid/b/v1/data.txt").read_text() == "a"  # what the step made stays, unrecorded
+    # the next run builds the consumer from the upstream as it is now
+    (ws.root / "usersteps.py").write_text((ws.root / "usersteps.py").read_text().replace(
+        "subprocess.run(", "(lambda *a, **k: None)("))  # fmt: skip
+    ws.snakemake()
+    assert ws.record("mid/b@v1")["deps"]["src"]["built"] == second
+
+
+def test_a_step_that_wrote_no_data_files_on_gs_is_recorded_with_a_note_naming_the_storage_helpers(
+    ws, gcs_prefix, gcs_env
+):
+    with open(ws.root / "usersteps.py", "a") as f:
+        f.write("\n\ndef nothing(ctx):\n    return {'score': 1}\n")
+    ws.write({"raw/a@v1": {"step": "usersteps:make", "config": {"text": "a"}},
+              "ck/n@v1": {"step": "usersteps:nothing"}})  # fmt: skip
+    proc = ws.snakemake(prefix=gcs_prefix, env=gcs_env)
+    record = ws.record("ck/n@v1", prefix=gcs_prefix)
+    assert record["files"] == {} and record["result"] == {"score": 1}
+    notes = [line for line in proc.stderr.splitlines() if "note: the step wrote no data files" in line]
+    assert notes == [f"ck/n@v1: note: the step wrote no data files under {gcs_prefix}/ck/n/v1 (its record holds only "
+                     "its result); a step writes through marin_rules.artifacts.storage, since open() or os on a "
+                     "gs:// path makes a local folder named gs:"]  # fmt: skip
+    # on a local prefix a step that returns only a result is ordinary: no note
+    assert "note: the step wrote no data files" not in ws.snakemake().stderr
+    assert ws.record("ck/n@v1")["files"] == {}

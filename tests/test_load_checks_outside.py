@@ -14,6 +14,7 @@ import yaml
 from conftest import REPO
 from marin_rules.artifacts.errors import ConfigError, MarinError
 from marin_rules.artifacts.identity import MAX_OWNER_BYTES, MAX_SEGMENT_BYTES, path_safe_user, periodic_suffix
+from marin_rules.cli import main
 from marin_rules.data.checks import check_mixture
 from marin_rules.experiment import build_experiment, load_experiment
 from test_error_messages import RAW, TOK, TOKENIZED, chain
@@ -65,6 +66,12 @@ CASES: dict[str, tuple[dict, str]] = {
         f"exp.yaml: artifacts: name segment '{'a' * 24}...' of 'raw/{'a' * 44}...' is 201 bytes long; each name "
         "segment and the version may be at most 200 bytes in UTF-8 (each becomes a folder name: filesystems "
         "allow 255, and a dev version's folder adds -<user>)",
+    ),
+    "name and version too long for a path": (
+        {"artifacts": {"raw/" + "/".join(["a" * 190] * 3) + "@v1": RAW}},
+        f"exp.yaml: artifacts: 'raw/{'a' * 44}...' is 579 bytes long as a folder path (name/version); it may be at "
+        "most 512 bytes in UTF-8 (it lies below the prefix and above the artifact's files, within a local path's "
+        "4096 bytes and a GCS object name's 1024): shorten the name or version",
     ),
     "version Snakemake takes for a recursion": (
         {"artifacts": {"raw/a@v100000000000000000000": RAW}},
@@ -177,6 +184,18 @@ def test_version_longer_than_200_bytes_is_refused_and_200_loads(tmp_path):
         "exp.yaml: artifacts: version 'v11111111111111111111111...' of 'raw/a@v1111"
     )
     assert load(tmp_path, {"artifacts": {"raw/a@v" + "12" * 99 + "3": RAW}})
+
+
+def test_a_name_and_version_of_at_most_512_bytes_load_and_longer_ones_are_refused_before_any_storage(tmp_path, capsys):
+    exactly = "raw/" + "/".join(["a" * 200, "b" * 200, "c" * 103]) + "@v1"  # raw/.../v1: 512 bytes
+    assert load(tmp_path, {"artifacts": {exactly: RAW}})
+    assert "is 513 bytes long as a folder path" in refusal(tmp_path, {"artifacts": {exactly.replace("@", "x@"): RAW}})
+    # 25 segments of 190 bytes: each passes the segment check, the whole would be no path at all
+    key = "raw/" + "/".join(["a" * 190] * 25) + "@v1"
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump({"artifacts": {key: RAW}}))
+    assert main(["status", str(tmp_path / "exp.yaml"), "--prefix", str(tmp_path / "artifacts")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bytes long as a folder path (name/version)" in err and "storage" not in err
 
 
 def test_a_dev_users_folder_suffix_stays_within_a_folder_name():

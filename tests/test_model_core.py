@@ -185,14 +185,22 @@ def test_capacity_drops_let_a_later_token_change_an_earlier_output_and_dropless_
     np.testing.assert_allclose(*outputs["ragged"], atol=1e-5)  # row 0 is row 0's alone
 
 
-def test_attention_uses_cudnn_only_on_gpu_in_16_bit_with_heads_it_supports():
-    # cuDNN's fused attention needs a GPU, 16-bit operands and head_dim a multiple of 8
-    # up to 128; everything else (this CPU, TPU, float32) keeps XLA's. The cuDNN path
-    # itself is checked on a GPU by benchmarks/attention_check.py (no GPU in CI).
-    assert attention_implementation("gpu", "bfloat16", 128) == "cudnn"
-    assert attention_implementation("gpu", "bfloat16", 32) == "cudnn"
-    assert attention_implementation("gpu", "float32", 128) == "xla"
-    assert attention_implementation("gpu", "bfloat16", 12) == "xla"
-    assert attention_implementation("gpu", "bfloat16", 256) == "xla"
-    assert attention_implementation("cpu", "bfloat16", 128) == "xla"
-    assert attention_implementation("tpu", "bfloat16", 128) == "xla"
+def test_attention_uses_cudnn_only_on_recent_nvidia_gpus_in_16_bit_with_heads_it_supports():
+    # cuDNN's fused attention needs an NVIDIA GPU of compute capability >= 8.0, 16-bit
+    # operands and head_dim a multiple of 8 up to 128; everything else (this CPU, TPU,
+    # ROCm, a V100, float32) keeps XLA's. The cuDNN path itself is checked on a GPU by
+    # benchmarks/attention_check.py (no GPU in CI).
+    from types import SimpleNamespace
+
+    def gpu(capability):
+        return SimpleNamespace(platform="gpu", compute_capability=capability)
+
+    assert attention_implementation(gpu("9.0"), "bfloat16", 128) == "cudnn"
+    assert attention_implementation(gpu("8.0"), "bfloat16", 32) == "cudnn"
+    assert attention_implementation(gpu("7.0"), "bfloat16", 128) == "xla"  # V100
+    assert attention_implementation(SimpleNamespace(platform="gpu"), "bfloat16", 128) == "xla"  # ROCm
+    assert attention_implementation(gpu("9.0"), "float32", 128) == "xla"
+    assert attention_implementation(gpu("9.0"), "bfloat16", 12) == "xla"
+    assert attention_implementation(gpu("9.0"), "bfloat16", 256) == "xla"
+    assert attention_implementation(SimpleNamespace(platform="tpu"), "bfloat16", 128) == "xla"
+    assert attention_implementation(jax.devices()[0], "bfloat16", 128) == "xla"  # this CPU

@@ -116,6 +116,20 @@ def test_corrupt_records_raise_one_line_naming_the_file_the_problem_and_the_fix(
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("path", ["../../../../etc/passwd", "/etc/passwd", "tokens/../../../x/v1/data.bin", "a/..", ""])
+def test_a_record_listing_a_file_outside_its_folder_is_corrupt(tmp_path, path):
+    location, good = _good(tmp_path)
+    record_file = os.path.join(location, ".artifact.json")
+    with open(record_file, "w") as f:
+        json.dump({**good, "files": {**good["files"], path: 4}}, f)
+    with pytest.raises(CorruptRecord) as e:
+        read_record(location, KEY)
+    assert str(e.value) == (
+        f"{record_file}: files.{path} should be a file inside the artifact: a relative path without '..' segments; "
+        f"delete it and rebuild the artifact with: snakemake -f {record_file}"
+    )
+
+
 def test_read_record_file_reads_a_mirrored_record_against_the_expected_key(tmp_path):
     location, good = _good(tmp_path)
     mirror = tmp_path / "mirror.json"
@@ -137,6 +151,16 @@ def test_failure_records_stay_readable_history_of_any_schema(tmp_path):
     assert [f["schema"] for f in failures] == [1, 2]
     assert failures[1]["error"]["message"] == "bad" and failures[1]["path"] == "tokenized/x/v1"
     assert first.endswith(".json") and read_record(location) is None
+
+
+def test_failure_records_of_the_wrong_shape_are_skipped_not_handed_on(tmp_path):
+    # their readers look inside `error` and `provenance` (the job: provenance.started)
+    location = str(tmp_path / KEY.path)
+    write_failure(location, entry(location), ValueError("bad"), {"ended": "2026-12-03T10:00:00.000Z"}, 1)
+    for i, odd in enumerate([{"error": "RuntimeError: boom"}, {"error": 5}, {"provenance": "x"}]):
+        with open(os.path.join(location, ".failures", f"20261203T09000{i}.000Z.json"), "w") as f:
+            json.dump(odd, f)
+    assert [f["error"]["message"] for f in read_failures(location)] == ["bad"]
 
 
 def test_messages_on_a_gcs_prefix_name_the_bucket_object_and_the_path_snakemake_takes():

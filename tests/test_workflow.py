@@ -183,9 +183,10 @@ def test_a_step_function_that_does_not_exist_is_refused_at_load_naming_it(ws):
 
 
 def test_a_key_of_long_segments_is_planned_and_built(ws):
-    # each segment may be 200 characters: the rules' key regex was built one recursion
-    # level per character and failed with RecursionError on 3 x 200
-    key = "/".join(c * 200 for c in "xyz") + "@v1"
+    # each segment may be 200 characters, the whole name/version 512 bytes (the longest
+    # key, built here): the rules' key regex was built one recursion level per character
+    # and failed with RecursionError on 3 x 200
+    key = "x" * 200 + "/" + "y" * 200 + "/" + "z" * 107 + "@v1"
     ws.write({key: {"step": "usersteps:make", "config": {"text": "long"}}, "side/d@v1": {"step": "usersteps:make"}})
     ws.snakemake()
     assert ws.record(key)["status"] == "success"
@@ -207,6 +208,18 @@ def test_drift_warns_once_in_dry_run_dag_rulegraph_and_run_without_rebuilding(bu
         else:
             assert nothing_to_do(proc)
     assert ws.record("mid/b@v1") == before
+
+
+def test_drift_warnings_show_control_and_bidi_characters_of_a_record_escaped(built):
+    ws = built
+    record = ws.record("mid/b@v1")  # a shared prefix's record, edited by someone else
+    record["config"]["text"] = "b\x1b[2J\n  n: 1 -> 1\u202eé中"
+    storage.write_json_atomic(ws.record_path("mid/b@v1"), record)
+    ws.write(chain(text_b="B"))
+    proc = ws.snakemake("-n")
+    assert "  text: b\\x1b[2J\\n  n: 1 -> 1\\u202eé中 -> B" in proc.stderr.splitlines()
+    assert "\x1b" not in proc.stderr and "\u202e" not in proc.stderr
+    assert not any(line.startswith("  n: 1 -> 1") for line in proc.stderr.splitlines())  # no forged line
 
 
 def test_no_rebuild_on_newer_upstream_or_changed_step_code(built):

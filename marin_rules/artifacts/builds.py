@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from marin_rules.artifacts.drift import printable
+
 
 def build_of(record: Any) -> dict[str, Any]:
     """How a consumer names the build of an upstream `Record` it used."""
@@ -40,7 +42,7 @@ def upstream_change(then: Any, now: Mapping[str, Any]) -> str | None:
             continue
         if not isinstance(seen, Mapping) or not isinstance(current, Mapping):
             return f"upstream {key}: {'none' if seen is None else 'built'} then, {'none' if current is None else 'built'} now"
-        if seen.get("fingerprint") != current.get("fingerprint"):
-            return f"upstream {key}: fingerprint {seen.get('fingerprint')} then, {current.get('fingerprint')} now"
-        return f"upstream {key}: built {seen.get('built')} then, {current.get('built')} now"
+        if seen.get("fingerprint") != current.get("fingerprint"):  # values read from records: shown printable
+            return printable(f"upstream {key}: fingerprint {seen.get('fingerprint')} then, {current.get('fingerprint')} now")
+        return printable(f"upstream {key}: built {seen.get('built')} then, {current.get('built')} now")
     return None

@@ -3,7 +3,10 @@
 Model: both sides are canonical JSON data (the record's `config`, `step`, `deps`).
 A diff is a list of lines `path: old -> new`, `path (added)`, `path (removed)`,
 walking mappings key by key in sorted order; lists and scalars are compared whole.
-The drift message shows at most 20 such lines, then `...and N more`.
+The drift message shows at most 20 such lines, then `...and N more`. Whatever is
+shown of a record or config value goes through `printable`: control and bidi-override
+characters are escaped as `repr()` writes them, so a shared prefix's record cannot
+rewrite a terminal or forge lines.
 """
 
 from __future__ import annotations
@@ -12,6 +15,17 @@ import json
 from typing import Any, Mapping
 
 MAX_DIFF_LINES = 20
+
+
+def printable(text: str) -> str:
+    """`text` safe to show on a terminal: every character Python's `repr()` would escape
+    (control characters such as ESC and newlines, bidi overrides such as U+202E, line
+    separators) written as `repr()` writes it (`\\x1b`, `\\n`, `\\u202e`), so a value read
+    from a record can neither rewrite the terminal nor forge a line; anything else (é, 中)
+    is left as it is. Used wherever record or config values are shown."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def _show(value: Any) -> str:
@@ -39,18 +53,19 @@ def diff_values(old: Any, new: Any, path: str = "") -> list[str]:
 
 
 def recipe_diff(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """Diff two fingerprint payloads: config fields bare, step and deps by name."""
+    """Diff two fingerprint payloads: config fields bare, step and deps by name. Each
+    line is `printable`: one line, whatever the record holds."""
     lines: list[str] = []
     if recorded.get("step") != current.get("step"):
         lines.append(f"step: {recorded.get('step')} -> {current.get('step')}")
     lines.extend(diff_values(recorded.get("config", {}), current.get("config", {})))
     lines.extend(diff_values(recorded.get("deps", {}), current.get("deps", {}), "deps"))
-    return lines
+    return [printable(line) for line in lines]
 
 
 def drift_message(key: str, recorded_fp: str, current_fp: str, lines: list[str]) -> str:
     head = (
-        f"{key}: recipe drift: recorded fingerprint {recorded_fp}, now {current_fp};\n"
+        f"{key}: recipe drift: recorded fingerprint {printable(recorded_fp)}, now {current_fp};\n"
         "serving the cached output. Bump the version to build the new recipe."
     )
     return "\n".join([head, *truncated(lines, "  ")])

@@ -16,6 +16,12 @@ from typing import Any
 class MarinError(Exception):
     """Base class for errors meant to be shown to the user as one line."""
 
+    def with_flags(self, flags: str) -> "MarinError":
+        """The error whose suggested snakemake command also carries `flags` (what the
+        run's experiment and prefix need: `workflow.options.rerun_flags`): itself, for
+        errors that suggest none (`records.CorruptRecord` completes its own)."""
+        return self
+
 
 class ConfigError(MarinError):
     """A bad value in an experiment file; `field` is a dotted path such as

@@ -12,7 +12,10 @@ do not overwrite each other. The user name is made path-safe by `path_safe_user`
 
 Every name segment and the version becomes a folder name, which filesystems cap at
 255 bytes: each may be at most `MAX_SEGMENT_BYTES` (200) long, leaving room for a
-dev version's `-user` (`path_safe_user` keeps at most `MAX_OWNER_BYTES`, 54).
+dev version's `-user` (`path_safe_user` keeps at most `MAX_OWNER_BYTES`, 54). The whole
+`name/version` may be at most `MAX_PATH_BYTES` (512) long: below the prefix and above
+the artifact's own files, it must fit a local path (4096 bytes) and a GCS object name
+(1024 bytes).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 MAX_SEGMENT_BYTES = 200  # a name segment or version; filesystems allow 255 per folder name
 MAX_OWNER_BYTES = 255 - MAX_SEGMENT_BYTES - 1  # the `-user` of a dev version's folder
+# the whole `name/version`: GCS object names are at most 1024 bytes and local paths 4096
+# (PATH_MAX), and each must also hold the prefix and the files inside the artifact
+MAX_PATH_BYTES = 512
 SNAKEMAKE_REPEATS = 20  # Snakemake refuses a wildcard value ending in a piece repeated this often
 
 RECORD_FILE = ".artifact.json"
@@ -92,6 +98,14 @@ def parse_key(key: object, field: str = "") -> ArtifactId:
                 f"and the version may be at most {MAX_SEGMENT_BYTES} bytes in UTF-8 (each becomes a folder name: "
                 "filesystems allow 255, and a dev version's folder adds -<user>)",
             )
+    size = len(f"{name}/{version}".encode("utf-8"))
+    if size > MAX_PATH_BYTES:
+        raise ConfigError(
+            field,
+            f"{key[:48] + '...'!r} is {size} bytes long as a folder path (name/version); it may be at most "
+            f"{MAX_PATH_BYTES} bytes in UTF-8 (it lies below the prefix and above the artifact's files, within a "
+            "local path's 4096 bytes and a GCS object name's 1024): shorten the name or version",
+        )
     return ArtifactId(name, version)
 
 

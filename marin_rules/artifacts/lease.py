@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
 from marin_rules.artifacts import storage
+from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.lease_stores import LeaseStore, store_for
 from marin_rules.artifacts.provenance import iso, user, utc_now
@@ -69,7 +70,8 @@ class LeaseHolder:
     pid_namespace: str = ""  # this process's /proc/self/ns/pid ("" where there is none, or in older leases)
 
     def describe(self) -> str:
-        return f"{self.user or 'unknown'}@{self.host} pid {self.pid} since {self.since}"
+        """Who holds it, for messages (read from a lease file: shown `printable`)."""
+        return printable(f"{self.user or 'unknown'}@{self.host} pid {self.pid} since {self.since}")
 
     def age_s(self, now: dt.datetime | None = None) -> float:
         """Seconds since the last renewal (by this machine's clock)."""

@@ -8,12 +8,16 @@ upstream fingerprints seen at build time), `runtime`, the step's `result`, `prov
 artifact with its size, so a missing or truncated file is found (`verify_files`).
 Every path in a record is relative to the prefix (`name/version`), so a prefix can be
 moved or copied to a bucket. Reading validates: bad JSON, a missing or mistyped field,
-or a name/version that disagrees with the record's place raise `CorruptRecord`, one
-line naming the file and how to fix it; a corrupt record is never served as built.
+a `files` entry outside the artifact folder (absolute, or with `..` segments), or a
+name/version that disagrees with the record's place raise `CorruptRecord`, one line
+naming the file and how to fix it (`snakemake -f RECORD`, which the layers that know
+the run's experiment and prefix complete: `CorruptRecord.with_flags`); a corrupt record
+is never served as built.
 
 A failed attempt writes `{location}/.failures/<UTC time>.json` with the same identity
 and recipe plus the error and its traceback; failures are history, never deleted and
-read leniently (plain dicts). Nothing here copies environment variables, so no
+read leniently (plain dicts, whose `error` and `provenance` are mappings where
+present: `lenient_problem`). Nothing here copies environment variables, so no
 credential can reach a record.
 """
 
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from marin_rules.artifacts import storage
+from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import MarinError, StepError, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, ArtifactId
 from marin_rules.artifacts.files import file_problems, list_data_files
@@ -62,17 +67,32 @@ def stored_path(path: str) -> str:
     return f"{scheme}://{rest}"
 
 
+def rebuild_command(record_file: str, flags: str = "") -> str:
+    """`snakemake -f RECORD FLAGS`, shell-quoted (a prefix may hold spaces): RECORD as
+    Snakemake sees it (`snakemake_path`), `flags` what else it needs to plan the same
+    experiment on the same prefix (`workflow.options.rerun_flags`, which the layers
+    that know the run add: this core does not)."""
+    return shlex.join(["snakemake", "-f", snakemake_path(stored_path(record_file)), *shlex.split(flags)])
+
+
 class CorruptRecord(MarinError):
     """A success record that cannot be trusted; the message is one line:
-    `<record file>: <what is wrong>; <how to fix>`."""
+    `<record file>: <what is wrong>; <how to fix>`. The layers that know the run's
+    experiment and prefix complete its command with `with_flags`."""
 
-    def __init__(self, record_file: str, problem: str):
+    def __init__(self, record_file: str, problem: str, flags: str = ""):
         self.record_file = record_file
         self.problem = problem
         stored = stored_path(record_file)  # a mirror's copy is fetched again: the remote one is to delete
         super().__init__(
-            f"{stored}: {problem}; delete it and rebuild the artifact with: snakemake -f {shlex.quote(snakemake_path(stored))}"
+            f"{stored}: {printable(problem)}; delete it and rebuild the artifact with: "
+            f"{rebuild_command(record_file, flags)}"
         )
+
+    def with_flags(self, flags: str) -> CorruptRecord:
+        """The same line, its `snakemake -f RECORD` followed by `flags`
+        (`workflow.options.rerun_flags`), so that it runs as printed."""
+        return CorruptRecord(self.record_file, self.problem, flags)
 
 
 @dataclass(frozen=True)
@@ -150,6 +170,10 @@ def record_from_json(data: Any, record_file: str, expected: ArtifactId | None = 
     if data["status"] != "success":
         raise CorruptRecord(record_file, f"status is {data['status']!r}, not 'success'")
     for rel, size in data["files"].items():
+        if not _inside(rel):
+            raise CorruptRecord(
+                record_file, f"files.{rel} should be a file inside the artifact: a relative path without '..' segments"
+            )
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise CorruptRecord(record_file, f"files.{rel} should be a size in bytes, got {json.dumps(size)[:40]}")
     if data["path"] != f"{data['name']}/{data['version']}":
@@ -161,6 +185,12 @@ def record_from_json(data: Any, record_file: str, expected: ArtifactId | None = 
             record_file, f"it records {data['name']}@{data['version']} but sits where {expected.key} belongs"
         )
     return Record(**{f: data[f] for f in _FIELDS})
+
+
+def _inside(rel: str) -> bool:
+    """Is `rel` (a key of a record's `files`) a path inside the artifact folder: relative,
+    not empty, without `..` segments (a record must never send a reader elsewhere)?"""
+    return bool(rel) and not rel.startswith("/") and ".." not in rel.split("/")
 
 
 def read_record_file(record_file: str, expected: ArtifactId | None = None) -> Record | None:
@@ -222,8 +252,7 @@ def rebuild_hint(location: str, flags: str = "") -> str:
     """How to rebuild the artifact at `location` alone (its built consumers are served as
     they are): the end of a one-line error. `flags`: what else the command needs to plan
     the same experiment on the same prefix (`workflow.options.rerun_flags`)."""
-    target = shlex.quote(snakemake_path(record_location(location)))  # a prefix may hold spaces
-    return f"rebuild it with: snakemake -f {target}" + (f" {flags}" if flags else "")
+    return f"rebuild it with: {rebuild_command(record_location(location), flags)}"
 
 
 def unreadable_file(field: str, path: str, location: str, why: BaseException | str) -> StepError:
@@ -282,9 +311,22 @@ def error_message(error: BaseException) -> str:
         return f"<the {type(error).__name__}'s message could not be made: {type(e).__name__}>"
 
 
+def lenient_problem(data: Any) -> str | None:
+    """Why a failure record (or a success record a forced rebuild kept), read leniently
+    as a plain dict of any schema, cannot be used: it is not a JSON object, or its
+    `error` or `provenance` is neither a mapping nor null (its readers look inside
+    them); None when it can be."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {json.dumps(data)[:40]}"
+    for name in ("error", "provenance"):
+        if data.get(name) is not None and not isinstance(data[name], dict):
+            return f"field {name} should be a mapping, got {json.dumps(data[name])[:40]}"
+    return None
+
+
 def read_failures(location: str) -> list[dict[str, Any]]:
     """All failure records, oldest first, as plain dicts: history of any schema is kept
-    readable; an unreadable one is skipped."""
+    readable; an unreadable one (`lenient_problem`) is skipped."""
     folder = failures_location(location)
     try:
         files = storage.list_files(folder, "*.json")
@@ -296,6 +338,6 @@ def read_failures(location: str) -> list[dict[str, Any]]:
             data = storage.read_json(f)
         except (FileNotFoundError, ValueError):
             continue
-        if isinstance(data, dict):
+        if lenient_problem(data) is None:
             out.append(data)
     return out

@@ -268,8 +268,8 @@ def unwritable_metadata(docs: list[dict[str, Any]]) -> StepError | None:
             what = {"key": "id", "title": "metadata.title"}.get(name, f"metadata.{name}")
             try:
                 name.encode("utf-8")
+                canonical_value(value, what, "the corpus shards")  # first: it names a value json cannot write
                 json.dumps(value, ensure_ascii=False).encode("utf-8")
-                canonical_value(value, what, "the corpus shards")
             except UnicodeEncodeError as e:
                 return surrogate_error(metadata["path"], where, what, e)
             except ConfigError as e:

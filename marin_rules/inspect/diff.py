@@ -5,7 +5,8 @@ one name). The recipe part is the drift warning's field diff (`recipe_diff` of t
 two fingerprint payloads, lines `field: a -> b`, `field (added)`, `field (removed)`).
 The result part flattens both `result` mappings to dotted keys (`final_val_loss`,
 `marin_shakespeare_cloze.acc`) and shows A, B and, for two numbers, B - A; with
-`only_changed` the rows where A equals B are left out.
+`only_changed` the rows where A equals B are left out. Every value shown is
+`printable` (control and bidi-override characters escaped).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from marin_rules.artifacts.drift import recipe_diff
+from marin_rules.artifacts.drift import printable, recipe_diff
 from marin_rules.inspect.status import recorded_payload
 
 
@@ -59,7 +60,7 @@ def _show(v: Any) -> str:
         return "-"
     if isinstance(v, float):
         return f"{v:.6g}"
-    return str(v)
+    return printable(str(v))
 
 
 def format_diff(key_a: str, a: Mapping[str, Any], key_b: str, b: Mapping[str, Any], only_changed: bool) -> str:
@@ -70,7 +71,7 @@ def format_diff(key_a: str, a: Mapping[str, Any], key_b: str, b: Mapping[str, An
     table = [("RESULT", key_a, key_b, "DELTA (B - A)")]
     for r in rows:
         delta = r.delta
-        table.append((r.key, _show(r.a), _show(r.b), "" if delta is None else f"{delta:+.6g}"))
+        table.append((printable(r.key), _show(r.a), _show(r.b), "" if delta is None else f"{delta:+.6g}"))
     if len(table) == 1:
         lines.append("results: " + ("no result differs" if only_changed else "no results recorded"))
         return "\n".join(lines)

@@ -8,7 +8,7 @@ becomes one `Event` with its time, outcome, host, duration, fingerprint and, for
 failure, the error's first line. Events that appear twice (a failure copied into a
 history folder) are shown once. A failure or history record that cannot be read is
 an `unreadable` event naming the file (`reading.UnreadableRecord`), listed last: an
-attempt is never left out unsaid.
+attempt is never left out unsaid. The text form shows each value `printable`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import ArtifactId
 from marin_rules.inspect import reading
@@ -61,15 +62,17 @@ def _event(record: Mapping[str, Any], outcome: str) -> Event:
     )
 
 
-def artifact_history(location: str, expected: ArtifactId | None = None) -> list[Event]:
+def artifact_history(location: str, expected: ArtifactId | None = None, hint_flags: str = "") -> list[Event]:
     """Every attempt at the artifact at `location`, oldest first; a record that cannot
-    be read (the current one included) is listed last as unreadable, with its one line."""
+    be read (the current one included) is listed last as unreadable, with its one line
+    (a corrupt current record's rebuild command followed by `hint_flags`: `CorruptRecord.with_flags`)."""
     events: list[Event] = []
     try:
         current = reading.record_dict(location, expected)
     except MarinError as e:  # a corrupt current record: the earlier attempts are still worth seeing
         current = None
-        events.append(Event("?", "?", UNREADABLE, "?", "?", None, "-", str(e)))
+        line = str(e.with_flags(hint_flags))
+        events.append(Event("?", "?", UNREADABLE, "?", "?", None, "-", line))
     if current is not None:
         events.append(_event(current, "built (current)"))
     kept = [
@@ -97,10 +100,10 @@ def format_history(key: str, events: list[Event]) -> str:
              + (f" ({unreadable} with an unreadable record, listed last)" if unreadable else "")]  # fmt: skip
     for e in events:
         if e.outcome == UNREADABLE:
-            lines.append(f"  {UNREADABLE}: {e.error}")
+            lines.append(f"  {UNREADABLE}: {printable(e.error)}")
             continue
         took = "-" if e.duration_s is None else f"{e.duration_s:.1f}s"
         when = e.started.replace("T", " ")[:19]
-        line = f"  {when}  {e.outcome:<38} host {e.host}  took {took}  fingerprint {e.fingerprint}"
-        lines.append(line + (f"\n      error: {e.error}" if e.error else ""))
+        line = printable(f"  {when}  {e.outcome:<38} host {e.host}  took {took}  fingerprint {e.fingerprint}")
+        lines.append(line + (f"\n      error: {printable(e.error)}" if e.error else ""))
     return "\n".join(lines)

@@ -6,8 +6,9 @@ record is read through the records module and handed on as a plain JSON dict
 one-line `MarinError` (`CorruptRecord`). Failure records (`failure_files`,
 `last_failure`) and the records forced rebuilds kept (`history_files`,
 `history_failure_files`) are read by `read_json_file`, which raises `UnreadableRecord`
-(one line naming the file) for a file that is not a JSON object: no attempt is left
-out unsaid. `versions_on_prefix` lists every version of
+(one line naming the file) for a file that is not a JSON object or whose `error` or
+`provenance` is not a mapping (`records.lenient_problem`): no attempt is left out
+unsaid. `versions_on_prefix` lists every version of
 a name found on the prefix (a folder holding a record, failures or history), and
 `resolve_key` turns what a user typed into a key, or one line with the nearest
 known key ("did you mean checkpoints/nano-moe@v1?").
@@ -23,7 +24,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, MarinError, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, VERSION, ArtifactId, parse_key
 from marin_rules.artifacts.files import FORCED_MARKER, HISTORY_DIR, REBUILDING
-from marin_rules.artifacts.records import failures_location, read_record
+from marin_rules.artifacts.records import failures_location, lenient_problem, read_record
 from marin_rules.validation import suggest_key
 
 
@@ -109,7 +110,9 @@ def failure_files(location: str) -> list[str]:
 def read_json_file(location: str) -> dict[str, Any] | None:
     """A failure or history record as a dict; None when the file is gone since it was
     listed, or is a `.forced-record` holding null (no earlier build was kept). Raises
-    UnreadableRecord when it is empty, not UTF-8, not JSON, or not a JSON object."""
+    UnreadableRecord when it is empty, not UTF-8, not JSON, not a JSON object, or of
+    the wrong shape (`records.lenient_problem`: an `error` or `provenance` that is not
+    a mapping)."""
     try:
         raw = storage.read_bytes(location)
         data = json.loads(raw)
@@ -124,8 +127,9 @@ def read_json_file(location: str) -> dict[str, Any] | None:
         raise UnreadableRecord(location, f"{type(e).__name__}: {e}") from None
     if data is None and location.endswith(FORCED_MARKER):
         return None
-    if not isinstance(data, dict):
-        raise UnreadableRecord(location, f"expected a JSON object, got {json.dumps(data)[:40]}")
+    problem = lenient_problem(data)
+    if problem is not None:
+        raise UnreadableRecord(location, problem)
     return data
 
 

@@ -42,7 +42,7 @@ from typing import Any, Mapping
 from marin_rules.adopt import recorded_source, recorded_source_problems, source_changed
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.code import code_change
-from marin_rules.artifacts.drift import recipe_diff
+from marin_rules.artifacts.drift import printable, recipe_diff
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
 from marin_rules.artifacts.lease import STALE_S, LeaseHolder, holder_gone, read_lease
@@ -181,15 +181,18 @@ def _failure_line(failure: Mapping[str, Any]) -> str:
 def location_status(
     key: str, location: str, step: str = "?", artifact: Artifact | None = None,
     upstream_records: Mapping[str, dict | None] | None = None, expected: ArtifactId | None = None,
+    hint_flags: str = "",
 ) -> tuple[Status, dict | None]:  # fmt: skip
     """The state of one artifact location, and its record (None when missing or corrupt).
     With `artifact` (the experiment's entry) drift is judged; with `upstream_records`
-    (upstream key -> its current record) rebuilt upstreams are reported."""
+    (upstream key -> its current record) rebuilt upstreams are reported. `hint_flags`:
+    what a corrupt record's rebuild command needs besides its target (`CorruptRecord.with_flags`)."""
     fingerprint = "-"
     try:
         record = reading.record_dict(location, expected)
     except MarinError as e:
-        return Status(key, step, "corrupt", str(e), "-", "-", "-", in_experiment=artifact is not None), None
+        reason = str(e.with_flags(hint_flags))
+        return Status(key, step, "corrupt", reason, "-", "-", "-", in_experiment=artifact is not None), None
     try:
         last_failure, unreadable = reading.last_failure(location), None
     except reading.UnreadableRecord as e:  # an older failure is not the last one
@@ -292,15 +295,18 @@ def _rebuilt_upstreams(record: Mapping[str, Any], upstream_records: Mapping[str,
     return out
 
 
-def experiment_status(experiment: Experiment, prefix: str, every_version: bool = False) -> list[Status]:
+def experiment_status(
+    experiment: Experiment, prefix: str, every_version: bool = False, hint_flags: str = ""
+) -> list[Status]:
     """Status of every artifact of the experiment, in dependency order; with
-    `every_version`, also every other version of the same names found on the prefix."""
+    `every_version`, also every other version of the same names found on the prefix.
+    `hint_flags`: see `location_status`."""
     rows: list[Status] = []
     records: dict[str, dict | None] = {}
     for key, artifact in experiment.artifacts.items():
         location = artifact_location(prefix, artifact.id)
         upstreams = {u: records.get(u) for u in artifact.upstream_keys()}
-        status, record = location_status(key, location, artifact.step, artifact, upstreams, artifact.id)
+        status, record = location_status(key, location, artifact.step, artifact, upstreams, artifact.id, hint_flags)
         records[key] = record
         rows.append(status)
     if every_version:
@@ -310,7 +316,8 @@ def experiment_status(experiment: Experiment, prefix: str, every_version: bool =
                 key = f"{name}@{version}"
                 if key not in experiment.artifacts:
                     found = ArtifactId(name, version)
-                    rows.append(location_status(key, artifact_location(prefix, found), expected=found)[0])
+                    rows.append(location_status(key, artifact_location(prefix, found), expected=found,
+                                                hint_flags=hint_flags)[0])  # fmt: skip
     return rows
 
 
@@ -328,7 +335,8 @@ COLUMNS = (
 
 
 def format_table(rows: list[Status]) -> str:
-    table = [[name for name, _ in COLUMNS]] + [[get(r) for _, get in COLUMNS] for r in rows]
+    """The rows as aligned columns; every cell `printable` (records' values are shown)."""
+    table = [[name for name, _ in COLUMNS]] + [[printable(get(r)) for _, get in COLUMNS] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS) - 1)]
     return "\n".join(
         "  ".join([*(v.ljust(w) for v, w in zip(row[:-1], widths)), row[-1]]).rstrip() for row in table

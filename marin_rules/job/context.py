@@ -4,7 +4,10 @@ Model: the step gets a `StepContext` (config, the upstreams' data locations by r
 runtime, the artifact's location), the record gets the entry (identity, recipe, deps
 as `name/version` with the upstream fingerprints seen) and the `Provenance` (the code
 the step ran, who, where, the user's command line). Before the step runs, every
-upstream's record and files are verified (`check_upstreams`).
+upstream's record and files are verified (`check_upstreams`); after it, each upstream
+must still be the build seen then (`check_upstreams_unchanged`): another run that
+force-rebuilds an upstream meanwhile moves its files away and writes new ones, so the
+step may have read neither build.
 """
 
 from __future__ import annotations
@@ -12,14 +15,15 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import sys
 from typing import Any
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
-from marin_rules.artifacts.builds import build_of
-from marin_rules.artifacts.records import Provenance, read_record, rebuild_hint, verify_files
+from marin_rules.artifacts.builds import build_of, builds_in_deps, upstream_change
+from marin_rules.artifacts.records import CorruptRecord, Provenance, read_record, rebuild_hint, verify_files
 
 
 def job_context(artifact: Any, experiment: Any, location: str, args: argparse.Namespace) -> tuple:
@@ -71,7 +75,10 @@ def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: di
     for key in artifact.upstream_keys():
         upstream = experiment[key]
         location = artifact_location(prefix, upstream.id)
-        record = read_record(location, upstream.id)
+        try:
+            record = read_record(location, upstream.id)
+        except CorruptRecord as e:
+            raise e.with_flags(hint_flags) from None  # its rebuild command runs as printed
         how = rebuild_hint(location, hint_flags)
         if record is None:
             raise MarinError(f"{artifact.key}: upstream {key} has no success record at {location}; {how}")
@@ -85,19 +92,51 @@ def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: di
             d.update(seen[f"{d['name']}@{d['version']}"])
 
 
+def check_upstreams_unchanged(artifact: Any, experiment: Any, prefix: str, deps_record: dict) -> None:
+    """After the step: every upstream is still the build `check_upstreams` saw before
+    it (its record unchanged), else a MarinError: no success is recorded for what the
+    step made, which stays in place (the next run sets it aside and builds again). A
+    record that cannot be read now for want of the storage (the network) is not taken
+    for a rebuild: the check is skipped, with a note, rather than fail a finished step."""
+    if not artifact.upstream_keys():
+        return
+    try:
+        now = {key: _build_now(prefix, experiment[key]) for key in artifact.upstream_keys()}
+    except MarinError:
+        raise  # a record corrupted meanwhile: it says which, and how to rebuild it
+    except Exception as e:  # noqa: BLE001 - the storage's errors (OSError, google.api_core's)
+        print(f"{artifact.key}: note: could not check that the upstreams are unchanged after the step "
+              f"({type(e).__name__}: {e}); recording success", file=sys.stderr)  # fmt: skip
+        return
+    change = upstream_change(builds_in_deps(deps_record), now)
+    if change is not None:
+        raise MarinError(
+            f"{artifact.key}: {change}: another run rebuilt it while this step was reading it, so what the "
+            "step read may be neither build; no success is recorded: run snakemake again once that rebuild "
+            "has finished"
+        )
+
+
 def upstream_builds(artifact: Any, experiment: Any, prefix: str) -> dict[str, dict[str, Any]] | None:
     """Each upstream's build now (`build_of`), by key; None when one has no readable
     record (`check_upstreams` refuses it, with a failure record, when the step starts)."""
     builds = {}
     for key in artifact.upstream_keys():
         try:
-            record = read_record(artifact_location(prefix, experiment[key].id), experiment[key].id)
+            build = _build_now(prefix, experiment[key])
         except MarinError:
             return None
-        if record is None:
+        if build is None:
             return None
-        builds[key] = build_of(record)
+        builds[key] = build
     return builds
+
+
+def _build_now(prefix: str, upstream: Any) -> dict[str, Any] | None:
+    """An upstream artifact's build now (`build_of` its record); None without a record.
+    Raises CorruptRecord for a record that cannot be trusted."""
+    record = read_record(artifact_location(prefix, upstream.id), upstream.id)
+    return None if record is None else build_of(record)
 
 
 def _jobid(text: str | None) -> int | str | None:

@@ -14,7 +14,8 @@ is read from the environment except a pod's place (`pod_process_from_env`). In o
    cascade would be (`finished_on_other_upstreams`); a stale lease is taken over;
 3. if the main process marked the build forced, move the old build to `.history/`;
 4. check every upstream's record and files (`context.check_upstreams`), then call the step
-   (`run.run_step`); the heartbeat stops the step if the lease is lost, and the
+   (`run.run_step`), then check that no other run rebuilt an upstream meanwhile
+   (`context.check_upstreams_unchanged`); the heartbeat stops the step if the lease is lost, and the
    success record is written only while the lease is still held.
 A shard job of a sharded step (`--shard kkkkk-of-nnnnn`, `marin_rules.artifacts.shards`)
 does the same for its shard folder: its own lease, its shard record instead of the
@@ -132,7 +133,8 @@ def _exit_status(args: argparse.Namespace) -> int:
         return 128 + e.signum if e.signum else 1
     except MarinError as e:
         if not getattr(e, "reported", False):
-            tell(f"marin-rules: {e}")
+            shown = e.with_flags(rerun_hint(args))  # a suggested command runs as printed
+            tell(f"marin-rules: {shown}")
         return 1
     except BaseException as e:  # noqa: BLE001 - a step's failure has its record and message already
         if not getattr(e, "reported", False):  # failed before or around the step (the lease, a restore)
@@ -373,11 +375,12 @@ def _mirror(record: Any, artifact: Any, args: argparse.Namespace) -> None:
 
 
 def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace, process: int | None, held: Any) -> int:
+    from marin_rules.adopt import is_adopted_in_place
     from marin_rules.artifacts.builds import builds_in_deps
     from marin_rules.artifacts.shards import gathered_results, shard_count
     from marin_rules.steps import SHARDED_STEPS, step_function
 
-    from marin_rules.job.context import check_upstreams, job_context
+    from marin_rules.job.context import check_upstreams, check_upstreams_unchanged, job_context
 
     ctx, entry, provenance, deps_record = job_context(artifact, experiment, location, args)
     sharded = artifact.step in SHARDED_STEPS
@@ -386,9 +389,17 @@ def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace,
         check_upstreams(artifact, experiment, args.prefix, deps_record, rerun_hint(args))  # fills in what was seen
         if sharded:  # the gather: every shard job has finished
             shards = gathered_results(location, shard_count(c.runtime), artifact.fingerprint, builds_in_deps(deps_record))
-            return step_function(artifact.step)(c, shards)
-        return step_function(artifact.step)(c)
+            result = step_function(artifact.step)(c, shards)
+        else:
+            result = step_function(artifact.step)(c)
+        if not process:  # a pod's writer decides, for every process
+            check_upstreams_unchanged(artifact, experiment, args.prefix, deps_record)
+        return result
 
     record = run_step(ctx, entry, provenance, step, process, None if held is None else held.still_held)
+    if record is not None and not record.files and storage.is_remote(location) and not is_adopted_in_place(artifact):
+        tell(f"{artifact.key}: note: the step wrote no data files under {location} (its record holds only its "
+             "result); a step writes through marin_rules.artifacts.storage, since open() or os on a gs:// path "
+             "makes a local folder named gs:")  # fmt: skip
     _mirror(record, artifact, args)
     return 0

@@ -68,7 +68,7 @@ def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Na
 
 
 def _run_shard(artifact: Any, experiment: Any, location: str, shard: Shard, args: argparse.Namespace, held: Any) -> int:
-    from marin_rules.job.context import check_upstreams, job_context
+    from marin_rules.job.context import check_upstreams, check_upstreams_unchanged, job_context
     from marin_rules.job.main import rerun_hint
     from marin_rules.job.run import run_step
     from marin_rules.steps import shard_function
@@ -78,7 +78,9 @@ def _run_shard(artifact: Any, experiment: Any, location: str, shard: Shard, args
 
     def step(c: Any) -> Any:
         check_upstreams(artifact, experiment, args.prefix, deps_record, rerun_hint(args))
-        return shard_function(artifact.step)(c, shard)
+        result = shard_function(artifact.step)(c, shard)
+        check_upstreams_unchanged(artifact, experiment, args.prefix, deps_record)
+        return result
 
     def write(result: Any, provenance_dict: dict) -> Any:
         return write_shard_record(location, shard, entry, result, provenance_dict)

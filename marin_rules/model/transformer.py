@@ -29,8 +29,9 @@ the output head multiplies bfloat16 operands but accumulates in float32
 (`preferred_element_type`), so the logits and the loss are float32.
 
 Attention: causal attention without a mask or cache (training, plain scoring) runs
-cuDNN's fused flash attention on a GPU when it applies (16-bit compute, head_dim a
-multiple of 8 up to 128: `attention_implementation`), else XLA's, which builds the
+cuDNN's fused flash attention on an NVIDIA GPU when it applies (compute capability
+8.0 or later, 16-bit compute, head_dim a multiple of 8 up to 128:
+`attention_implementation`), else XLA's, which builds the
 [T, T] scores in memory. Both compute the same function; they round differently.
 References: nanoGPT model.py, Llama (RMSNorm, rotary, SwiGLU, GQA), GShard
 and Switch Transformer (MoE), Marin grug MoE (router bias).
@@ -38,7 +39,7 @@ and Switch Transformer (MoE), Marin grug MoE (router bias).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -120,9 +121,16 @@ def cached_attention(q, k, v, kv: tuple[jax.Array, jax.Array], positions: jax.Ar
     return y, (k_cache, v_cache)
 
 
-def attention_implementation(backend: str, compute_dtype: str, head_dim: int) -> str:
-    """`cudnn` (fused flash attention) where it applies, else `xla`: see the module docstring."""
-    if backend == "gpu" and jnp.dtype(compute_dtype).itemsize == 2 and head_dim % 8 == 0 and head_dim <= 128:
+def attention_implementation(device: Any, compute_dtype: str, head_dim: int) -> str:
+    """`cudnn` (fused flash attention) where it applies, else `xla`: see the module
+    docstring. cuDNN's flash attention needs an NVIDIA GPU of compute capability 8.0 or
+    later (a ROCm GPU has none; a V100 or T4 is older)."""
+    capability = getattr(device, "compute_capability", None) if device.platform == "gpu" else None
+    try:
+        major = int(str(capability).split(".")[0])
+    except ValueError:
+        return "xla"
+    if major >= 8 and jnp.dtype(compute_dtype).itemsize == 2 and head_dim % 8 == 0 and head_dim <= 128:
         return "cudnn"
     return "xla"
 
@@ -151,7 +159,7 @@ class Attention(nnx.Module):
         v = linear(x, self.w_v[...].astype(dt)).reshape(B, T, self.n_kv_heads, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if kv is None and mask is None:
-            impl = attention_implementation(jax.default_backend(), str(self.dtype), self.head_dim)
+            impl = attention_implementation(jax.devices()[0], str(self.dtype), self.head_dim)
             y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)  # [B, T, n_heads, head_dim]
         elif kv is None:
             y = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])

@@ -65,7 +65,7 @@ def initialize(settings: DistributedConfig) -> None:
         return
     import jax
 
-    if _already_initialized():
+    if jax.distributed.is_initialized():
         return
     if settings.auto:
         jax.distributed.initialize()
@@ -75,15 +75,6 @@ def initialize(settings: DistributedConfig) -> None:
             num_processes=settings.num_processes,
             process_id=settings.process_id,
         )
-
-
-def _already_initialized() -> bool:
-    try:
-        from jax._src import distributed as _d  # no public query in jax 0.10
-
-        return _d.global_state.client is not None
-    except (ImportError, AttributeError):
-        return False
 
 
 def process_index() -> int:

@@ -22,7 +22,7 @@ import sys
 from typing import Any, Callable
 
 from marin_rules.artifacts.code import change_message, code_change
-from marin_rules.artifacts.drift import drift_message, recipe_diff
+from marin_rules.artifacts.drift import drift_message, printable, recipe_diff
 from marin_rules.artifacts.errors import DriftError, MarinError
 from marin_rules.artifacts.records import Record
 from marin_rules.experiment import Artifact, Experiment
@@ -36,7 +36,7 @@ def report(
     if record.fingerprint != artifact.fingerprint:
         if artifact.expect_fingerprint is not None:
             raise DriftError(
-                f"{artifact.key}: recipe drift on a pinned artifact: recorded fingerprint {record.fingerprint}, "
+                f"{artifact.key}: recipe drift on a pinned artifact: recorded fingerprint {printable(record.fingerprint)}, "
                 f"pinned {artifact.expect_fingerprint}; restore the recipe that was built, or bump the version"
             )
         payload = {"step": record.step, "config": record.config, "deps": dep_keys(record.deps)}
@@ -44,11 +44,11 @@ def report(
         print(drift_message(artifact.key, record.fingerprint, artifact.fingerprint, lines), file=sys.stderr)
     change = code_change(artifact.step, record.provenance)
     if change is not None:
-        print(change_message(artifact.key, change, rebuild_hint), file=sys.stderr)
+        print(printable(change_message(artifact.key, change, rebuild_hint)), file=sys.stderr)
     for upstream, how in rebuilt_upstreams(artifact, record, recorded):
         print(
             f"{artifact.key}: upstream {upstream} was rebuilt since this artifact was built "
-            f"({how}); serving the cached output (--forcerun {rebuild_hint} rebuilds it).",
+            f"({printable(how)}); serving the cached output (--forcerun {rebuild_hint} rebuilds it).",
             file=sys.stderr,
         )
 

@@ -55,12 +55,12 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.provenance import iso, utc_now
-from marin_rules.artifacts.records import Record, read_record_file
+from marin_rules.artifacts.records import CorruptRecord, Record, read_record_file
 from marin_rules.artifacts.shards import SHARD_RECORD, SHARDS_DIR, all_shards, shard_count
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.steps import SHARDED_STEPS
 from marin_rules.workflow import advisory, forcing
-from marin_rules.workflow.options import rule_of, target_keys
+from marin_rules.workflow.options import rerun_flags, rule_of, target_keys
 
 LOG_ROOT = ".snakemake/marin-logs"
 RUN_STAMP = ".snakemake/marin-run/stamp"  # rewritten once per invocation: newer than every record
@@ -161,13 +161,22 @@ class Session:
         return trie_regex(paths) if paths else "(?!)"
 
     def recorded(self, key: str) -> Record | None:
-        """The artifact's success record, validated; a corrupt one ends the invocation."""
+        """The artifact's success record, validated; a corrupt one ends the invocation,
+        its line naming the command that rebuilds it as this run would (`rerun_flags`)."""
         if key not in self._records:
             try:
                 self._records[key] = read_record_file(self.record_path(key), self.experiment[key].id)
+            except CorruptRecord as e:
+                raise stop(e.with_flags(self.hint_flags())) from None
             except MarinError as e:
                 raise stop(e) from None
         return self._records[key]
+
+    def hint_flags(self) -> str:
+        """What a command this run suggests (`snakemake -f RECORD`) needs besides its
+        target to plan this experiment on this prefix (`options.rerun_flags`)."""
+        return rerun_flags(os.path.abspath(self.experiment.path), self.prefix, self.workflow_dir,
+                           self.workflow.main_snakefile, os.getcwd())  # fmt: skip
 
     # ---- targets and job parameters --------------------------------------------------
     def targets(self) -> list[str]:
