@@ -326,6 +326,8 @@ def test_a_live_holder_or_a_dead_pid_elsewhere_still_holds_the_lease(tmp_path, h
     ({"since": "x"}, "since 'x' is not an ISO time with a zone"),
     ({"renewed": "2026-01-01T00:00:00"}, "renewed '2026-01-01T00:00:00' is not an ISO time with a zone"),
     ({"pid": "12"}, "pid or host is not a number or a name"),
+    ({"pid": 10**30}, f"pid {10**30} is not a process id (1 to 2147483647)"),  # os.kill overflowed
+    ({"pid": 0}, "pid 0 is not a process id (1 to 2147483647)"),  # os.kill(0, 0) probes a group
 ])  # fmt: skip
 def test_a_lease_with_impossible_times_is_unreadable_and_taken_over_naming_the_file(tmp_path, capsys, fields, why):
     location = str(tmp_path / "a" / "v1")

@@ -57,6 +57,7 @@ HEARTBEAT_S = 30.0
 STALE_S = 90.0
 POLL_S = 5.0
 SKEW_S = 300.0  # a lease renewed further in the future than this is unreadable, not live
+MAX_PID = 2**31  # pids are positive C ints (Linux allows at most 2**22)
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ class LeaseHolder:
 
     def problem(self) -> str | None:
         """Why this lease cannot be trusted, or None: a time that is not an ISO time with
-        a zone, or a renewal further in the future than clocks disagree (`SKEW_S`)."""
+        a zone, a renewal further in the future than clocks disagree (`SKEW_S`), or a pid
+        no process can have."""
         for name in ("since", "renewed"):
             try:
                 _instant(getattr(self, name))
@@ -89,6 +91,8 @@ class LeaseHolder:
             return f"renewed {self.renewed}, more than {SKEW_S:.0f} s in the future"
         if not isinstance(self.pid, int) or isinstance(self.pid, bool) or not isinstance(self.host, str):
             return "pid or host is not a number or a name"
+        if not 0 < self.pid < MAX_PID:  # os.kill(0 or -1, ...) means a group; a huge one overflows
+            return f"pid {self.pid} is not a process id (1 to {MAX_PID - 1})"
         return None
 
 
@@ -166,6 +170,8 @@ def holder_gone(holder: LeaseHolder) -> bool:
 
 def process_exists(pid: int) -> bool:
     """Does process `pid` exist on this machine (another user's too)?"""
+    if not 0 < pid < MAX_PID:  # no process has it (and os.kill(0 or -1) would probe a group)
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
