@@ -25,7 +25,6 @@ import sys
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, ArtifactId, artifact_location
-from marin_rules.artifacts.records import CorruptRecord
 from marin_rules.experiment import DEFAULT_EXPERIMENT, Experiment, load_experiment
 from marin_rules.inspect import reading
 from marin_rules.mirror import records_root
@@ -120,7 +119,7 @@ def _run(args) -> int:
     flags = _rerun_flags(experiment, prefix)
     try:
         return _command(args, experiment, prefix, flags)
-    except CorruptRecord as e:  # its rebuild command, completed for this experiment and prefix
+    except MarinError as e:  # a corrupt record's rebuild command, completed for this experiment and prefix
         raise e.with_flags(flags) from None
 
 

@@ -23,7 +23,7 @@ from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.builds import build_of, builds_in_deps, upstream_change
-from marin_rules.artifacts.records import CorruptRecord, Provenance, read_record, rebuild_hint, verify_files
+from marin_rules.artifacts.records import Provenance, read_record, rebuild_hint, verify_files
 
 
 def job_context(artifact: Any, experiment: Any, location: str, args: argparse.Namespace) -> tuple:
@@ -77,8 +77,8 @@ def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: di
         location = artifact_location(prefix, upstream.id)
         try:
             record = read_record(location, upstream.id)
-        except CorruptRecord as e:
-            raise e.with_flags(hint_flags) from None  # its rebuild command runs as printed
+        except MarinError as e:  # a corrupt record's rebuild command runs as printed
+            raise e.with_flags(hint_flags) from None
         how = rebuild_hint(location, hint_flags)
         if record is None:
             raise MarinError(f"{artifact.key}: upstream {key} has no success record at {location}; {how}")

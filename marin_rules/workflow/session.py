@@ -55,7 +55,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.provenance import iso, utc_now
-from marin_rules.artifacts.records import CorruptRecord, Record, read_record_file
+from marin_rules.artifacts.records import Record, read_record_file
 from marin_rules.artifacts.shards import SHARD_RECORD, SHARDS_DIR, all_shards, shard_count
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.steps import SHARDED_STEPS
@@ -166,10 +166,8 @@ class Session:
         if key not in self._records:
             try:
                 self._records[key] = read_record_file(self.record_path(key), self.experiment[key].id)
-            except CorruptRecord as e:
+            except MarinError as e:  # a corrupt record's rebuild command runs as printed
                 raise stop(e.with_flags(self.hint_flags())) from None
-            except MarinError as e:
-                raise stop(e) from None
         return self._records[key]
 
     def hint_flags(self) -> str:
