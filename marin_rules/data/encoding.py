@@ -19,7 +19,8 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Iterator, Sequence
 
 import numpy as np
-from tokenizers import Tokenizer
+
+from marin_rules.data.tokenizer import bulk_encoder
 
 TASK_BYTES = 2**18  # a batch handed to a worker process also ends once it holds this much text
 THREAD_TASK_BYTES = 2**20  # one worker: tokenizers parallelises over a call's documents, so give it several
@@ -72,9 +73,8 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(tokenizer_json: str, eos_id: int, dtype: str) -> None:
-    tokenizer = Tokenizer.from_str(tokenizer_json)
-    tokenizer.encode_special_tokens = True  # a literal "<|endoftext|>" in a text is text, not eos
-    _WORKER.update(tokenizer=tokenizer, eos_id=eos_id, dtype=np.dtype(dtype))
+    # a literal "<|endoftext|>" in a text is text, not eos
+    _WORKER.update(tokenizer=bulk_encoder(tokenizer_json), eos_id=eos_id, dtype=np.dtype(dtype))
 
 
 def encode_batch(texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:

@@ -97,6 +97,33 @@ def train_bpe(texts: Iterator[str], vocab_size: int, special: dict[str, str], *,
     return tokenizer
 
 
+# a BPE model's settings besides vocab and merges, as tokenizer.json names them and
+# `models.BPE` takes them; a model with any other key keeps its cache (see bulk_encoder)
+BPE_SETTINGS = ("dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk",
+                "byte_fallback", "ignore_merges")  # fmt: skip
+
+
+def bulk_encoder(tokenizer_json: str) -> Tokenizer:
+    """The tokenizer of `tokenizer_json` set up to encode whole corpora: a special-token
+    string inside a text is text (`encode_special_tokens`), and a BPE model runs
+    without its word cache. The ids are the same; the cache costs more than it saves
+    when merging a word is cheap: on the Shakespeare corpus with the default 4,096-id
+    BPE, one `encode_batch_fast` took 0.68-0.78 s without it and 0.81-1.02 s with it
+    (fresh processes, 2 cores); on 97 MB of Python source, 16-18 s against 21-22 s
+    at 4,096 ids, and the same within noise at 32,768. A model this function does not
+    know entirely (another type, dropout, an unknown setting) is left as it is."""
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    tokenizer.encode_special_tokens = True
+    model = json.loads(tokenizer_json).get("model", {})
+    known = {"type", "vocab", "merges", *BPE_SETTINGS}
+    if model.get("type") != "BPE" or model.get("dropout") is not None or not set(model) <= known:
+        return tokenizer
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])]
+    settings = {k: model[k] for k in BPE_SETTINGS if model.get(k) is not None}
+    tokenizer.model = models.BPE(model.get("vocab", {}), merges, cache_capacity=0, **settings)
+    return tokenizer
+
+
 def special_ids(tokenizer: Tokenizer, special: dict[str, str]) -> dict[str, int]:
     ids = {}
     for role in SPECIAL_ROLES:

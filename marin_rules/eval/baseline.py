@@ -66,7 +66,7 @@ def unigram_counts(texts: Iterator[str], tokenizer: Tokenizer, special: SpecialT
     batch: list[str] = []
 
     def flush() -> None:
-        for encoding in tokenizer.encode_batch(batch, add_special_tokens=False):
+        for encoding in tokenizer.encode_batch_fast(batch, add_special_tokens=False):
             counts[:] += np.bincount(np.asarray(encoding.ids, np.int64), minlength=vocab)[:vocab]
         counts[special.eos] += len(batch)
         batch.clear()

@@ -47,6 +47,7 @@ from tqdm import tqdm
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.records import unreadable_file
+from marin_rules.data.tokenizer import bulk_encoder
 from marin_rules.eval import packing
 from marin_rules.eval.config import DEFAULT_BATCH_SIZE
 from marin_rules.eval.packing import Piece
@@ -68,12 +69,12 @@ def load_tokenizer(location: str) -> tuple[Tokenizer, SpecialTokens]:
     """A tokenizer.json (local or remote) and its special token ids, from the
     `special_tokens.json` beside it, else from well-known token strings."""
     try:
-        tokenizer = Tokenizer.from_str(storage.read_text(location))
+        # as the tokenize step: "<|endoftext|>" in a text is text
+        tokenizer = bulk_encoder(storage.read_text(location))
     except FileNotFoundError:
         raise
     except Exception as e:  # tokenizers raises a bare Exception on bad JSON
         raise unreadable_file("deps.model", location, storage.parent(location), e) from None
-    tokenizer.encode_special_tokens = True  # as the tokenize step: "<|endoftext|>" in a text is text
     sidecar = storage.join(storage.parent(location), "special_tokens.json")
     ids: dict[str, int | None] = {}
     if storage.exists(sidecar):
