@@ -23,6 +23,7 @@ import shlex
 import sys
 
 from marin_rules.artifacts import storage
+from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, ArtifactId, artifact_location
 from marin_rules.experiment import DEFAULT_EXPERIMENT, Experiment, load_experiment
@@ -59,8 +60,8 @@ def _experiment_key(text: str, experiment: Experiment, command: str) -> str:
     reading.refuse_empty_key(text, experiment.artifacts)
     hint = reading.suggestion(text, experiment.artifacts)
     raise MarinError(
-        f"{text}: not an artifact of {experiment.path}{hint} (name another experiment with "
-        f"marin {command} {text} --configfile experiments/X.yaml)"
+        f"{printable(text)}: not an artifact of {experiment.path}{hint} (name another experiment with "
+        f"marin {command} {printable(shlex.quote(text))} --configfile experiments/X.yaml)"
     )
 
 

@@ -151,6 +151,16 @@ def test_an_empty_key_is_named_as_such_with_what_is_expected(experiment_file, tm
         ), command
 
 
+def test_a_typed_key_with_control_characters_is_echoed_escaped(experiment_file, tmp_path, capsys):  # noqa: F811
+    args = ["--configfile", experiment_file, "--prefix", str(tmp_path / "artifacts")]
+    for command in (["show", "raw/s@v1\x1b[2K\rforged"], ["history", "\x1b]0;title\x07raw"], ["show", "raw/s\u202e@v1"]):
+        assert main([*command, *args]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("marin: ") and err.count("\n") == 1, (command, err)
+        assert all(ch.isprintable() for ch in err.rstrip("\n")), (command, err)
+        assert "\\x1b" in err or "\\u202e" in err, (command, err)
+
+
 def test_an_unreachable_bucket_is_one_line_naming_the_prefix_not_gcsfs_tracebacks(tmp_path):
     import socket
 
@@ -167,6 +177,34 @@ def test_an_unreachable_bucket_is_one_line_naming_the_prefix_not_gcsfs_traceback
     assert proc.returncode == 1
     assert proc.stderr.startswith("marin: gs://my-bucket/marin: cannot reach the storage (")
     assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_the_endpoint_probe_fails_fast_only_when_the_endpoint_certainly_cannot_answer(monkeypatch):
+    import socket
+
+    import pytest
+
+    from marin_rules.artifacts.storage import probe_gcs_endpoint
+
+    for variable in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(variable, raising=False)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+        probe_gcs_endpoint("gs://b/p")  # answers: nothing raised
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"127.0.0.1:{port}")  # no scheme, as gcsfs also takes it
+        probe_gcs_endpoint("gs://b/p")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")  # closed now: refused
+    with pytest.raises(ConnectionError, match=f"^127.0.0.1:{port} refused the connection$"):
+        probe_gcs_endpoint("gs://b/p", attempts=1)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://no-such-host.invalid:4443")
+    with pytest.raises(ConnectionError, match="^no-such-host.invalid:4443 does not resolve"):
+        probe_gcs_endpoint("gs://b/p", attempts=1)
+    probe_gcs_endpoint("memory://b/p")  # not gcs: not probed
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    probe_gcs_endpoint("gs://b/p")  # a proxy may carry gcsfs's requests: left to gcsfs
 
 
 def test_a_bucket_that_does_not_exist_is_named_not_read_as_an_empty_prefix(tmp_path, gcs_env):

@@ -13,6 +13,9 @@ import json
 import logging
 import os
 import posixpath
+import socket
+import time
+import urllib.parse
 import uuid
 from typing import Any, Iterator
 
@@ -151,9 +154,11 @@ def walk_files(location: str) -> Iterator[str]:
 
 def check_bucket(prefix: str) -> None:
     """A gs:// prefix's bucket exists (one request); else one line naming it. Without
-    this a missing bucket reads like a prefix where nothing was built yet."""
+    this a missing bucket reads like a prefix where nothing was built yet. First, the
+    endpoint is probed (`probe_gcs_endpoint`)."""
     if not is_remote(prefix):
         return
+    probe_gcs_endpoint(prefix)
     fs, path = filesystem(prefix)
     bucket = path.split("/", 1)[0]
     if not fs.exists(bucket):
@@ -163,6 +168,43 @@ def check_bucket(prefix: str) -> None:
             f"{prefix}: there is no bucket {bucket} (or these credentials cannot see it); check the name, "
             f"or create it: gcloud storage buckets create gs://{bucket}"
         )
+
+
+GCS_ENDPOINT = "https://storage.googleapis.com"
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def probe_gcs_endpoint(prefix: str, attempts: int = 2, timeout_s: float = 5.0) -> None:
+    """Raise ConnectionError within a few seconds when a gs:// prefix's endpoint
+    (`STORAGE_EMULATOR_HOST` as gcsfs reads it, else storage.googleapis.com) refuses
+    connections or its host name does not resolve, `attempts` times one second apart:
+    gcsfs retries each request for about 34 s, so an unreachable endpoint took over a
+    minute to report. Anything less certain (a connection that times out, a proxy set
+    in the environment, which gcsfs may go through) is left to gcsfs and its retries."""
+    if not prefix.startswith(("gs://", "gcs://")) or any(os.environ.get(v) for v in PROXY_VARIABLES):
+        return
+    endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or GCS_ENDPOINT
+    url = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    try:
+        host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    except ValueError:  # a port that is not a number: gcsfs says so itself
+        return
+    if not host:
+        return
+    for attempt in range(attempts):
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return
+        except (ConnectionRefusedError, socket.gaierror) as e:
+            problem = e
+        except OSError:  # a timeout, an unreachable network: gcsfs's retries decide
+            return
+        if attempt + 1 < attempts:
+            time.sleep(1.0)  # a moment for a server that is just starting
+    refused = isinstance(problem, ConnectionRefusedError)
+    raise ConnectionError(
+        f"{host}:{port} " + ("refused the connection" if refused else f"does not resolve ({problem})")
+    )
 
 
 def storage_problem(prefix: str | None, error: BaseException) -> str:

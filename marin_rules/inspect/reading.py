@@ -21,6 +21,7 @@ import posixpath
 from typing import Any, Iterable
 
 from marin_rules.artifacts import storage
+from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import ConfigError, MarinError, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, VERSION, ArtifactId, parse_key
 from marin_rules.artifacts.files import FORCED_MARKER, HISTORY_DIR, REBUILDING
@@ -182,7 +183,8 @@ def resolve_key(text: str, known: Iterable[str]) -> ArtifactId:
         return parse_key(text)
     except ConfigError as e:
         hint = suggestion(text, known)
-        raise MarinError(f"{text}: expected name@version{hint}" if hint else f"{text}: {e.message}") from None
+        shown = printable(text)  # as typed: may hold control characters
+        raise MarinError(f"{shown}: expected name@version{hint}" if hint else f"{shown}: {printable(e.message)}") from None
 
 
 def dumps(data: Any) -> str:
