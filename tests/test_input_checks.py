@@ -321,3 +321,12 @@ def test_snakemake_with_an_empty_or_unsupported_prefix_stops_in_one_line_writing
     assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith(f"marin-rules: {message}"), proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "None").exists() and not (tmp_path / "artifacts").exists()
+
+
+@pytest.mark.parametrize("value", ["/tmp/runs/{date}", "/tmp/a}b", "/tmp/{x"])
+def test_a_prefix_with_braces_is_refused_in_one_line_not_read_as_a_wildcard(value):
+    brace = "{" if "{" in value else "}"
+    assert config_refusal({"prefix": value}) == (
+        f"--config prefix={value!r}: holds {brace!r}; quotes, $, backticks, backslashes, braces and line breaks "
+        "are refused in paths and names (Snakemake passes them on to job command lines, and reads braces as wildcards)"
+    )

@@ -169,6 +169,13 @@ def test_every_step_count_and_size_above_int32_names_its_field(tmp_path, field):
     assert message.startswith(f"checkpoints/m@v1: config.{field}: expected an integer <= 2147483647 (")
 
 
+@pytest.mark.parametrize("field", ["d_model", "max_seq_len", "n_layers", "d_expert", "moe_every"])
+def test_a_model_size_above_int32_is_refused_at_load_not_priced_by_the_plan(tmp_path, field):
+    message = refusal(tmp_path, chain("checkpoints/m@v1", **{f"config__model__{field}": 10**23}))
+    assert message == (f"checkpoints/m@v1: config.model.{field}: expected an integer <= 2147483647 "
+                       f"(model sizes are int32 in jitted code), got {10**23}")  # fmt: skip
+
+
 def test_step_count_at_int32_max_loads_and_small_ones_keep_their_message(tmp_path):
     assert load(tmp_path, chain("checkpoints/m@v1", config__num_train_steps=2**31 - 1))
     assert refusal(tmp_path, chain("checkpoints/m@v1", config__num_train_steps=0)) == (

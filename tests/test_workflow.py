@@ -494,3 +494,17 @@ def test_a_user_step_module_beside_the_snakefile_is_found_by_planning_and_by_the
     proc = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert storage.read_json(str(tmp_path / "art/raw/b/v1/.artifact.json"))["result"] == {"made": True}
+
+
+def test_a_job_snakemake_reruns_for_changed_params_serves_the_build_saying_it_was_there_already(ws):
+    ws.write({"raw/a@v1": {"step": "usersteps:make", "config": {"text": "a"}}})
+    ws.snakemake()
+    before = started(ws, "raw/a@v1")
+    # params carry the run's command line, so another command line reruns every job under this trigger
+    proc = ws.snakemake("-j2", "--rerun-triggers", "params")
+    output = proc.stdout + proc.stderr
+    assert "Params have changed" in output
+    assert started(ws, "raw/a@v1") == before  # not built again
+    ended = ws.record("raw/a@v1")["provenance"]["ended"]
+    assert f"raw/a@v1: built already (ended {ended} on " in output, output
+    assert "built meanwhile by another run" not in output

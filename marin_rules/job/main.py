@@ -38,6 +38,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
+from marin_rules.artifacts.provenance import iso, utc_now
 from marin_rules.artifacts.records import error_message, read_record
 from marin_rules.job.run import JobTerminated, install_stop_handlers, run_step, stop_for_lost_lease
 
@@ -205,6 +206,7 @@ def build(args: argparse.Namespace) -> int:
         experiment = owned_by(experiment, dev_user_in_path(experiment, args.artifact) or "")
     artifact = experiment.by_path[args.artifact]
     location = artifact_location(args.prefix, artifact.id)
+    began = iso(utc_now())
     print(f"marin job: {artifact.key} (rule {args.rule}, job {args.jobid}): {args.command}", flush=True)
     if args.shard:
         from marin_rules.job.shard import build_shard
@@ -228,7 +230,7 @@ def build(args: argparse.Namespace) -> int:
 
         held = take_lease(args, artifact.key, location, location, is_done)
         if held is None:
-            return serve(artifact, location, args)
+            return serve(artifact, location, args, since=began)
         recovered = recover_interrupted(location)  # a forced rebuild killed outright (forcing.py)
         if recovered:
             tell(f"{artifact.key}: its last forced rebuild was killed before it ended; the previous build is back "
@@ -250,7 +252,6 @@ def build(args: argparse.Namespace) -> int:
         if moved and not holds_build(moved):  # never finished: nothing to put back if this one fails
             moved = None
         if moved:
-            from marin_rules.artifacts.provenance import utc_now
             from marin_rules.job.context import job_context
 
             _, entry, provenance, _ = job_context(artifact, experiment, location, args)
@@ -360,10 +361,17 @@ def record_lost_attempt(artifact: Any, experiment: Any, location: str, args: arg
          f"over (failure record {where})")  # fmt: skip
 
 
-def serve(artifact: Any, location: str, args: argparse.Namespace, why: str = "") -> int:
-    """Another run built it while this one waited (or `why`): nothing to build."""
+def serve(artifact: Any, location: str, args: argparse.Namespace, why: str = "", since: str = "") -> int:
+    """Built already (or `why`): nothing to build. With `since` (when this job began), a
+    record that ended before it was there all along (Snakemake ran the job for another
+    reason, such as `--rerun-triggers params`); a later one another run built meanwhile."""
+    from marin_rules.artifacts.drift import printable
+
     record = read_record(location, artifact.id)
-    why = why or f"built meanwhile by another run ({record.provenance.get('host')})"
+    if not why:
+        ended, host = str(record.provenance.get("ended") or ""), printable(str(record.provenance.get("host")))
+        already = bool(since and ended and ended < since)
+        why = f"built already (ended {printable(ended)} on {host})" if already else f"built meanwhile by another run ({host})"
     tell(f"{artifact.key}: {why}; serving it")
     _mirror(record, artifact, args)
     return 0

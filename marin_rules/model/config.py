@@ -19,14 +19,17 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Mapping
 
 from marin_rules.artifacts.errors import ConfigError
-from marin_rules.validation import Bool, Int, Number, OneOf, check_fields, check_instance
+from marin_rules.validation import INT32_MAX, Bool, Int, Number, OneOf, check_fields, check_instance
 
 ROUTER_GATES = ("softmax", "sigmoid")
 BALANCES = ("aux_loss", "quantile")
 MOE_IMPLS = ("dense", "capacity", "ragged")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
-Size = Annotated[int, Int(min=1)]
+# a dimension or count of the model: int32 is as far as array shapes and indexing go in
+# jitted code; larger gave an XLA type error at the first step, after a plan priced it
+SIZE_WHY = "model sizes are int32 in jitted code"
+Size = Annotated[int, Int(min=1, max=INT32_MAX, max_why=SIZE_WHY)]
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class ModelConfig:
     n_experts: Annotated[Size, "experts per MoE layer"] = 4
     top_k: Annotated[Size, "experts chosen per token (at most n_experts)"] = 2
     d_expert: Annotated[Size, "expert SwiGLU hidden size; top_k * d_expert = d_ff keeps active params equal"] = 256
-    moe_every: Annotated[int, Int(min=0), "every n-th layer is MoE: 1 all (grug), 2 every other, 0 none (dense)"] = 1
+    moe_every: Annotated[int, Int(min=0, max=INT32_MAX, max_why=SIZE_WHY), "every n-th layer is MoE: 1 all (grug), 2 every other, 0 none (dense)"] = 1
     shared_expert: Annotated[bool, Bool(), "an always-on shared expert beside the routed ones (grug)"] = False
     router_gate: Annotated[str, OneOf(ROUTER_GATES), "combine weights: softmax (Mixtral) or sigmoid (grug, DeepSeek-V3)"] = "softmax"
     balance: Annotated[str, OneOf(BALANCES), "aux_loss (Switch loss in the objective) or quantile (grug router bias)"] = "aux_loss"

@@ -47,7 +47,7 @@ STRING_KEYS = {  # the text-valued keys, and what each expects
 }
 GLUE_KEYS = set(STRING_KEYS) | LEASE_KEYS
 GCS_URL = re.compile(r"gs://[a-z0-9][a-z0-9._-]*(/.*)?")
-UNSAFE = re.compile(r"['\"$`\\\x00-\x1f\x7f]")
+UNSAFE = re.compile(r"['\"$`\\{}\x00-\x1f\x7f]")
 SECRET = re.compile(r"token|secret|password|passwd|key", re.IGNORECASE)
 REDACTED = "<redacted>"
 
@@ -84,8 +84,9 @@ def check_config(config: dict, configfiles: list[str]) -> None:
         found = UNSAFE.search(value)
         if found:
             raise MarinError(
-                f"--config {key}={value!r}: holds {found.group()!r}; quotes, $, backticks, backslashes and "
-                "line breaks are refused in paths and names (Snakemake passes them on to job command lines)"
+                f"--config {key}={value!r}: holds {found.group()!r}; quotes, $, backticks, backslashes, braces and "
+                "line breaks are refused in paths and names (Snakemake passes them on to job command lines, "
+                "and reads braces as wildcards)"
             )
     check_lease_settings(config)
 
