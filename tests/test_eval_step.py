@@ -29,6 +29,17 @@ def artifacts(tmp_path_factory) -> dict[str, str]:
     return tiny_artifacts(str(tmp_path_factory.getbasetemp() / "eval-artifacts"))
 
 
+@pytest.fixture(scope="module")
+def lossy_artifacts(tmp_path_factory) -> dict[str, str]:
+    """As `artifacts`, with a WordPiece tokenizer ([UNK], whitespace dropped) given as `pretrained`."""
+    from test_data_tokenizer import TEXTS, wordpiece_tokenizer_json
+
+    base = tmp_path_factory.getbasetemp() / "eval-artifacts-wordpiece"
+    base.mkdir(exist_ok=True)
+    (base / "wordpiece.json").write_text(wordpiece_tokenizer_json([(TEXTS / "comedy_of_errors_gut.txt").read_text()]))
+    return tiny_artifacts(str(base), {"pretrained": str(base / "wordpiece.json")})
+
+
 @pytest.mark.parametrize(
     "config, deps, field",
     [
@@ -101,6 +112,27 @@ def test_evaluate_writes_results_table_and_headline_metrics(artifacts, tmp_path)
     assert f"| marin_shakespeare_bpb | bits_per_byte | {bpb['bits_per_byte']:.4f} ± {bpb['bits_per_byte_stderr']:.4f} |" in table
     assert "unigram baseline" in table
     assert os.path.getsize(os.path.join(out, "results.png")) > 1000
+    assert bpb["lossless"] is True and "lossless" not in cloze and "not meaningful" not in table  # byte-level BPE
+
+
+def test_bits_per_byte_of_a_lossy_tokenizer_says_it_is_not_meaningful(lossy_artifacts, tmp_path, capsys):
+    from marin_rules.eval.step import evaluate
+
+    out = tmp_path / "eval"
+    config = {"tasks": [BPB_TASK, {"name": CLOZE_TASK, "limit": 2}], "limit": 3, "batch_size": 4}
+    deps = {"model": lossy_artifacts["model"], "data": lossy_artifacts["raw"]}
+    result = evaluate(StepContext("evaluations/wp", "v1", config, deps, output=str(out)))
+    bpb = result[BPB_TASK]
+    assert bpb["lossless"] is False and bpb["lossless_example"].startswith("text ")
+    assert "lossless" not in result[CLOZE_TASK]  # no bytes counted: accuracy stands
+    table = (out / "results.md").read_text()
+    assert f"| {BPB_TASK} | bits_per_byte (not meaningful: lossy tokenizer) | {bpb['bits_per_byte']:.4f} ± " in table
+    assert f"| {CLOZE_TASK} | acc | " in table
+    assert f"Not meaningful: {BPB_TASK}: the model's tokenizer does not encode the scored texts losslessly (text " in table
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("evaluations/wp@v1: ")]
+    assert line.startswith(f"evaluations/wp@v1: {BPB_TASK}: the model's tokenizer does not encode the scored texts losslessly")
+    assert "use a byte-level tokenizer for bits per byte" in line
+    assert json.loads((out / "results.json").read_text())["lossless"][BPB_TASK]["lossless"] is False
 
 
 def test_evaluate_artifact_holds_no_absolute_path_and_reads_back_after_a_move(artifacts, tmp_path):

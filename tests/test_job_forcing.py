@@ -240,14 +240,16 @@ def test_leftovers_made_from_a_rebuilt_upstream_are_set_aside_not_resumed(tmp_pa
     assert ws.record("ck/t@v1")["result"] == {"resumed_from": 4, "steps": 4}
 
 
-@pytest.mark.parametrize("text", ["{}", '{"upstreams": 5}', "[]", "null", "{not json"])
-def test_an_attempt_file_without_its_upstream_builds_is_never_trusted(tmp_path, text):
+@pytest.mark.parametrize(
+    "text", ["{}", '{"upstreams": 5}', '{"upstreams": {}}', '{"fingerprint": 7, "upstreams": {}}', "[]", "null", "{not json"]
+)
+def test_an_attempt_file_without_its_recipe_or_upstream_builds_is_never_trusted(tmp_path, text):
     from marin_rules.job import attempt
 
     (tmp_path / "ckpt.txt").write_text("7")  # what that attempt left
     (tmp_path / ".attempt.json").write_text(text)
-    moved = attempt.begin(str(tmp_path), "f" * 16, {"raw/a@v1": {"fingerprint": "a", "built": "t"}})
-    assert moved is not None and moved[1] == "its .attempt.json is unreadable"
+    moved = attempt.begin(str(tmp_path), "f" * 16, {"raw/a@v1": {"fingerprint": "a", "built": "t"}}, "usersteps:make")
+    assert moved is not None and moved[1] == "is of unknown origin (its .attempt.json is unreadable)"
     assert (Path(moved[0]) / "ckpt.txt").read_text() == "7" and not (tmp_path / "ckpt.txt").exists()
 
 

@@ -12,7 +12,9 @@ a `files` entry outside the artifact folder (absolute, or with `..` segments), o
 name/version that disagrees with the record's place raise `CorruptRecord`, one line
 naming the file and how to fix it (`snakemake -f RECORD`, which the layers that know
 the run's experiment and prefix complete: `CorruptRecord.with_flags`); a corrupt record
-is never served as built.
+is never served as built. A data file of a built artifact that a step cannot read
+(damaged in place, its size kept) is an `UnreadableFile`, whose rebuild command the
+job completes the same way.
 
 A failed attempt writes `{location}/.failures/<UTC time>.json` with the same identity
 and recipe plus the error and its traceback; failures are history, never deleted and
@@ -38,7 +40,7 @@ from marin_rules.artifacts.files import file_problems, list_data_files
 from marin_rules.artifacts.provenance import Provenance, iso, utc_now
 
 __all__ = [
-    "CorruptRecord", "Record", "Provenance", "read_record", "read_record_file", "write_success",
+    "CorruptRecord", "UnreadableFile", "Record", "Provenance", "read_record", "read_record_file", "write_success",
     "write_failure", "read_failures", "verify_files", "list_data_files", "utc_now", "iso",
 ]  # fmt: skip
 
@@ -255,12 +257,27 @@ def rebuild_hint(location: str, flags: str = "") -> str:
     return f"rebuild it with: {rebuild_command(record_location(location), flags)}"
 
 
-def unreadable_file(field: str, path: str, location: str, why: BaseException | str) -> StepError:
+class UnreadableFile(StepError):
+    """A file of the built artifact at `location` that cannot be read (`unreadable_file`).
+    Raised inside a step; the job completes its rebuild command with `with_flags`, as
+    a `CorruptRecord`'s."""
+
+    def __init__(self, field: str, path: str, location: str, reason: str, flags: str = ""):
+        self.field, self.path, self.location, self.reason = field, path, location, reason
+        super().__init__(f"{field}: {path} is unreadable ({reason}): the artifact is damaged; "
+                         f"{rebuild_hint(location, flags)}")  # fmt: skip
+
+    def with_flags(self, flags: str) -> UnreadableFile:
+        """The same line, its `snakemake -f RECORD` followed by `flags`
+        (`workflow.options.rerun_flags`), so that it runs as printed."""
+        return UnreadableFile(self.field, self.path, self.location, self.reason, flags)
+
+
+def unreadable_file(field: str, path: str, location: str, why: BaseException | str) -> UnreadableFile:
     """A file of the built artifact at `location` that cannot be read (corrupt, though
     of its recorded size): one line naming the field, the file and the fix."""
     reason = f"{type(why).__name__}: {why}" if isinstance(why, BaseException) else why
-    reason = " ".join(str(reason).split())[:200]
-    return StepError(f"{field}: {path} is unreadable ({reason}): the artifact is damaged; {rebuild_hint(location)}")
+    return UnreadableFile(field, path, location, " ".join(str(reason).split())[:200])
 
 
 def verify_files(location: str, record: Record) -> list[str]:

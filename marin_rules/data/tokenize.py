@@ -23,6 +23,12 @@ consumed in order so the output does not depend on the worker count. `num_worker
 only change speed: put them in the entry's `runtime` to keep them out of the
 fingerprint (they are read from `config` too). A tqdm bar on stderr shows progress.
 
+The gather also round-trips the first `tokenizer.LOSSLESS_SAMPLE_CHARS` characters of
+the tokenized documents (decode(encode(text)) == text, `sample_round_trip`): the
+result records `lossless` (and `lossless_example` where a text did not come back),
+and a lossy tokenizer gets one stderr line, a warning: training on it is fine, but
+bits per byte and perplexities compared across tokenizers are not meaningful.
+
 `index.json` is written last; its presence means every shard it lists is whole:
 {format, vocab_size, dtype, tokenizer (location of tokenizer.json), tokenizer_digest,
 bos_id, eos_id, pad_id, corpus, splits: {train|validation: {tokens, documents,
@@ -43,6 +49,7 @@ from tqdm import tqdm
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import StepError
 from marin_rules.artifacts.records import unreadable_file
 from marin_rules.artifacts.shards import Shard, all_shards, shard_count
@@ -56,7 +63,7 @@ from marin_rules.data.checks import (
 )
 from marin_rules.data.encoding import encode_stream
 from marin_rules.data.relative import relative_location
-from marin_rules.data.tokenizer import TOKENIZER_FILE, load_special_tokens
+from marin_rules.data.tokenizer import TOKENIZER_FILE, bulk_encoder, load_special_tokens, lossy_message, sample_round_trip
 
 INDEX = "index.json"
 INDEX_FORMAT = "marin-rules-tokens/1"
@@ -145,6 +152,14 @@ def gather_tokens(ctx: StepContext, shards: list[dict[str, Any]]) -> dict[str, A
     n_docs = sum(s["documents"] for s in shards)
     if splits["train"]["tokens"] == 0:
         raise StepError(f"deps.corpus: no training documents in {corpus}")
+    check = sample_round_trip(
+        bulk_encoder(storage.read_text(tokenizer_location)),
+        (doc["text"] for doc in dolma.read_range(corpus, "train", 0, n_docs)),
+        "training document",
+    )  # the first documents, whatever the shard count
+    if not check.lossless:
+        subject = f"the tokenizer at {printable(ctx.deps['tokenizer'])}"
+        print(f"{ctx.key}: {lossy_message(subject, check)}", file=sys.stderr)
     index = {
         "format": INDEX_FORMAT,
         "vocab_size": vocab["vocab_size"],
@@ -183,6 +198,7 @@ def gather_tokens(ctx: StepContext, shards: list[dict[str, Any]]) -> dict[str, A
         "shards": len(shards),
         "seconds": round(seconds, 3),  # encoding time summed over the shards
         "tokens_per_second": round(total / seconds) if seconds > 0 else None,
+        **check.result(),
     }
 
 

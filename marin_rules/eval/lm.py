@@ -19,7 +19,10 @@ both are scored by exactly the same tokenization, batching and tasks.
 - `loglikelihood_rolling`: lm-eval's `get_rolling_token_windows` over the model's
   context: every token of a document is predicted exactly once, each window seeing
   at least `rolling_context` tokens of history (default half the context); the
-  windows of all documents are batched together.
+  windows of all documents are batched together. The call also decodes every text's
+  tokens and records in `round_trip` whether each came back as it was: where one did
+  not (a [UNK], dropped whitespace), bits per byte divides by bytes the tokens do not
+  describe, and the evaluate step says so beside the figure.
 - `generate_until`: greedy decoding with stop sequences, the end-of-text token and
   `max_gen_toks`, `batch_size` prompts at a time: one prefill of the prompts into a
   key/value cache, then one cached step per new token (a fixed-shape program).
@@ -47,7 +50,7 @@ from tqdm import tqdm
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.records import unreadable_file
-from marin_rules.data.tokenizer import bulk_encoder
+from marin_rules.data.tokenizer import RoundTrip, bulk_encoder, round_trip
 from marin_rules.eval import packing
 from marin_rules.eval.config import DEFAULT_BATCH_SIZE
 from marin_rules.eval.packing import Piece
@@ -122,6 +125,7 @@ class MarinLM(TemplateLM):
         if not 1 <= self.rolling_context <= scorer.max_length:
             raise ValueError(f"rolling_context: expected 1..{scorer.max_length}, got {rolling_context}")
         self.max_gen_toks = int(max_gen_toks)
+        self.round_trip: RoundTrip | None = None  # of the texts of the last loglikelihood_rolling call
 
     # ---- construction from lm-eval's model_args ------------------------------------
 
@@ -290,9 +294,14 @@ class MarinLM(TemplateLM):
         ]
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        """Each text's summed log-likelihood; `self.round_trip` then says whether the
+        tokenizer gave the texts back (bits per byte counts their bytes)."""
+        texts = [request.args[0] for request in requests]
+        encoded = [e.ids for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]  # tok_encode's ids
+        self.round_trip = round_trip(self.tokenizer, texts, encoded, "text")
         windows, owners = [], []
-        for j, request in enumerate(requests):
-            for context, continuation in self.rolling_windows(self.tok_encode(request.args[0])):
+        for j, tokens in enumerate(encoded):
+            for context, continuation in self.rolling_windows(tokens):
                 windows.append((None, context, continuation))
                 owners.append(j)
         scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)

@@ -13,12 +13,17 @@ A model and its baseline are scored on the same documents; the table treats thei
 errors as independent (conservative: it ignores the pairing), so a difference d is
 a tie when |d| <= 2 * sqrt(se_model^2 + se_baseline^2), and the side that is better
 otherwise. A metric without a standard error is a tie only when equal.
+
+The ratio metrics divide by the scored texts' bytes or words, which only means
+something when the tokens describe the texts: a task whose texts the tokenizer did
+not give back (`lossy`: task -> where one differs) has those rows marked "not
+meaningful" and a note under the table (`lossy_note`; the step prints it too).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from marin_rules.eval.config import BPB_TASK, CLOZE_TASK
 
@@ -93,7 +98,19 @@ def compare(metric: str, value: float, base: float, se: float | None, base_se: f
     return "model" if (value < base if lower else value > base) else "baseline"
 
 
-def results_table(summary: dict[str, dict[str, float]], title: str) -> str:
+def lossy_note(tasks: Sequence[str], example: str) -> str:
+    """One line: the ratio metrics of `tasks` are not meaningful, why, and what to do."""
+    return (
+        f"{', '.join(tasks)}: the model's tokenizer does not encode the scored texts losslessly ({example}), "
+        f"so {', '.join(sorted(RATIO_METRICS))} measure its tokens, not the texts, and are "
+        "not meaningful; use a byte-level tokenizer for bits per byte"
+    )
+
+
+def results_table(summary: dict[str, dict[str, float]], title: str, lossy: Mapping[str, str] | None = None) -> str:
+    """The markdown table; rows of a ratio metric of a task in `lossy` (task -> where
+    a text did not come back) say "not meaningful", with a note under the table."""
+    lossy = lossy or {}
     lines = [
         f"# Evaluation of {title}",
         "",
@@ -110,7 +127,9 @@ def results_table(summary: dict[str, dict[str, float]], title: str) -> str:
             se, base = row.get(f"{metric}_stderr"), row.get(f"baseline_{metric}")
             base_se = row.get(f"baseline_{metric}_stderr")
             better = "" if base is None else compare(metric, value, base, se, base_se)
-            lines.append(f"| {task} | {metric} | {_cell(value, se)} | {_cell(base, base_se)} | {better} |")
+            name = f"{metric} (not meaningful: lossy tokenizer)" if task in lossy and metric in RATIO_METRICS else metric
+            lines.append(f"| {task} | {name} | {_cell(value, se)} | {_cell(base, base_se)} | {better} |")
+    lines += [line for task, example in lossy.items() for line in ("", f"Not meaningful: {lossy_note([task], example)}.")]
     return "\n".join(lines) + "\n"
 
 
@@ -120,8 +139,10 @@ def _cell(value: float | None, se: float | None) -> str:
     return f"{value:.4f}" if se is None else f"{value:.4f} ± {se:.4f}"
 
 
-def plot_results(summary: dict[str, dict[str, float]], path: str) -> None:
-    """A bar per side for each task's headline metric, with two-stderr error bars."""
+def plot_results(summary: dict[str, dict[str, float]], path: str, lossy: Mapping[str, str] | None = None) -> None:
+    """A bar per side for each task's headline metric, with two-stderr error bars; a
+    ratio metric of a task in `lossy` is titled "not meaningful"."""
+    lossy = lossy or {}
     import matplotlib
 
     matplotlib.use("Agg")
@@ -138,7 +159,8 @@ def plot_results(summary: dict[str, dict[str, float]], path: str) -> None:
         values = [row[key] for _, key in sides]
         errors = [TIE_STDERRS * row.get(f"{key}_stderr", 0.0) for _, key in sides]
         ax.bar([name for name, _ in sides], values, yerr=errors, capsize=4, color=["tab:blue", "tab:gray"][: len(sides)])
-        ax.set_title(f"{task}\n{metric} (±{TIE_STDERRS:g} stderr)", fontsize=9)
+        invalid = "\nnot meaningful: lossy tokenizer" if task in lossy and metric in RATIO_METRICS else ""
+        ax.set_title(f"{task}\n{metric} (±{TIE_STDERRS:g} stderr){invalid}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

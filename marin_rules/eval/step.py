@@ -21,7 +21,12 @@ No file holds an absolute path of the building machine: the task YAMLs name thei
 JSONL relative to their folder, and paths under the output in results.json are
 written relative to the artifact (`tasks/<task>.jsonl`), so the artifact can move.
 The record's `result` maps task -> {metric: model value, metric_stderr,
-baseline_<metric>, baseline_<metric>_stderr}.
+baseline_<metric>, baseline_<metric>_stderr}; a task scored with
+`loglikelihood_rolling` (bits per byte) also gets `lossless`: whether the model's
+tokenizer gave back every text scored (decode(encode(text)) == text; `lm.py`), and
+where it did not, `lossless_example`, the rows "not meaningful" in results.md and
+one stderr line: bits per byte divides by bytes its tokens do not describe.
+results.json keeps the check per task under `lossless`.
 
 Scoring runs a dropless MoE dispatch whatever the model trained with
 (model_scorer.py), so a request's score never depends on the rest of its batch.
@@ -40,7 +45,7 @@ from typing import Any, Iterator
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.eval.config import EvaluateConfig, TaskSpec, parse_evaluate
-from marin_rules.eval.report import fill_ratio_stderrs, headline_metrics, plot_results, results_table
+from marin_rules.eval.report import fill_ratio_stderrs, headline_metrics, lossy_note, plot_results, results_table
 
 RESULT_SECTIONS = ("results", "configs", "versions", "n-shot", "higher_is_better", "n-samples")
 BOOTSTRAP_ITERS = 100  # lm-eval bootstraps only a few metrics (perplexity, f1, ...); acc has a closed form
@@ -72,6 +77,10 @@ def evaluate(ctx: StepContext) -> dict[str, Any]:
         _log(f"evaluate: model on {', '.join(t.name for t in config.tasks)}")
         model_results = run_tasks(model_lm, config, task_folder)
         storage.write_json_atomic(os.path.join(work, "results.json"), relative_paths(model_results, work))
+        checks = model_results["lossless"]
+        lossy = {task: check["lossless_example"] for task, check in checks.items() if not check["lossless"]}
+        if lossy:
+            _log(f"{ctx.key}: {lossy_note(list(lossy), next(iter(lossy.values())))}")
         baseline_results = None
         if config.baseline == "unigram":
             _log("evaluate: unigram baseline (counting the training split)")
@@ -85,8 +94,10 @@ def evaluate(ctx: StepContext) -> dict[str, Any]:
             storage.write_json_atomic(os.path.join(work, "baseline_results.json"), relative_paths(baseline_results, work))
         summary = headline_metrics(model_results, baseline_results)
         with open(os.path.join(work, "results.md"), "w", encoding="utf-8") as f:
-            f.write(results_table(summary, ctx.key))
-        plot_results(summary, os.path.join(work, "results.png"))
+            f.write(results_table(summary, ctx.key, lossy))
+        plot_results(summary, os.path.join(work, "results.png"), lossy)
+    for task, check in checks.items():
+        summary.setdefault(task, {}).update({k: v for k, v in check.items() if k != "lossless_checked"})
     return {
         **summary,
         "documents": counts,
@@ -97,7 +108,8 @@ def evaluate(ctx: StepContext) -> dict[str, Any]:
 
 def run_tasks(lm: Any, config: EvaluateConfig, task_folder: str | None) -> dict[str, Any]:
     """lm-eval once per task (own few-shot count and limit), merged into one results
-    dict shaped like lm-eval's own. Local tasks are read from `task_folder` (with
+    dict shaped like lm-eval's own, plus `tasks` and `lossless` (task -> the round trip
+    of the texts a rolling task scored). Local tasks are read from `task_folder` (with
     their data paths resolved now); ratio metrics get standard errors (report.py)."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
@@ -106,8 +118,10 @@ def run_tasks(lm: Any, config: EvaluateConfig, task_folder: str | None) -> dict[
 
     manager = TaskManager(include_path=task_folder, include_defaults=not config.only_local)
     merged: dict[str, Any] = {section: {} for section in RESULT_SECTIONS}
+    merged["lossless"] = {}
     for spec in config.tasks:
         task = task_configs(task_folder, [spec.name])[0] if spec.is_local and task_folder else spec.name
+        lm.round_trip = None  # set by loglikelihood_rolling: did the tokenizer give the texts back?
         with _hf_offline(config.only_local):
             out = simple_evaluate(
                 model=lm,
@@ -126,6 +140,8 @@ def run_tasks(lm: Any, config: EvaluateConfig, task_folder: str | None) -> dict[
         fill_ratio_stderrs(out.get("results", {}), out.get("samples", {}))
         for section in RESULT_SECTIONS:
             merged[section].update(out.get(section, {}))
+        if lm.round_trip is not None:
+            merged["lossless"][spec.name] = lm.round_trip.result()
     merged["tasks"] = [_spec_dict(s) for s in config.tasks]
     return _jsonable(merged)
 

@@ -1,18 +1,28 @@
-"""What an unfinished build left is resumed only when it was made from the same upstream builds.
+"""What an unfinished build left is resumed only when it was made from the same recipe and upstream builds.
 
-Model: before a job builds an artifact with upstreams (process 0 of a pod, under the
-lease, after a forced build's old one moved away) it writes `{location}/.attempt.json`: the recipe's
-fingerprint and each upstream's build (`{key: {fingerprint, built}}`, as the record's
-deps name them). A later job that finds data an earlier attempt left but no success
+Model: before a job builds an artifact (process 0 of a pod, under the lease, after a
+forced build's old one moved away; not data adopted in place, whose folder holds only
+its record) it writes `{location}/.attempt.json`: the recipe's fingerprint and each
+upstream's build (`{key: {fingerprint, built}}`, as the record's deps name them; `{}`
+without upstreams). A later job that finds data an earlier attempt left but no success
 record (a stopped or failed run, or records deleted by `snakemake
 --delete-all-output`) resumes from it (checkpoints, partial files) only when that
-attempt saw the same upstream builds. When an upstream was rebuilt since, what is
-there was made from other data: it moves whole to `.history/<UTC time>-stale/` and
-the build starts from scratch, so nothing inconsistent is resumed and nothing is
-lost. Leftovers without an attempt file (made before it existed) are resumed as
-before. A recipe changed without a version bump is the step's to refuse (training
-names the field). Shards carry the same check in their shard records
-(`marin_rules.artifacts.shards`).
+attempt had the same fingerprint and saw the same upstream builds. When the recipe
+changed since (no record, so no drift check stood in the way) or an upstream was
+rebuilt since, what is there was made from something else: it moves whole to
+`.history/<UTC time>-stale/` and the build starts from an empty folder, so nothing
+inconsistent is resumed or recorded and nothing is lost. An attempt file that cannot
+be read counts as another recipe. Leftovers without an attempt file (made before it
+existed) are resumed as before.
+
+Steps that judge their own leftovers' recipe keep that judgement (`OWN_RECIPE`):
+training compares its checkpoints' `recipe.json` with the new config, refuses a
+changed one naming the field (its checkpoints may be days of work: the user chooses to
+bump the version or delete them), and resumes when only `log_every`,
+`checkpoint_every` or `eval_every` changed, which the fingerprint counts. Sharded
+steps never come here: each shard's record carries their own checks (a shard of
+another recipe is refused, one of other upstream builds set aside:
+`marin_rules.artifacts.shards`).
 """
 
 from __future__ import annotations
@@ -21,23 +31,36 @@ from typing import Any, Mapping
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.builds import upstream_change
+from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.files import ATTEMPT_FILE, list_data_files
 
+OWN_RECIPE = ("train",)  # steps that check a changed recipe themselves (marin_rules/train/recipe.py)
 
-def begin(location: str, fingerprint: str, upstreams: Mapping[str, Any]) -> tuple[str, str] | None:
-    """Record this attempt; first set aside leftovers made from other upstream builds.
-    Returns (where they went, how an upstream differs) when it set them aside."""
+
+def begin(location: str, fingerprint: str, upstreams: Mapping[str, Any], step: str) -> tuple[str, str] | None:
+    """Record this attempt of the artifact at `location` (built by `step`: those in
+    `OWN_RECIPE` judge a changed recipe themselves); first set aside leftovers of one
+    made from another recipe or other upstream builds. Returns (where they went, why: a phrase that follows "what an
+    earlier attempt left") when it set them aside."""
     from marin_rules.workflow.forcing import set_aside
 
     path = storage.join(location, ATTEMPT_FILE)
     previous = _read(path)
-    moved = None
-    if previous is not None:
-        how = "its .attempt.json is unreadable" if previous is UNREADABLE else upstream_change(previous.get("upstreams"), upstreams)
-        if how is not None and list_data_files(location):
-            moved = (set_aside(location, "stale"), how)
+    why = None if previous is None else _differs(previous, step, fingerprint, upstreams)
+    moved = (set_aside(location, "stale"), why) if why is not None and list_data_files(location) else None
     storage.write_json_atomic(path, {"fingerprint": fingerprint, "upstreams": dict(upstreams)})
     return moved
+
+
+def _differs(previous: dict[str, Any], step: str, fingerprint: str, upstreams: Mapping[str, Any]) -> str | None:
+    """How the attempt recorded in `previous` differs from this one (a phrase), or None."""
+    if previous is UNREADABLE:
+        return "is of unknown origin (its .attempt.json is unreadable)"
+    if step not in OWN_RECIPE and previous["fingerprint"] != fingerprint:  # read from a file: shown printable
+        return printable(f"was made from another recipe (changed since that attempt: fingerprint "
+                         f"{previous['fingerprint']} then, {fingerprint} now)")  # fmt: skip
+    how = upstream_change(previous["upstreams"], upstreams)
+    return None if how is None else f"was made from other upstream builds ({how})"
 
 
 UNREADABLE: dict[str, Any] = {}  # an attempt file that cannot be read: its leftovers are never trusted
@@ -50,4 +73,5 @@ def _read(path: str) -> dict[str, Any] | None:
         return None
     except (ValueError, UnicodeDecodeError):
         return UNREADABLE
-    return data if isinstance(data, dict) and isinstance(data.get("upstreams"), dict) else UNREADABLE
+    ok = isinstance(data, dict) and isinstance(data.get("fingerprint"), str) and isinstance(data.get("upstreams"), dict)
+    return data if ok else UNREADABLE

@@ -299,19 +299,21 @@ def finished_on_other_upstreams(artifact: Any, experiment: Any, location: str, p
 
 
 def begin_attempt(artifact: Any, experiment: Any, location: str, prefix: str) -> None:
-    """Record which upstream builds this attempt uses; set aside leftovers made from
-    others (`attempt.py`). Skipped without upstreams (nothing to differ), and when an
-    upstream is unreadable: the step refuses it."""
+    """Record this attempt's recipe and upstream builds; set aside what an earlier
+    attempt left when it was made from others (`attempt.py`). Skipped for data adopted
+    in place (its folder holds only its record), and when an upstream is unreadable:
+    the step refuses it."""
+    from marin_rules.adopt import is_adopted_in_place
     from marin_rules.job import attempt
     from marin_rules.job.context import upstream_builds
 
-    if not artifact.upstream_keys():
+    if is_adopted_in_place(artifact):
         return
     upstreams = upstream_builds(artifact, experiment, prefix)
-    stale = None if upstreams is None else attempt.begin(location, artifact.fingerprint, upstreams)
+    stale = None if upstreams is None else attempt.begin(location, artifact.fingerprint, upstreams, artifact.step)
     if stale:
-        print(f"{artifact.key}: what an earlier attempt left was made from other upstream builds ({stale[1]}); "
-              f"moved to {stale[0]}, building from scratch", file=sys.stderr, flush=True)  # fmt: skip
+        print(f"{artifact.key}: what an earlier attempt left {stale[1]}; moved to {stale[0]}, building from scratch",
+              file=sys.stderr, flush=True)  # fmt: skip
 
 
 def take_lease(args: argparse.Namespace, key: str, location: str, what: str, is_done: Callable[[], bool]) -> Any:
@@ -404,7 +406,8 @@ def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace,
             check_upstreams_unchanged(artifact, experiment, args.prefix, deps_record)
         return result
 
-    record = run_step(ctx, entry, provenance, step, process, None if held is None else held.still_held)
+    record = run_step(ctx, entry, provenance, step, process, None if held is None else held.still_held,
+                      hint_flags=rerun_hint(args))
     if record is not None and not record.files and storage.is_remote(location) and not is_adopted_in_place(artifact):
         tell(f"{artifact.key}: note: the step wrote no data files under {location} (its record holds only its "
              "result); a step writes through marin_rules.artifacts.storage, since open() or os on a gs:// path "

@@ -6,10 +6,12 @@ Python code); later ones are ignored while the failure record is written. A leas
 that is lost while the step runs (`stop_for_lost_lease`, called by the lease's
 heartbeat thread) is delivered the same way, through `_thread.interrupt_main`. Any
 failure writes `{location}/.failures/<time>.json` (a shard's too: the artifact's
-history holds it) and re-raises. On success the fence
-(`still_held`, the lease re-read right before) must pass, then `write_success` lists
-the data files and writes `.artifact.json` last. On a pod every process runs the step;
-only process 0 writes the success record, every failing process its own failure.
+history holds it) and re-raises; a `MarinError` that suggests a command (an upstream's
+unreadable file: rebuild it) first gets it completed (`hint_flags`), so it runs as
+printed. On success the fence (`still_held`, the lease re-read right before) must
+pass, then `write_success` lists the data files and writes `.artifact.json` last. On
+a pod every process runs the step; only process 0 writes the success record, every
+failing process its own failure.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Callable
 
 from marin_rules.artifacts.canonical import canonical_value
 from marin_rules.artifacts.context import StepContext
-from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.errors import MarinError, StepError
 from marin_rules.artifacts.lease import LeaseLost
 from marin_rules.artifacts.records import Provenance, Record, error_message, utc_now, write_failure, write_success
 
@@ -70,6 +72,15 @@ def stop_for_lost_lease(reason: str) -> None:
     _thread.interrupt_main(signal.SIGTERM)
 
 
+def _completed(error: BaseException, hint_flags: str) -> BaseException:
+    """`error` with its suggested command completed by `hint_flags` (`with_flags`; a new
+    error with the same traceback), or `error` itself when it suggests none."""
+    if not hint_flags or not isinstance(error, MarinError):
+        return error
+    shown = error.with_flags(hint_flags)
+    return error if shown is error else shown.with_traceback(error.__traceback__)
+
+
 def run_step(
     ctx: StepContext,
     entry: dict,
@@ -78,10 +89,14 @@ def run_step(
     process: int | None = None,
     still_held: Callable[[], bool] | None = None,
     write: Callable[[Any, dict], Any] | None = None,
+    hint_flags: str = "",
 ) -> Record | None:
     """Call a step; success record last (process 0 or no pod), or failure record and
     re-raise. `still_held` is the lease's fencing check. `write(result, provenance)`
-    replaces the success record (a shard job writes its shard record instead)."""
+    replaces the success record (a shard job writes its shard record instead).
+    `hint_flags`: what a command suggested by the step's error needs besides its target
+    (`workflow.options.rerun_flags`; `MarinError.with_flags`), so that the failure
+    record and the line on stderr name one that runs as printed."""
     from marin_rules.artifacts import storage
 
     install_stop_handlers()
@@ -97,7 +112,8 @@ def run_step(
         result = canonical_value({} if result is None else result, "result", "the record of the step's result")
         if not process and still_held is not None and not still_held():
             raise LeaseLost(f"{ctx.output}: lease lost before the success record was written; not recording success")
-    except BaseException as error:  # noqa: BLE001 - every failure leaves a record
+    except BaseException as caught:  # noqa: BLE001 - every failure leaves a record
+        error = _completed(caught, hint_flags)
         ended = utc_now()
         status: int | str | None = None
         if isinstance(error, JobTerminated):
@@ -113,7 +129,9 @@ def run_step(
             error.reported = True  # type: ignore[attr-defined]  # the job process prints nothing more
         except AttributeError:  # an exception type without attributes: reported again, no harm
             pass
-        raise
+        if error is caught:
+            raise
+        raise error from caught.__cause__
     if process:
         return None
     if write is not None:

@@ -85,7 +85,7 @@ def _run_shard(artifact: Any, experiment: Any, location: str, shard: Shard, args
     def write(result: Any, provenance_dict: dict) -> Any:
         return write_shard_record(location, shard, entry, result, provenance_dict)
 
-    run_step(ctx, entry, provenance, step, None, held.still_held, write=write)
+    run_step(ctx, entry, provenance, step, None, held.still_held, write=write, hint_flags=rerun_hint(args))
     print(f"{artifact.key}: shard {shard.name} done", flush=True)
     _mirror_shard(location, shard, artifact, args)
     return 0

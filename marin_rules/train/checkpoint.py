@@ -111,7 +111,7 @@ def failure_reason(error: BaseException) -> str:
     seen: list[BaseException] = []
     while error is not None and error not in seen:
         seen.append(error)
-        error = error.__cause__ or error.__context__
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
     inner = seen[-1]
     lines = str(inner).strip().splitlines()
     text = f"{type(inner).__name__}: {lines[0] if lines else ''}"
@@ -125,9 +125,11 @@ _ABANDONED_READS = ("Encountered error while reading array index", "Event loop i
 
 
 @contextlib.contextmanager
-def _quiet_abandoned_reads() -> Iterator[None]:
+def quiet_abandoned_reads() -> Iterator[None]:
     """Drop orbax's reports of abandoned reads while a restore is tried and cleaned up;
-    every other unraisable exception still reaches the previous hook."""
+    every other unraisable exception still reaches the previous hook. After a restore
+    that failed the filter stays for the rest of the process: TensorStore finishes the
+    abandoned reads on its own threads, and may report them after the collection here."""
     previous = sys.unraisablehook
 
     def hook(unraisable: Any) -> None:
@@ -135,11 +137,14 @@ def _quiet_abandoned_reads() -> Iterator[None]:
             previous(unraisable)
 
     sys.unraisablehook = hook
+    failed = True
     try:
         yield
+        failed = False
     finally:
         gc.collect()  # the abandoned reads are reported now, while the hook drops them
-        sys.unraisablehook = previous
+        if not failed:
+            sys.unraisablehook = previous
 
 
 def _everywhere(ok: bool) -> bool:
@@ -170,7 +175,7 @@ def restore_latest(manager: ocp.CheckpointManager, output: str, model: Any, opti
     failed: list[tuple[int, str]] = []
     for step in sorted(manager.all_steps(), reverse=True):
         try:
-            with _quiet_abandoned_reads():
+            with quiet_abandoned_reads():
                 weights, opt_state = restore(manager, step, model, optimizer)
             reason = ""
         except Exception as error:  # noqa: BLE001 - any failure to read it: try the one before

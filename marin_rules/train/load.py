@@ -6,7 +6,9 @@ bias). `load_trained` rebuilds the module from the config and fills it with the
 weights of the latest (or a given) checkpoint, on this process's first device,
 whatever mesh or process count trained it. Works on local paths and gs://, and
 after the artifact's prefix moved (the tokenizer's location in `model.json` is
-relative to the artifact).
+relative to the artifact). A checkpoint that does not restore (a damaged file of
+the right size, which `marin verify` cannot see) is one line naming `deps.model`,
+the checkpoint, the innermost cause and the rebuild command (`records.unreadable_file`).
 
 `dropless=True` (the default) swaps a `capacity` MoE backend for `ragged` (same
 weights, same math, no capacity limit; `moe.dropless`): with capacity drops, the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 from flax import nnx
@@ -59,15 +62,16 @@ def load_trained(location: str, step: int | None = None, *, dropless: bool = Tru
     manager = checkpoint.open_manager(location, max_to_keep=None, read_only=True)
     try:
         step = step if step is not None else checkpoint.latest_step(manager)
-        if step is None:
-            raise StepError(f"no checkpoint under {checkpoint.checkpoint_dir(location)}")
+        if step is None or step not in manager.all_steps():
+            which = "no checkpoint" if step is None else f"no checkpoint {step}"
+            raise StepError(f"{which} under {checkpoint.checkpoint_dir(location)}")
         abstract = nnx.eval_shape(lambda: MoETransformer(config, rngs=nnx.Rngs(0)))
         graphdef, params, state = nnx.split(abstract, nnx.Param, ...)
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         target = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), {"params": params, "state": state}
         )
-        weights, _ = checkpoint.restore(manager, step, target)
+        weights = _restore(manager, location, step, target)
     finally:
         manager.close()
     model = nnx.merge(graphdef, weights["params"], weights["state"])
@@ -80,3 +84,19 @@ def load_trained(location: str, step: int | None = None, *, dropless: bool = Tru
         eos_id=info.get("eos_id"),
     )
 
+
+def _restore(manager: Any, location: str, step: int, target: Any) -> Any:
+    """The model item of checkpoint `step`, or the one-line `unreadable_file` error when
+    it does not restore, named as training's resume names it (`checkpoint.failure_reason`:
+    the innermost cause, not orbax's dump of the tensorstore spec). A consumer never
+    sets an upstream's checkpoint aside: rebuilding the artifact is the fix."""
+    reason = ""
+    with checkpoint.quiet_abandoned_reads():  # orbax's abandoned reads of the other arrays, each a spec dump
+        try:
+            weights, _ = checkpoint.restore(manager, step, target)
+        except Exception as e:  # noqa: BLE001 - any failure to read it, as training's resume (restore_latest)
+            reason = checkpoint.failure_reason(e)  # `e` (whose frames hold those reads) ends here, under the quiet
+    if reason:
+        folder = storage.join(checkpoint.checkpoint_dir(location), str(step))
+        raise unreadable_file("deps.model", folder, location, reason)
+    return weights

@@ -39,7 +39,7 @@ from typing import Any
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE
 from marin_rules.artifacts.lease import LEASE_FILE
-from marin_rules.artifacts.files import FORCED_MARKER, HISTORY_DIR, REBUILDING
+from marin_rules.artifacts.files import FORCED_MARKER, HISTORY_DIR, REBUILDING, list_data_files
 from marin_rules.artifacts.provenance import iso, utc_now
 
 MARKER = FORCED_MARKER  # not *.json: not an earlier record for readers of .history/
@@ -125,8 +125,8 @@ def move_old_build(location: str) -> str | None:
         storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
     _remove(marker)
     _remove(storage.join(location, HISTORY_DIR, CASCADE))
-    if next(storage.walk_files(target), None) is None:  # an unfinished attempt that left nothing
-        discard_old_build(target)
+    if not holds_build(target) and not list_data_files(target):  # an unfinished attempt that left no data
+        discard_old_build(target)  # (at most its .attempt.json)
         return None
     return target
 
