@@ -144,6 +144,7 @@ CASES: list[tuple[str, object]] = [
     ("model missing", chain("checkpoints/m@v1", config={k: v for k, v in TRAIN_CONFIG.items() if k != "model"})),
     ("unknown setting", chain("checkpoints/m@v1", config__mesh__exper=2)),
     ("unknown model setting", chain("checkpoints/m@v1", config__model__n_layer=2)),
+    ("model size above int32", chain("checkpoints/m@v1", config__model__d_model=10**23)),
     ("not one of the choices", chain("checkpoints/m@v1", config__model__moe_impl="fast")),
     ("not true or false", chain("checkpoints/m@v1", config__model__shared_expert="yes")),
     ("section not a mapping", chain("checkpoints/m@v1", config__optimizer=["adamw"])),

@@ -324,3 +324,25 @@ def test_a_record_whose_fingerprint_was_edited_is_not_reported_as_zero_fields_of
     row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
     assert row["state"] == "drifted"
     assert row["reason"].startswith("its recorded fingerprint is not the recipe's, yet no recorded field differs")
+
+
+def test_a_bits_per_byte_score_of_a_lossy_tokenizer_is_marked_not_meaningful(experiment_file, tmp_path, capsys):
+    # the evaluate step records `lossless` per rolling task (eval/step.py); its bits per byte
+    # divides by bytes the tokens do not describe, so the SCORE column must not show it bare
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    lossy = {"bits_per_byte": 2.5, "lossless": False, "lossless_example": "text 1: 'a\\nb' comes back as 'a b'"}
+    build(prefix, experiment, "evals/nano@v1", result={"marin_shakespeare_bpb": lossy})
+    assert status_json(experiment_file, prefix, capsys)["evals/nano@v1"]["score"] == (
+        "marin_shakespeare_bpb bits_per_byte 2.500 (not meaningful: lossy tokenizer)"
+    )
+    assert main(["status", "--configfile", experiment_file, "--prefix", prefix]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("evals/nano@v1"))
+    assert "bits_per_byte 2.500 (not meaningful: lossy tokenizer)" in row
+    # a lossless tokenizer's figure, and accuracy (no bytes counted), stand as they are
+    for result, score in [
+        ({"marin_shakespeare_bpb": {**lossy, "lossless": True}}, "marin_shakespeare_bpb bits_per_byte 2.500"),
+        ({"marin_shakespeare_bpb": lossy, "marin_shakespeare_cloze": {"acc": 0.31}}, "marin_shakespeare_cloze acc 0.310"),
+    ]:
+        build(prefix, experiment, "evals/nano@v1", result=result)
+        assert status_json(experiment_file, prefix, capsys)["evals/nano@v1"]["score"] == score

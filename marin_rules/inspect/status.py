@@ -31,7 +31,9 @@ A version found on the prefix that the experiment does not name (`--all`) gets
 `built`/`failed`/`corrupt` from its files alone. Headline columns: the final
 validation loss of a train result and the main score of an evaluate result (the
 first of SCORE_METRICS, in that order, that any task reports: accuracy before bits
-per byte).
+per byte). A bits per byte or perplexity figure of a task whose result records
+`lossless: false` (the model's tokenizer did not give the scored texts back:
+`eval/step.py`) is marked "(not meaningful: lossy tokenizer)", as results.md marks it.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ from marin_rules.inspect import reading
 
 VAL_LOSS_KEYS = ("final_val_loss", "val_loss")
 SCORE_METRICS = ("acc", "acc_norm", "exact_match", "f1", "bits_per_byte", "byte_perplexity", "word_perplexity")
+# ratios over the scored texts' bytes or words: meaningless when the tokenizer is lossy (eval/report.py)
+RATIO_METRICS = ("bits_per_byte", "byte_perplexity", "word_perplexity")
+LOSSY = " (not meaningful: lossy tokenizer)"
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,8 @@ def headline(record: Mapping[str, Any] | None) -> tuple[float | None, str]:
         for task in tasks:
             value = result[task].get(metric)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return val, f"{task} {metric} {value:.3f}"
+                lossy = metric in RATIO_METRICS and result[task].get("lossless") is False
+                return val, f"{task} {metric} {value:.3f}{LOSSY if lossy else ''}"
     return val, ""
 
 
