@@ -23,11 +23,13 @@ consumed in order so the output does not depend on the worker count. `num_worker
 only change speed: put them in the entry's `runtime` to keep them out of the
 fingerprint (they are read from `config` too). A tqdm bar on stderr shows progress.
 
-The gather also round-trips the first `tokenizer.LOSSLESS_SAMPLE_CHARS` characters of
-the tokenized documents (decode(encode(text)) == text, `sample_round_trip`): the
-result records `lossless` (and `lossless_example` where a text did not come back),
-and a lossy tokenizer gets one stderr line, a warning: training on it is fine, but
-bits per byte and perplexities compared across tokenizers are not meaningful.
+The first shard also decodes the ids of the corpus's first documents (whole ones, from
+the first until they hold `tokenizer.LOSSLESS_SAMPLE_CHARS` characters), as it encoded
+them, and compares them with their texts (`round_trip`): the result records `lossless`
+(and `lossless_example` where a text did not come back), whatever the shard count, and
+a lossy tokenizer gets one stderr line from the gather, a warning: training on it is
+fine, but bits per byte and perplexities compared across tokenizers are not meaningful.
+Reusing the step's own ids costs a decode, not a second read and encoding.
 
 `index.json` is written last; its presence means every shard it lists is whole:
 {format, vocab_size, dtype, tokenizer (location of tokenizer.json), tokenizer_digest,
@@ -40,7 +42,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import xxhash
@@ -63,7 +65,9 @@ from marin_rules.data.checks import (
 )
 from marin_rules.data.encoding import encode_stream
 from marin_rules.data.relative import relative_location
-from marin_rules.data.tokenizer import TOKENIZER_FILE, bulk_encoder, load_special_tokens, lossy_message, sample_round_trip
+from marin_rules.data.tokenizer import (
+    LOSSLESS_SAMPLE_CHARS, TOKENIZER_FILE, RoundTrip, bulk_encoder, load_special_tokens, lossy_message, round_trip,
+)
 
 INDEX = "index.json"
 INDEX_FORMAT = "marin-rules-tokens/1"
@@ -103,6 +107,10 @@ def tokenize_shard(ctx: StepContext, shard: Shard) -> dict[str, Any]:
     labels = split_labels(n_docs, fraction)
     span = shard.document_range(n_docs)
     texts = (doc["text"] for doc in dolma.read_range(corpus, "train", span.start, span.stop))
+    sample: list[str] = []  # the first shard: texts of the corpus's first documents, for `round_trip`
+    sample_ids: list[list[int]] = []
+    if shard.index == 0:
+        texts = _sampled(texts, sample)
 
     writers = {split: ShardWriter(output, split, vocab["dtype"]) for split in SPLITS}
     progress = tqdm(total=len(span), desc=f"tokenize {shard.name}", unit="doc", file=sys.stderr, mininterval=1.0)
@@ -113,6 +121,8 @@ def tokenize_shard(ctx: StepContext, shard: Shard) -> dict[str, Any]:
         start = 0
         for length in lengths:
             writers[labels[position]].add(tokens[start : start + length])
+            if position - span.start < len(sample):  # kept before it was encoded: its ids, eos left out
+                sample_ids.append(tokens[start : start + length - 1].tolist())
             start += length
             position += 1
         progress.update(len(lengths))
@@ -120,8 +130,12 @@ def tokenize_shard(ctx: StepContext, shard: Shard) -> dict[str, Any]:
     if position != span.stop:
         raise StepError(f"deps.corpus: {corpus} lists {n_docs} training documents but holds {position}")
     splits = {split: writer.close(prefix=shard.folder) for split, writer in writers.items()}
+    check = None
+    if shard.index == 0:
+        check = _round_trip_first_documents(vocab["tokenizer_json"], corpus, span.stop, n_docs, sample, sample_ids)
     return {
         "documents": len(span), "splits": splits, "num_workers": num_workers,
+        "round_trip": None if check is None else check.result(),  # the first shard's
         "vocab": {k: v for k, v in vocab.items() if k != "tokenizer_json"},  # the gather need not parse it again
         "seconds": round(time.perf_counter() - started, 3),
     }  # fmt: skip
@@ -152,12 +166,9 @@ def gather_tokens(ctx: StepContext, shards: list[dict[str, Any]]) -> dict[str, A
     n_docs = sum(s["documents"] for s in shards)
     if splits["train"]["tokens"] == 0:
         raise StepError(f"deps.corpus: no training documents in {corpus}")
-    check = sample_round_trip(
-        bulk_encoder(storage.read_text(tokenizer_location)),
-        (doc["text"] for doc in dolma.read_range(corpus, "train", 0, n_docs)),
-        "training document",
-    )  # the first documents, whatever the shard count
-    if not check.lossless:
+    checked = shards[0].get("round_trip") or {}  # absent from shards an older version recorded
+    check = RoundTrip.from_result(checked) if checked else None
+    if check is not None and not check.lossless:
         subject = f"the tokenizer at {printable(ctx.deps['tokenizer'])}"
         print(f"{ctx.key}: {lossy_message(subject, check)}", file=sys.stderr)
     index = {
@@ -198,8 +209,39 @@ def gather_tokens(ctx: StepContext, shards: list[dict[str, Any]]) -> dict[str, A
         "shards": len(shards),
         "seconds": round(seconds, 3),  # encoding time summed over the shards
         "tokens_per_second": round(total / seconds) if seconds > 0 else None,
-        **check.result(),
+        **(check.result() if check is not None else {}),
     }
+
+
+def _round_trip_first_documents(
+    tokenizer_json: str, corpus: str, stop: int, n_docs: int, sample: list[str], sample_ids: list[list[int]]
+) -> RoundTrip:
+    """`round_trip` of the corpus's first documents (`_sampled`), the same for any shard
+    count: those of the first shard with the ids it wrote, and when its range ended
+    before LOSSLESS_SAMPLE_CHARS, the next ones (from `stop`) read and encoded here."""
+    tokenizer = bulk_encoder(tokenizer_json)
+    size = sum(map(len, sample))
+    if size < LOSSLESS_SAMPLE_CHARS and stop < n_docs:
+        more: list[str] = []
+        for doc in dolma.read_range(corpus, "train", stop, n_docs):
+            if size >= LOSSLESS_SAMPLE_CHARS:
+                break
+            more.append(doc["text"])
+            size += len(doc["text"])
+        sample.extend(more)
+        sample_ids.extend(e.ids for e in tokenizer.encode_batch_fast(more, add_special_tokens=False))
+    return round_trip(tokenizer, sample, sample_ids, "training document")
+
+
+def _sampled(texts: Iterator[str], sample: list[str]) -> Iterator[str]:
+    """`texts`, each kept in `sample` (before it is encoded) until the kept ones hold
+    LOSSLESS_SAMPLE_CHARS characters: whole documents, so their ids are whole too."""
+    size = 0
+    for text in texts:
+        if size < LOSSLESS_SAMPLE_CHARS:
+            sample.append(text)
+            size += len(text)
+        yield text
 
 
 def describe_tokenizer(location: str, dtype: str | None) -> dict[str, Any]:

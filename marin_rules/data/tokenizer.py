@@ -161,6 +161,12 @@ class RoundTrip:
     def lossless(self) -> bool:
         return self.example is None
 
+    @classmethod
+    def from_result(cls, fields: dict[str, Any]) -> RoundTrip:
+        """The check `result()` described (a shard's record carries it to the gather)."""
+        checked = fields["lossless_checked"]
+        return cls(checked["documents"], checked["characters"], fields.get("lossless_example"))
+
     def result(self) -> dict[str, Any]:
         """The fields a step's result records."""
         out: dict[str, Any] = {
