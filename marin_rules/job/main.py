@@ -312,8 +312,7 @@ def begin_attempt(artifact: Any, experiment: Any, location: str, prefix: str) ->
     upstreams = upstream_builds(artifact, experiment, prefix)
     stale = None if upstreams is None else attempt.begin(location, artifact.fingerprint, upstreams, artifact.step)
     if stale:
-        print(f"{artifact.key}: what an earlier attempt left {stale[1]}; moved to {stale[0]}, building from scratch",
-              file=sys.stderr, flush=True)  # fmt: skip
+        tell(f"{artifact.key}: what an earlier attempt left {stale[1]}; moved to {stale[0]}, building from scratch")
 
 
 def take_lease(args: argparse.Namespace, key: str, location: str, what: str, is_done: Callable[[], bool]) -> Any:
@@ -379,6 +378,18 @@ def serve(artifact: Any, location: str, args: argparse.Namespace, why: str = "",
     return 0
 
 
+def lossy_example(result: Any) -> str | None:
+    """Where a step's result says its tokenizer did not give a text back (`lossless:
+    false`, at the top as train_tokenizer and tokenize record it, or in a task's result
+    as evaluate does): its `lossless_example`; None when it says nothing of the kind."""
+    if not isinstance(result, dict):
+        return None
+    for part in (result, *(v for v in result.values() if isinstance(v, dict))):
+        if part.get("lossless") is False:
+            return str(part.get("lossless_example") or "no example recorded")
+    return None
+
+
 def _mirror(record: Any, artifact: Any, args: argparse.Namespace) -> None:
     if record is not None and args.records and args.records != args.prefix:
         storage.write_json_atomic(f"{args.records}/{artifact.id.path}/{RECORD_FILE}", record.to_json())
@@ -412,5 +423,10 @@ def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace,
         tell(f"{artifact.key}: note: the step wrote no data files under {location} (its record holds only its "
              "result); a step writes through marin_rules.artifacts.storage, since open() or os on a gs:// path "
              "makes a local folder named gs:")  # fmt: skip
+    lossy = None if record is None else lossy_example(record.result)
+    if lossy is not None:  # the step said so in its log; a warning the user should see without opening it
+        from marin_rules.data.tokenizer import RoundTrip, lossy_message
+
+        tell(f"{artifact.key}: note: {lossy_message('its tokenizer', RoundTrip(0, 0, lossy))}")
     _mirror(record, artifact, args)
     return 0

@@ -69,6 +69,7 @@ def begin(workflow: Any, config: dict) -> Session:
         options.check_config(config, configfiles)
         prefix = options.checked_prefix(config)
         path = options.select_experiment(config, configfiles, workdir, workflow_dir)
+        options.refuse_braced_paths(path, prefix, workflow_dir)
         experiment = load_experiment(path, dev_user=options.dev_user(config))
         options.target_keys(experiment, config.get("target"))
     except MarinError as e:

@@ -164,6 +164,21 @@ def lease_options(config: dict) -> str:
     return f"wait={int(wait)},heartbeat_s={beat},stale_s={stale},poll_s={poll}"
 
 
+def refuse_braced_paths(experiment_path: str, prefix: str, workflow_dir: str) -> None:
+    """The paths Snakemake's patterns and job parameters hold (the experiment file, a
+    local prefix, the workflow's folder), made absolute, hold no brace: Snakemake reads
+    `{...}` in them as a wildcard and fails with a WildcardError about a rule (a folder
+    such as `w{d}` in the working directory, or a --configfile under one)."""
+    local_prefix = prefix if storage.is_remote(prefix) else os.path.abspath(prefix)
+    for what, path in (("the experiment file", os.path.abspath(experiment_path)), ("the prefix", local_prefix),
+                       ("the workflow's folder", os.path.abspath(workflow_dir))):  # fmt: skip
+        if "{" in path or "}" in path:
+            raise MarinError(
+                f"{what} {path} holds a brace, which Snakemake reads as a wildcard; use a path without braces "
+                "(a relative prefix or experiment lies under the working directory)"
+            )
+
+
 def checked_prefix(config: dict) -> str:
     """The prefix of `--config prefix=` (default `artifacts`): see `parse_prefix`."""
     return parse_prefix(config.get("prefix", DEFAULT_PREFIX), "--config prefix=")
