@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.records import write_success
 from marin_rules.data.loader import make_loader
 from marin_rules.eval.lm import load_tokenizer
 from marin_rules.train.metrics import MetricsLog
@@ -27,7 +28,19 @@ from train_helpers.tokens import make_tokens
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    return Path(make_tokens(str(tmp_path_factory.mktemp("damaged"))))
+    """Token shards, with the corpus and tokenizer beside them (`raw/`, `tokenizer/`), each
+    with the success record a workflow run writes."""
+    tokens = Path(make_tokens(str(tmp_path_factory.mktemp("damaged"))))
+    for folder, step in (("raw", "download"), ("tokenizer", "train_tokenizer"), ("tokens", "tokenize")):
+        record_built(tokens.parent / folder, step)
+    return tokens
+
+
+def record_built(location: Path, step: str) -> None:
+    """The success record a workflow run leaves (its absence means data adopted in place)."""
+    entry = {"name": f"x/{location.name}", "version": "v1", "step": step, "fingerprint": "0" * 16, "config": {},
+             "deps": {}, "runtime": {}}  # fmt: skip
+    write_success(str(location), entry, {}, {})
 
 
 @pytest.fixture
@@ -109,6 +122,7 @@ def damaged_checkpoint(trained_model: Path, tmp_path: Path) -> tuple[Path, Path]
     (so `marin verify` passes): (the copy, the damaged file)."""
     copy = tmp_path / "model"
     shutil.copytree(trained_model, copy)
+    record_built(copy, "train")
     (chunk,) = (copy / "checkpoints").glob("*/model/params.embed.value/0.0")
     chunk.write_bytes(np.random.default_rng(0).bytes(chunk.stat().st_size))
     return copy, chunk
@@ -193,6 +207,7 @@ def test_run_step_completes_an_unreadable_files_rebuild_command_in_the_failure_r
 
     upstream, out = str(tmp_path / "tokenized/x/v1"), str(tmp_path / "checkpoints/m/v1")
     flags = f"--configfile {tmp_path / 'exp.yaml'} --config prefix={tmp_path}"
+    record_built(Path(upstream), "tokenize")  # built by the workflow: the line says how to rebuild it
 
     def step(ctx):
         raise unreadable_file("deps.data", f"{upstream}/index.json", upstream, "not valid JSON")
@@ -207,3 +222,128 @@ def test_run_step_completes_an_unreadable_files_rebuild_command_in_the_failure_r
     (failure,) = (Path(out) / ".failures").glob("*.json")
     assert json.loads(failure.read_text())["error"]["message"].endswith(expected)
     assert f"{expected}); failure record " in capsys.readouterr().err
+
+
+# ---- a corpus, a tokenizer and token shards damaged where their readers look first ----
+
+
+def tokenize_from(built: Path, tmp_path: Path, damage) -> str:
+    """Run `tokenize` on copies of the built corpus and tokenizer, `damage(raw, tokenizer)`
+    done to them first; the message of the StepError it raises."""
+    from marin_rules.artifacts.context import StepContext
+    from marin_rules.data.tokenize import tokenize
+
+    raw, tok = tmp_path / "raw", tmp_path / "tokenizer"
+    shutil.copytree(built.parent / "raw", raw)
+    shutil.copytree(built.parent / "tokenizer", tok)
+    damage(raw, tok)
+    ctx = StepContext("tokenized/y", "v1", {"validation_fraction": 0.2}, {"corpus": str(raw), "tokenizer": str(tok)},
+                      output=str(tmp_path / "out"))  # fmt: skip
+    with pytest.raises(StepError) as error:
+        tokenize(ctx)
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (b"not json{", "JSONDecodeError: "),
+        (b'{"shards": 3}', "no `shards` object"),
+        (b"[1, 2]", "it is an array, not a JSON object"),
+        (b'{"shards": {"train": ["shard-00000.jsonl.gz"]}}', "`train_documents` is missing, not a count"),
+        (b'{"shards": {"train": ["shard-00000.jsonl.gz"]}, "train_documents": "6"}', "`train_documents` is a string"),
+        (b'{"shards": {"train": ["../../../../etc/passwd"]}, "train_documents": 6}', "shards.train is not a list of"),
+    ],
+    ids=["garbage", "shards-not-an-object", "not-an-object", "no-count", "count-a-string", "shard-outside"],
+)
+def test_a_damaged_corpus_manifest_is_one_line_naming_it_not_a_raw_json_or_key_error(built, tmp_path, content, reason):
+    message = tokenize_from(built, tmp_path, lambda raw, tok: (raw / "manifest.json").write_bytes(content))
+    manifest, raw = tmp_path / "raw" / "manifest.json", tmp_path / "raw"
+    assert message.startswith(f"deps.corpus: {manifest} is unreadable ({reason}"), message
+    assert message.endswith(f"the artifact is damaged; rebuild it with: snakemake -f {raw / '.artifact.json'}")
+
+
+def test_a_corpus_shard_its_manifest_lists_but_lacks_is_named_not_a_file_not_found_error(built, tmp_path):
+    shard = tmp_path / "raw" / "train" / "shard-00000.jsonl.gz"
+    message = tokenize_from(built, tmp_path, lambda raw, tok: shard.unlink())
+    assert message.startswith(f"deps.corpus: {shard} is missing, though manifest.json lists it: "), message
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (b"\x00{", "JSONDecodeError: "),
+        (b'["<|bos|>", "<|endoftext|>"]', "it is an array, not a JSON object"),
+        (b'{"bos": {"token": "<|bos|>", "id": 0}, "eos": {"token": "<|endoftext|>", "id": "1"}, "pad": {}}',
+         '`eos` is not {"token": <string>, "id": <integer>}'),
+    ],
+    ids=["garbage", "not-an-object", "id-a-string"],
+)
+def test_a_damaged_special_tokens_json_is_one_line_naming_it(built, tmp_path, content, reason):
+    message = tokenize_from(built, tmp_path, lambda raw, tok: (tok / "special_tokens.json").write_bytes(content))
+    tok = tmp_path / "tokenizer"
+    assert message.startswith(f"deps.tokenizer: {tok / 'special_tokens.json'} is unreadable ({reason}"), message
+    assert message.endswith(f"rebuild it with: snakemake -f {tok / '.artifact.json'}")
+
+
+@pytest.mark.parametrize("path", ["../../../../etc/passwd", "/etc/passwd", "shards/../../raw/manifest.json"])
+def test_an_index_listing_a_shard_outside_the_artifact_is_refused_not_followed(tokens, path):
+    index = json.loads((tokens / "index.json").read_text())
+    index["splits"]["train"]["shards"][0]["path"] = path
+    (tokens / "index.json").write_text(json.dumps(index))
+    with pytest.raises(StepError) as error:
+        loader(tokens)
+    message = str(error.value)
+    assert message.startswith(f"deps.data: {tokens / 'index.json'} is unreadable (ValueError: shard path {path!r} "
+                              "is outside the artifact folder)"), message  # fmt: skip
+    assert "\n" not in message
+
+
+def test_a_shard_the_index_lists_but_lacks_is_one_line_naming_both(tokens):
+    shard = next((tokens / "shards").rglob("train/tokens-00000.npy"))
+    shard.unlink()
+    with pytest.raises(StepError) as error:
+        loader(tokens)
+    message = str(error.value)
+    assert message.startswith(f"deps.data: {shard} is unreadable (missing, though index.json lists it): "), message
+    assert message.endswith(f"rebuild it with: snakemake -f {tokens / '.artifact.json'}")
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::SyntaxWarning", "ignore::UserWarning")
+def test_every_garbled_npy_header_is_the_one_line_error_never_a_parser_exception(built, tmp_path):
+    """numpy parses the header with ast.literal_eval, and retries a Python 2 header with
+    the tokenize module: a garbled one may raise SyntaxError or tokenize.TokenError."""
+    from marin_rules.artifacts.records import UnreadableFile
+    from marin_rules.data.loader import _load_shard
+
+    good = next((built / "shards").rglob("train/tokens-00000.npy")).read_bytes()
+    header = 10 + int.from_bytes(good[8:10], "little")  # magic, version, length, then the header text
+    rng = np.random.default_rng(0)
+    shard = tmp_path / "tokens-00000.npy"
+    printable = np.frombuffer(b"()[]{}'\":,. Lx0123456789\\\n\t#", dtype=np.uint8)
+    for _ in range(400):
+        data = bytearray(good)
+        for position in rng.integers(8, header, size=rng.integers(1, 4)):
+            data[position] = int(rng.choice(printable)) if rng.random() < 0.8 else int(rng.integers(256))
+        shard.write_bytes(bytes(data))
+        try:
+            _load_shard(str(shard), str(tmp_path))
+        except UnreadableFile as e:
+            assert str(e).startswith(f"deps.data: {shard} is unreadable (not a numpy array file): ")
+            assert "\n" not in str(e)
+
+
+def test_damaged_data_adopted_in_place_say_to_restore_them_not_to_run_a_rebuild_that_cannot(tokens):
+    """An `adopt` step with copy false hands its consumers the source folder itself, which
+    holds no record: no `snakemake -f` can rebuild it."""
+    (tokens / ".artifact.json").unlink()
+    garble_first_bytes(tokens / "index.json", 1)
+    with pytest.raises(StepError) as error:
+        loader(tokens)
+    message = str(error.value)
+    assert message.startswith(f"deps.data: {tokens / 'index.json'} is unreadable (JSONDecodeError")
+    assert message.endswith(f"the data are damaged, and {tokens} is not built by this workflow (no .artifact.json: "
+                            "an adopted source?); restore its files there, or adopt a good copy under a new version")
+    assert "snakemake" not in message and "\n" not in message

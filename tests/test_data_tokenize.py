@@ -238,3 +238,31 @@ def test_download_train_tokenizer_and_tokenize_work_on_gcs(built, gcs_prefix):
     local = make_loader(str(built["tokens"]), seq_len=64, batch_size=4, seed=3)
     assert remote.tokenizer == f"{tok}/tokenizer.json"
     np.testing.assert_array_equal(remote.batch(7), local.batch(7))
+
+
+def test_unknown_tokens_past_the_round_trip_sample_make_the_tokenizer_lossy(tmp_path, capsys):
+    from tokenizers import trainers
+
+    plain = "the quick brown fox jumps over the lazy dog. " * 2000  # 90,000 characters of a small alphabet
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(4):  # more than the 2**18 characters the first shard round-trips
+        (src / f"doc{i}.txt").write_text(plain + "dog " * i)  # distinct: download drops duplicates
+    (src / "doc9.txt").write_text("the lazy dog 😀 jumps")  # bytes the tokenizer has no token for
+    raw = str(tmp_path / "raw")
+    download(ctx("raw/u", raw, {"source": str(src), "heldout": []}))
+    bpe = Tokenizer(models.BPE(unk_token="[UNK]"))  # byte-level pre-tokenizer, but only the bytes it saw
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    special = ["[UNK]", "<|bos|>", "<|endoftext|>", "<|pad|>"]
+    bpe.train_from_iterator([plain], trainers.BpeTrainer(vocab_size=300, special_tokens=special, show_progress=False))
+    (tmp_path / "bpe.json").write_text(bpe.to_str())
+    tok = str(tmp_path / "tok")
+    train_tokenizer(ctx("tokenizers/u", tok, {"pretrained": str(tmp_path / "bpe.json")}))
+    for shards in (1, 3):
+        result = run_tokenize(tmp_path / f"tokens-{shards}", raw, tok, runtime={"shards": shards}, validation_fraction=0.2)
+        assert result["lossless_checked"]["characters"] >= 2**18  # the sample came back whole...
+        assert result["unknown_tokens"] == 4  # ...but the last document's emoji did not: its 4 bytes
+        assert result["lossless"] is False
+        assert result["lossless_example"] == f"4 of the {result['tokens']} tokens are the unknown token"
+    assert "does not encode texts losslessly (4 of the " in capsys.readouterr().err

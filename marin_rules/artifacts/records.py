@@ -14,7 +14,8 @@ naming the file and how to fix it (`snakemake -f RECORD`, which the layers that 
 the run's experiment and prefix complete: `CorruptRecord.with_flags`); a corrupt record
 is never served as built. A data file of a built artifact that a step cannot read
 (damaged in place, its size kept) is an `UnreadableFile`, whose rebuild command the
-job completes the same way.
+job completes the same way; where `location` has no record (data adopted in place),
+the line says to restore the files or adopt a good copy instead.
 
 A failed attempt writes `{location}/.failures/<UTC time>.json` with the same identity
 and recipe plus the error and its traceback; failures are history, never deleted and
@@ -264,8 +265,12 @@ class UnreadableFile(StepError):
 
     def __init__(self, field: str, path: str, location: str, reason: str, flags: str = ""):
         self.field, self.path, self.location, self.reason = field, path, location, reason
-        super().__init__(f"{field}: {path} is unreadable ({reason}): the artifact is damaged; "
-                         f"{rebuild_hint(location, flags)}")  # fmt: skip
+        if storage.exists(record_location(location)):
+            fix = f"the artifact is damaged; {rebuild_hint(location, flags)}"
+        else:  # data adopted in place (`adopt`, copy false): no step of this workflow writes them
+            fix = (f"the data are damaged, and {location} is not built by this workflow (no {RECORD_FILE}: "
+                   "an adopted source?); restore its files there, or adopt a good copy under a new version")
+        super().__init__(f"{field}: {path} is unreadable ({reason}): {fix}")
 
     def with_flags(self, flags: str) -> UnreadableFile:
         """The same line, its `snakemake -f RECORD` followed by `flags`

@@ -7,8 +7,10 @@ order and lines in file order, so a split is one deterministic sequence of
 documents. Lines are standard JSON (UTF-8, no NaN or Infinity). Works on any
 fsspec location (local path, `gs://...`). A damaged shard (truncated or corrupt
 gzip, not gzip at all, a line that is not JSON, a document that is not an object
-with a string `text`) is one StepError line naming the field (`deps.corpus`), the
-shard and the document, never a bare EOFError or KeyError.
+with a string `text`, a shard the manifest lists but lacks) is one StepError line naming
+the field (`deps.corpus`), the shard and the document, never a bare EOFError or KeyError;
+a damaged `manifest.json` (not JSON, or without the fields its readers use:
+`manifest_problem`) is one `unreadable_file` line naming it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, Iterable, Iterator
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import StepError, json_problem
+from marin_rules.artifacts.records import unreadable_file
 
 MANIFEST = "manifest.json"  # written last by `download`: lists the shards of each split
 SPLITS = ("train", "heldout")
@@ -73,22 +76,64 @@ def split_shards(location: str, split: str) -> list[str]:
 
 
 def read_manifest(location: str, field: str = "deps.corpus") -> dict[str, Any]:
+    """The manifest of the corpus at `location`, with the fields its readers use checked
+    (`manifest_problem`); a damaged one is one `unreadable_file` line naming it. `field`:
+    how the step names the corpus (`deps.corpus`, `deps.data`)."""
     manifest = storage.join(location, MANIFEST)
     if not storage.exists(manifest):
         raise StepError(f"{field}: {manifest} is missing: is {location} a finished `download` artifact?")
-    return storage.read_json(manifest)
+    try:
+        value = storage.read_json(manifest)
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        raise unreadable_file(field, manifest, location, e) from None
+    problem = manifest_problem(value)
+    if problem:
+        raise unreadable_file(field, manifest, location, problem)
+    return value
+
+
+def manifest_problem(manifest: Any) -> str | None:
+    """What is wrong with a parsed manifest for its readers, or None: it must be an object
+    with `shards` ({split: [shard file name, ...]}) and a `train_documents` count (and, where
+    present, a `heldout_documents` count)."""
+    if type(manifest) is not dict:
+        return f"it is {json_kind(manifest)}, not a JSON object"
+    shards = manifest.get("shards")
+    if type(shards) is not dict:
+        return "no `shards` object ({split: [shard file names]})"
+    for split, names in shards.items():
+        if type(names) is not list or not all(type(n) is str and _plain_name(n) for n in names):
+            return f"shards.{split} is not a list of shard file names"
+    for key in ("train_documents", "heldout_documents"):
+        count = manifest.get(key)
+        if (key == "train_documents" or key in manifest) and (type(count) is not int or count < 0):
+            return f"`{key}` is {json_kind(count) if key in manifest else 'missing'}, not a count of documents"
+    return None
+
+
+def _plain_name(name: str) -> bool:
+    """A file name inside its split folder (no folder part, no `..`)."""
+    return name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+
+def shard_names(location: str, split: str, field: str = "deps.corpus") -> list[str]:
+    """The shard file names the manifest lists for `split`, in order."""
+    shards = read_manifest(location, field)["shards"]
+    if split not in shards:
+        raise unreadable_file(field, storage.join(location, MANIFEST), location, f"it lists no {split!r} shards")
+    return shards[split]
 
 
 def read_split(location: str, split: str, field: str = "deps.corpus") -> Iterator[dict[str, Any]]:
     """Every document of a split, in order (the shards its manifest lists)."""
-    for name in read_manifest(location, field)["shards"][split]:
+    for name in shard_names(location, split, field):
         path = storage.join(location, split, name)
         yield from _documents(path, _lines(path, field), field)
 
 
 def read_lines(location: str, split: str, field: str = "deps.corpus") -> Iterator[bytes]:
     """Every document of a split as its JSON line, unparsed, in order."""
-    for name in read_manifest(location, field)["shards"][split]:
+    for name in shard_names(location, split, field):
         yield from _lines(storage.join(location, split, name), field)
 
 
@@ -133,8 +178,14 @@ def shard_error(field: str, path: str, problem: str, fix: str = DAMAGED) -> Step
     return StepError(f"{field}: {path} {problem}: {fix}")
 
 
+MISSING = f"is missing, though {MANIFEST} lists it"
+
+
 def _lines(location: str, field: str = "deps.corpus") -> list[bytes]:
-    data = storage.read_bytes(location)
+    try:
+        data = storage.read_bytes(location)
+    except FileNotFoundError:
+        raise shard_error(field, location, MISSING) from None
     try:
         data = gzip.decompress(data)
     except GZIP_ERRORS as e:
@@ -163,6 +214,8 @@ def _documents(path: str, lines: Iterable[bytes], field: str, first: int = 0) ->
                 what = "has no string `text` field" if type(doc) is dict else f"is {json_kind(doc)}, not a JSON object"
                 raise shard_error(field, path, f"document {index + 1} {what}", NO_TEXT)
             yield doc
+    except FileNotFoundError:  # opened when first read (`_streamed_lines`)
+        raise shard_error(field, path, MISSING) from None
     except GZIP_ERRORS as e:  # decompressed while read (`_streamed_lines`): gzip if lines came out
         raise shard_error(field, path, gzip_problem(e, index >= first)) from None
     except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
@@ -173,7 +226,7 @@ def read_range(location: str, split: str, start: int, stop: int, field: str = "d
     """Documents `start` .. `stop - 1` of a split, in order. Files and lines before
     `start` are counted, not parsed (a shard job reads only its share as JSON)."""
     position = 0
-    for name in read_manifest(location, field)["shards"][split]:
+    for name in shard_names(location, split, field):
         if position >= stop:
             return
         path = storage.join(location, split, name)

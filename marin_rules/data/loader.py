@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import io
 import math
+import tokenize
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -102,9 +103,25 @@ def _read_index(index_location: str, location: str) -> dict[str, Any]:
         for entry in index["splits"].values():
             for shard in entry["shards"]:
                 str(shard["path"]), int(shard["tokens"])  # noqa: B018
+                if not _inside(shard["path"]):
+                    raise ValueError(f"shard path {shard['path']!r} is outside the artifact folder")
     except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
         raise unreadable_file(FIELD, index_location, location, e) from None
     return index
+
+
+def _inside(path: str) -> bool:
+    """Is `path` (a shard listed by index.json) inside the artifact folder: relative, not
+    empty, without `..` segments (an index must never send the loader elsewhere)?"""
+    parts = path.replace("\\", "/").split("/")
+    return bool(path) and not path.startswith(("/", "\\")) and "://" not in path and ".." not in parts
+
+
+# what np.load raises on a damaged file: a garbled magic reads as "pickled data" (ValueError);
+# the header is parsed by ast.literal_eval (SyntaxError, numpy's ValueError), retried as a Python 2
+# header through the tokenize module (tokenize.TokenError); a bad dtype or shape may escape as
+# TypeError or OverflowError; a short file is EOFError or OSError
+NPY_ERRORS = (ValueError, SyntaxError, tokenize.TokenError, TypeError, OverflowError, OSError, EOFError)
 
 
 def _load_shard(location: str, artifact: str) -> np.ndarray:
@@ -113,8 +130,9 @@ def _load_shard(location: str, artifact: str) -> np.ndarray:
             return np.load(io.BytesIO(storage.read_bytes(location)), allow_pickle=False)
         return np.load(storage.local_path(location), mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
-        raise
-    except (ValueError, OSError, EOFError) as e:  # a garbled header reads as "pickled data"
+        reason = f"missing, though {INDEX} lists it"
+        raise unreadable_file(FIELD, location, artifact, reason) from None
+    except NPY_ERRORS as e:
         raise unreadable_file(FIELD, location, artifact, "not a numpy array file") from e
 
 

@@ -29,7 +29,10 @@ them, and compares them with their texts (`round_trip`): the result records `los
 (and `lossless_example` where a text did not come back), whatever the shard count, and
 a lossy tokenizer gets one stderr line from the gather, a warning: training on it is
 fine, but bits per byte and perplexities compared across tokenizers are not meaningful.
-Reusing the step's own ids costs a decode, not a second read and encoding.
+Reusing the step's own ids costs a decode, not a second read and encoding. Every
+shard also counts the tokens that are the model's unknown token (`unknown_tokens`:
+WordPiece's [UNK], for text it cannot encode) over all its documents: any makes the
+tokenizer lossy, even where the sample came back whole.
 
 `index.json` is written last; its presence means every shard it lists is whole:
 {format, vocab_size, dtype, tokenizer (location of tokenizer.json), tokenizer_digest,
@@ -40,6 +43,7 @@ artifact's folder (`relative.py`), so the prefix can move.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Any, Iterator
@@ -115,9 +119,12 @@ def tokenize_shard(ctx: StepContext, shard: Shard) -> dict[str, Any]:
     writers = {split: ShardWriter(output, split, vocab["dtype"]) for split in SPLITS}
     progress = tqdm(total=len(span), desc=f"tokenize {shard.name}", unit="doc", file=sys.stderr, mininterval=1.0)
     position = span.start
+    unknown = 0  # tokens that are the unknown token: text the tokenizer could not encode
     for tokens, lengths in encode_stream(
         texts, vocab["tokenizer_json"], vocab["eos_id"], vocab["dtype"], num_workers=num_workers, batch_size=batch_size
     ):
+        if vocab["unk_id"] is not None:
+            unknown += int(np.count_nonzero(tokens == vocab["unk_id"]))
         start = 0
         for length in lengths:
             writers[labels[position]].add(tokens[start : start + length])
@@ -136,6 +143,7 @@ def tokenize_shard(ctx: StepContext, shard: Shard) -> dict[str, Any]:
     return {
         "documents": len(span), "splits": splits, "num_workers": num_workers,
         "round_trip": None if check is None else check.result(),  # the first shard's
+        "unknown_tokens": unknown,
         "vocab": {k: v for k, v in vocab.items() if k != "tokenizer_json"},  # the gather need not parse it again
         "seconds": round(time.perf_counter() - started, 3),
     }  # fmt: skip
@@ -168,6 +176,10 @@ def gather_tokens(ctx: StepContext, shards: list[dict[str, Any]]) -> dict[str, A
         raise StepError(f"deps.corpus: no training documents in {corpus}")
     checked = shards[0].get("round_trip") or {}  # absent from shards an older version recorded
     check = RoundTrip.from_result(checked) if checked else None
+    unknown = sum(s.get("unknown_tokens") or 0 for s in shards)
+    if unknown and check is not None and check.lossless:  # past the sample: the whole corpus counted
+        check = RoundTrip(check.documents, check.characters,
+                          f"{unknown} of the {sum(sp['tokens'] for sp in splits.values())} tokens are the unknown token")
     if check is not None and not check.lossless:
         subject = f"the tokenizer at {printable(ctx.deps['tokenizer'])}"
         print(f"{ctx.key}: {lossy_message(subject, check)}", file=sys.stderr)
@@ -210,6 +222,7 @@ def gather_tokens(ctx: StepContext, shards: list[dict[str, Any]]) -> dict[str, A
         "seconds": round(seconds, 3),  # encoding time summed over the shards
         "tokens_per_second": round(total / seconds) if seconds > 0 else None,
         **(check.result() if check is not None else {}),
+        "unknown_tokens": unknown,
     }
 
 
@@ -272,11 +285,19 @@ def describe_tokenizer(location: str, dtype: str | None) -> dict[str, Any]:
             )
     return {
         "tokenizer_json": tokenizer_json,
+        "unk_id": unknown_token_id(tokenizer, tokenizer_json),
         "vocab_size": vocab_size,
         "dtype": dtype,
         "digest": xxhash.xxh3_64_hexdigest(tokenizer_json.encode("utf-8")),
         **{f"{role}_id": special[role]["id"] for role in ("bos", "eos", "pad")},
     }
+
+
+def unknown_token_id(tokenizer: Tokenizer, tokenizer_json: str) -> int | None:
+    """The id of the model's unknown token (`unk_token`: WordPiece's [UNK], a BPE's),
+    which stands for text it cannot encode; None for a model without one (byte-level BPE)."""
+    token = (json.loads(tokenizer_json).get("model") or {}).get("unk_token")
+    return tokenizer.token_to_id(token) if isinstance(token, str) else None
 
 
 def split_labels(n_docs: int, fraction: float) -> list[str]:

@@ -42,6 +42,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.records import unreadable_file
 from marin_rules.data import dolma
 from marin_rules.data.checks import SPECIAL_ROLES, check_train_tokenizer, special_tokens_from
 
@@ -258,11 +259,23 @@ def hf_files(special: dict[str, str]) -> dict[str, dict[str, Any]]:
 
 
 def load_special_tokens(location: str) -> dict[str, dict[str, Any]]:
-    """The `special_tokens.json` of a tokenizer artifact, with an error naming it."""
+    """The `special_tokens.json` of a tokenizer artifact (`{role: {"token": str, "id": int}}`
+    for each of SPECIAL_ROLES); missing or damaged, one line naming it."""
     path = storage.join(location, SPECIAL_TOKENS_FILE)
     if not storage.exists(path):
         raise StepError(f"deps.tokenizer: {path} is missing: is {location} a finished `train_tokenizer` artifact?")
-    return json.loads(storage.read_text(path))
+    try:
+        special = storage.read_json(path)
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        raise unreadable_file("deps.tokenizer", path, location, e) from None
+    if type(special) is not dict:
+        raise unreadable_file("deps.tokenizer", path, location, f"it is {dolma.json_kind(special)}, not a JSON object")
+    for role in SPECIAL_ROLES:
+        entry = special.get(role)
+        if type(entry) is not dict or type(entry.get("token")) is not str or type(entry.get("id")) is not int:
+            why = f'`{role}` is not {{"token": <string>, "id": <integer>}}'
+            raise unreadable_file("deps.tokenizer", path, location, why)
+    return special
 
 
 class TextCounter:
