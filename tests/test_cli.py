@@ -203,6 +203,10 @@ def test_the_endpoint_probe_fails_fast_only_when_the_endpoint_certainly_cannot_a
     with pytest.raises(ConnectionError, match="^no-such-host.invalid:4443 does not resolve"):
         probe_gcs_endpoint("gs://b/p", attempts=1)
     probe_gcs_endpoint("memory://b/p")  # not gcs: not probed
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("GOOGLE_CLOUD_UNIVERSE_DOMAIN", "example.test")
+    probe_gcs_endpoint("gs://b/p")  # gcsfs goes to another endpoint than the probe would try: left to gcsfs
+    monkeypatch.delenv("GOOGLE_CLOUD_UNIVERSE_DOMAIN")
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
     probe_gcs_endpoint("gs://b/p")  # a proxy may carry gcsfs's requests: left to gcsfs
 

@@ -261,28 +261,36 @@ def rebuild_hint(location: str, flags: str = "") -> str:
 class UnreadableFile(StepError):
     """A file of the built artifact at `location` that cannot be read (`unreadable_file`).
     Raised inside a step; the job completes its rebuild command with `with_flags`, as
-    a `CorruptRecord`'s."""
+    a `CorruptRecord`'s. `built`: whether `location` holds a record (decided once, by
+    `unreadable_file`); without one (data adopted in place) there is nothing to rebuild."""
 
-    def __init__(self, field: str, path: str, location: str, reason: str, flags: str = ""):
-        self.field, self.path, self.location, self.reason = field, path, location, reason
-        if storage.exists(record_location(location)):
+    def __init__(self, field: str, path: str, location: str, reason: str, built: bool = True, flags: str = ""):
+        self.field, self.path, self.location, self.reason, self.built = field, path, location, reason, built
+        if built:
             fix = f"the artifact is damaged; {rebuild_hint(location, flags)}"
         else:  # data adopted in place (`adopt`, copy false): no step of this workflow writes them
             fix = (f"the data are damaged, and {location} is not built by this workflow (no {RECORD_FILE}: "
                    "an adopted source?); restore its files there, or adopt a good copy under a new version")
         super().__init__(f"{field}: {path} is unreadable ({reason}): {fix}")
 
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable (a worker process may raise it)
+        return (UnreadableFile, (self.field, self.path, self.location, self.reason, self.built))
+
     def with_flags(self, flags: str) -> UnreadableFile:
         """The same line, its `snakemake -f RECORD` followed by `flags`
         (`workflow.options.rerun_flags`), so that it runs as printed."""
-        return UnreadableFile(self.field, self.path, self.location, self.reason, flags)
+        return UnreadableFile(self.field, self.path, self.location, self.reason, self.built, flags)
 
 
 def unreadable_file(field: str, path: str, location: str, why: BaseException | str) -> UnreadableFile:
     """A file of the built artifact at `location` that cannot be read (corrupt, though
     of its recorded size): one line naming the field, the file and the fix."""
     reason = f"{type(why).__name__}: {why}" if isinstance(why, BaseException) else why
-    return UnreadableFile(field, path, location, " ".join(str(reason).split())[:200])
+    try:
+        built = storage.exists(record_location(location))
+    except Exception:  # noqa: BLE001 - the storage cannot say (a network error): the usual fix
+        built = True
+    return UnreadableFile(field, path, location, " ".join(str(reason).split())[:200], built)
 
 
 def verify_files(location: str, record: Record) -> list[str]:

@@ -171,6 +171,8 @@ def check_bucket(prefix: str) -> None:
 
 
 GCS_ENDPOINT = "https://storage.googleapis.com"
+# settings with which gcsfs reaches another endpoint (a universe domain, fsspec's own)
+OTHER_ENDPOINT_VARIABLES = ("GOOGLE_CLOUD_UNIVERSE_DOMAIN", "FSSPEC_GCS_ENDPOINT_URL", "FSSPEC_GCS")
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
@@ -183,7 +185,10 @@ def probe_gcs_endpoint(prefix: str, attempts: int = 2, timeout_s: float = 5.0) -
     in the environment, which gcsfs may go through) is left to gcsfs and its retries."""
     if not prefix.startswith(("gs://", "gcs://")) or any(os.environ.get(v) for v in PROXY_VARIABLES):
         return
-    endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or GCS_ENDPOINT
+    if any(os.environ.get(v) for v in OTHER_ENDPOINT_VARIABLES) or fsspec.config.conf.get("gcs", {}).get("endpoint_url"):
+        return  # gcsfs goes elsewhere than this function would probe
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    endpoint = emulator if emulator and emulator != "default" else GCS_ENDPOINT  # gcsfs reads "default" as unset
     url = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
     try:
         host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
@@ -195,7 +200,11 @@ def probe_gcs_endpoint(prefix: str, attempts: int = 2, timeout_s: float = 5.0) -
         try:
             with socket.create_connection((host, port), timeout=timeout_s):
                 return
-        except (ConnectionRefusedError, socket.gaierror) as e:
+        except ConnectionRefusedError as e:
+            problem = e
+        except socket.gaierror as e:
+            if e.errno not in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+                return  # a temporary failure (EAI_AGAIN): gcsfs's retries decide
             problem = e
         except OSError:  # a timeout, an unreachable network: gcsfs's retries decide
             return

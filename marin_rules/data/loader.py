@@ -125,13 +125,15 @@ NPY_ERRORS = (ValueError, SyntaxError, tokenize.TokenError, TypeError, OverflowE
 
 
 def _load_shard(location: str, artifact: str) -> np.ndarray:
-    try:
-        if storage.is_remote(location):
-            return np.load(io.BytesIO(storage.read_bytes(location)), allow_pickle=False)
-        return np.load(storage.local_path(location), mmap_mode="r", allow_pickle=False)
+    try:  # read first, outside the parsing below: a network error on gs:// is not a damaged file
+        source = io.BytesIO(storage.read_bytes(location)) if storage.is_remote(location) else storage.local_path(location)
+        if not storage.is_remote(location) and not storage.exists(location):
+            raise FileNotFoundError(location)
     except FileNotFoundError:
         reason = f"missing, though {INDEX} lists it"
         raise unreadable_file(FIELD, location, artifact, reason) from None
+    try:
+        return np.load(source, mmap_mode=None if storage.is_remote(location) else "r", allow_pickle=False)
     except NPY_ERRORS as e:
         raise unreadable_file(FIELD, location, artifact, "not a numpy array file") from e
 

@@ -157,7 +157,8 @@ def gather_tokens(ctx: StepContext, shards: list[dict[str, Any]]) -> dict[str, A
     tokenizer_location = storage.join(ctx.deps["tokenizer"], TOKENIZER_FILE)
     corpus = ctx.deps["corpus"]
     vocab = shards[0]["vocab"]
-    if any(s["vocab"] != vocab for s in shards):
+    if any(s["vocab"][k] != vocab[k] for s in shards for k in vocab.keys() & s["vocab"].keys()):  # (a newer key
+        # such as unk_id is missing from a shard an older version finished)
         raise StepError(
             f"deps.tokenizer: the shards were encoded with different tokenizers; delete {ctx.output}/shards and run again"
         )
@@ -176,7 +177,8 @@ def gather_tokens(ctx: StepContext, shards: list[dict[str, Any]]) -> dict[str, A
         raise StepError(f"deps.corpus: no training documents in {corpus}")
     checked = shards[0].get("round_trip") or {}  # absent from shards an older version recorded
     check = RoundTrip.from_result(checked) if checked else None
-    unknown = sum(s.get("unknown_tokens") or 0 for s in shards)
+    counts = [s.get("unknown_tokens") for s in shards]  # None: a shard an older version finished
+    unknown = None if None in counts else sum(counts)
     if unknown and check is not None and check.lossless:  # past the sample: the whole corpus counted
         check = RoundTrip(check.documents, check.characters,
                           f"{unknown} of the {sum(sp['tokens'] for sp in splits.values())} tokens are the unknown token")
@@ -248,10 +250,11 @@ def _round_trip_first_documents(
 
 def _sampled(texts: Iterator[str], sample: list[str]) -> Iterator[str]:
     """`texts`, each kept in `sample` (before it is encoded) until the kept ones hold
-    LOSSLESS_SAMPLE_CHARS characters: whole documents, so their ids are whole too."""
+    LOSSLESS_SAMPLE_CHARS characters: whole documents, so their ids are whole too; one
+    over 4 x that (a book-sized document) is left out, to bound the memory."""
     size = 0
     for text in texts:
-        if size < LOSSLESS_SAMPLE_CHARS:
+        if size < LOSSLESS_SAMPLE_CHARS and len(text) <= 4 * LOSSLESS_SAMPLE_CHARS:
             sample.append(text)
             size += len(text)
         yield text
@@ -285,7 +288,7 @@ def describe_tokenizer(location: str, dtype: str | None) -> dict[str, Any]:
             )
     return {
         "tokenizer_json": tokenizer_json,
-        "unk_id": unknown_token_id(tokenizer, tokenizer_json),
+        "unk_id": unknown_token_id(tokenizer, tokenizer_json, {special[role]["id"] for role in ("bos", "eos", "pad")}),
         "vocab_size": vocab_size,
         "dtype": dtype,
         "digest": xxhash.xxh3_64_hexdigest(tokenizer_json.encode("utf-8")),
@@ -293,11 +296,15 @@ def describe_tokenizer(location: str, dtype: str | None) -> dict[str, Any]:
     }
 
 
-def unknown_token_id(tokenizer: Tokenizer, tokenizer_json: str) -> int | None:
-    """The id of the model's unknown token (`unk_token`: WordPiece's [UNK], a BPE's),
-    which stands for text it cannot encode; None for a model without one (byte-level BPE)."""
-    token = (json.loads(tokenizer_json).get("model") or {}).get("unk_token")
-    return tokenizer.token_to_id(token) if isinstance(token, str) else None
+def unknown_token_id(tokenizer: Tokenizer, tokenizer_json: str, special_ids: set[int]) -> int | None:
+    """The id of the model's unknown token (`unk_token`: WordPiece's [UNK], a BPE's;
+    `unk_id`: a Unigram's), which stands for text it cannot encode; None for a model
+    without one (byte-level BPE), or whose unknown token is one of `special_ids` (the
+    eos this step appends would count as unknown)."""
+    model = json.loads(tokenizer_json).get("model") or {}
+    token = model.get("unk_token")
+    found = tokenizer.token_to_id(token) if isinstance(token, str) else model.get("unk_id")
+    return found if isinstance(found, int) and not isinstance(found, bool) and found not in special_ids else None
 
 
 def split_labels(n_docs: int, fraction: float) -> list[str]:

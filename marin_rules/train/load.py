@@ -91,11 +91,11 @@ def _restore(manager: Any, location: str, step: int, target: Any) -> Any:
     the innermost cause, not orbax's dump of the tensorstore spec). A consumer never
     sets an upstream's checkpoint aside: rebuilding the artifact is the fix."""
     reason = ""
-    with checkpoint.quiet_abandoned_reads():  # orbax's abandoned reads of the other arrays, each a spec dump
-        try:
+    try:  # the failure leaves the quiet raising, so its filter stays for reads TensorStore reports later
+        with checkpoint.quiet_abandoned_reads():  # orbax's abandoned reads of the other arrays, each a spec dump
             weights, _ = checkpoint.restore(manager, step, target)
-        except Exception as e:  # noqa: BLE001 - any failure to read it, as training's resume (restore_latest)
-            reason = checkpoint.failure_reason(e)  # `e` (whose frames hold those reads) ends here, under the quiet
+    except Exception as e:  # noqa: BLE001 - any failure to read it, as training's resume (restore_latest)
+        reason = checkpoint.failure_reason(e)
     if reason:
         folder = storage.join(checkpoint.checkpoint_dir(location), str(step))
         raise unreadable_file("deps.model", folder, location, reason)
