@@ -94,6 +94,19 @@ def test_a_garbled_tokenizer_json_is_named_by_evaluation(built):
         load_tokenizer(str(copy))
 
 
+@pytest.mark.parametrize("content", [b"\x00{", b'["<|bos|>"]'], ids=["garbage", "not-an-object"])
+def test_a_damaged_special_tokens_json_beside_a_models_tokenizer_is_named_by_evaluation(built, content):
+    path = Path(json.loads((built / "index.json").read_text())["tokenizer"])
+    copy = built.parent / "tok-special" / "tokenizer.json"
+    copy.parent.mkdir(exist_ok=True)
+    copy.write_bytes((built / path).resolve().read_bytes())
+    (copy.parent / "special_tokens.json").write_bytes(content)
+    with pytest.raises(StepError) as error:
+        load_tokenizer(str(copy))
+    assert str(error.value).startswith(f"deps.model: {copy.parent / 'special_tokens.json'} is unreadable ("), error.value
+    assert "\n" not in str(error.value)
+
+
 def test_a_torn_metrics_line_is_dropped_on_resume_not_blocking_it(tmp_path, capsys):
     log = tmp_path / "metrics.jsonl"
     log.write_text('{"split": "train", "step": 10, "loss": 3.0}\n{"split": "train", "step": 20, "lo')

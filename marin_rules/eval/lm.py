@@ -81,7 +81,13 @@ def load_tokenizer(location: str) -> tuple[Tokenizer, SpecialTokens]:
     sidecar = storage.join(storage.parent(location), "special_tokens.json")
     ids: dict[str, int | None] = {}
     if storage.exists(sidecar):
-        for role, entry in storage.read_json(sidecar).items():
+        try:
+            entries = storage.read_json(sidecar)
+            if not isinstance(entries, dict):
+                raise ValueError(f"expected a JSON object, got {type(entries).__name__}")
+        except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+            raise unreadable_file("deps.model", sidecar, storage.parent(location), e) from None
+        for role, entry in entries.items():
             ids[role] = entry.get("id") if isinstance(entry, dict) else tokenizer.token_to_id(str(entry))
     for role, names in {
         "bos": ("<|bos|>", "<s>", "<bos>"),
