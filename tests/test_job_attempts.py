@@ -64,13 +64,17 @@ def _job_log(ws) -> str:
     return (ws.root / ".snakemake/marin-logs/feat/slow/v1/job.log").read_text()
 
 
-@pytest.mark.parametrize("with_deps", [True, False], ids=["with-deps", "without-deps"])
-def test_leftovers_of_a_stopped_attempt_with_another_recipe_are_set_aside_not_recorded(
-    tmp_path, snakemake_cmd, monkeypatch, with_deps
-):
+@pytest.fixture(params=[True, False], ids=["with-deps", "without-deps"])
+def stopped(request, tmp_path, snakemake_cmd, monkeypatch) -> tuple[Workspace, Path, bool]:
+    """A workspace where an attempt of feat/slow@v1 with 8 parts stopped (with or
+    without an upstream): its folder, and whether it has the upstream."""
     ws = _workspace(tmp_path, snakemake_cmd, monkeypatch)
-    folder = Path(ws.prefix) / "feat/slow/v1"
-    _stop_once(ws, 8, with_deps)
+    _stop_once(ws, 8, request.param)
+    return ws, Path(ws.prefix) / "feat/slow/v1", request.param
+
+
+def test_leftovers_of_a_stopped_attempt_with_another_recipe_are_set_aside_not_recorded(stopped):
+    ws, folder, with_deps = stopped
     assert sorted(p.name for p in folder.glob("part*.txt")) == ALL and not (folder / ".artifact.json").exists()
     (failure,) = folder.glob(".failures/*.json")
     old = json.loads(failure.read_text())["fingerprint"]
@@ -90,15 +94,10 @@ def test_leftovers_of_a_stopped_attempt_with_another_recipe_are_set_aside_not_re
     assert [x for x in console.splitlines() if "what an earlier attempt left" in x] == [line]  # seen, not only logged
 
 
-@pytest.mark.parametrize("with_deps", [True, False], ids=["with-deps", "without-deps"])
-def test_leftovers_of_a_stopped_attempt_with_the_same_recipe_are_resumed_and_only_those(
-    tmp_path, snakemake_cmd, monkeypatch, with_deps
-):
+def test_leftovers_of_a_stopped_attempt_with_the_same_recipe_are_resumed_and_only_those(stopped):
     # a stopped attempt of another recipe (8 parts), then one of today's (2 parts) that
     # stops too: the first one's leftovers go, the second one's are resumed
-    ws = _workspace(tmp_path, snakemake_cmd, monkeypatch)
-    folder = Path(ws.prefix) / "feat/slow/v1"
-    _stop_once(ws, 8, with_deps)
+    ws, folder, with_deps = stopped
     _stop_once(ws, 2, with_deps)
     assert "was made from another recipe" in _job_log(ws)
     (stale,) = (folder / ".history").glob("*-stale")

@@ -22,6 +22,12 @@ ATTEMPT_FILE = ".attempt.json"  # the upstream builds the data in place was made
 NOT_DATA = (RECORD_FILE, FAILURES_DIR, HISTORY_DIR, LEASE_FILE, ATTEMPT_FILE)
 
 
+def is_inside(rel: str) -> bool:
+    """Is `rel` (a path a record or an index lists) a path inside the artifact folder:
+    relative, not empty, without `..` segments (a listing must never send a reader elsewhere)?"""
+    return bool(rel) and not rel.startswith("/") and ".." not in rel.split("/")
+
+
 def list_data_files(location: str) -> dict[str, int]:
     """Every data file under an artifact folder (relative path -> size), from one listing."""
     fs, root = storage.filesystem(location)

@@ -37,7 +37,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import MarinError, StepError, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, ArtifactId
-from marin_rules.artifacts.files import file_problems, list_data_files
+from marin_rules.artifacts.files import file_problems, is_inside, list_data_files
 from marin_rules.artifacts.provenance import Provenance, iso, utc_now
 
 __all__ = [
@@ -173,7 +173,7 @@ def record_from_json(data: Any, record_file: str, expected: ArtifactId | None = 
     if data["status"] != "success":
         raise CorruptRecord(record_file, f"status is {data['status']!r}, not 'success'")
     for rel, size in data["files"].items():
-        if not _inside(rel):
+        if not is_inside(rel):
             raise CorruptRecord(
                 record_file, f"files.{rel} should be a file inside the artifact: a relative path without '..' segments"
             )
@@ -188,12 +188,6 @@ def record_from_json(data: Any, record_file: str, expected: ArtifactId | None = 
             record_file, f"it records {data['name']}@{data['version']} but sits where {expected.key} belongs"
         )
     return Record(**{f: data[f] for f in _FIELDS})
-
-
-def _inside(rel: str) -> bool:
-    """Is `rel` (a key of a record's `files`) a path inside the artifact folder: relative,
-    not empty, without `..` segments (a record must never send a reader elsewhere)?"""
-    return bool(rel) and not rel.startswith("/") and ".." not in rel.split("/")
 
 
 def read_record_file(record_file: str, expected: ArtifactId | None = None) -> Record | None:

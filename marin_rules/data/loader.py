@@ -36,6 +36,7 @@ import numpy as np
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, StepError
+from marin_rules.artifacts.files import is_inside
 from marin_rules.artifacts.records import unreadable_file
 from marin_rules.data.checks import check_mixture
 from marin_rules.data.relative import resolve_location
@@ -111,10 +112,9 @@ def _read_index(index_location: str, location: str) -> dict[str, Any]:
 
 
 def _inside(path: str) -> bool:
-    """Is `path` (a shard listed by index.json) inside the artifact folder: relative, not
-    empty, without `..` segments (an index must never send the loader elsewhere)?"""
-    parts = path.replace("\\", "/").split("/")
-    return bool(path) and not path.startswith(("/", "\\")) and "://" not in path and ".." not in parts
+    """Is `path` (a shard listed by index.json) inside the artifact folder (`is_inside`,
+    a Windows separator read as one, and no URL)?"""
+    return is_inside(path.replace("\\", "/")) and "://" not in path
 
 
 # what np.load raises on a damaged file: a garbled magic reads as "pickled data" (ValueError);
@@ -125,17 +125,18 @@ NPY_ERRORS = (ValueError, SyntaxError, tokenize.TokenError, TypeError, OverflowE
 
 
 def _load_shard(location: str, artifact: str) -> np.ndarray:
-    try:  # read first, outside the parsing below: a network error on gs:// is not a damaged file
-        source = io.BytesIO(storage.read_bytes(location)) if storage.is_remote(location) else storage.local_path(location)
-        if not storage.is_remote(location) and not storage.exists(location):
-            raise FileNotFoundError(location)
-    except FileNotFoundError:
-        reason = f"missing, though {INDEX} lists it"
-        raise unreadable_file(FIELD, location, artifact, reason) from None
+    remote = storage.is_remote(location)
     try:
-        return np.load(source, mmap_mode=None if storage.is_remote(location) else "r", allow_pickle=False)
-    except NPY_ERRORS as e:
-        raise unreadable_file(FIELD, location, artifact, "not a numpy array file") from e
+        # a remote shard is read first, outside the parsing: a network error on gs:// is not a damaged file
+        source = io.BytesIO(storage.read_bytes(location)) if remote else storage.local_path(location)
+        try:
+            return np.load(source, mmap_mode=None if remote else "r", allow_pickle=False)
+        except FileNotFoundError:
+            raise  # a local shard that is missing: named below
+        except NPY_ERRORS as e:
+            raise unreadable_file(FIELD, location, artifact, "not a numpy array file") from e
+    except FileNotFoundError:
+        raise unreadable_file(FIELD, location, artifact, f"missing, though {INDEX} lists it") from None
 
 
 class TokenLoader:

@@ -184,7 +184,7 @@ def gather_tokens(ctx: StepContext, shards: list[dict[str, Any]]) -> dict[str, A
                           f"{unknown} of the {sum(sp['tokens'] for sp in splits.values())} tokens are the unknown token")
     if check is not None and not check.lossless:
         subject = f"the tokenizer at {printable(ctx.deps['tokenizer'])}"
-        print(f"{ctx.key}: {lossy_message(subject, check)}", file=sys.stderr)
+        print(f"{ctx.key}: {lossy_message(subject, check.example)}", file=sys.stderr)
     index = {
         "format": INDEX_FORMAT,
         "vocab_size": vocab["vocab_size"],

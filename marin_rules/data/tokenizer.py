@@ -86,7 +86,7 @@ def train_tokenizer(ctx: StepContext) -> dict[str, Any]:
         check = sample_round_trip(bulk_encoder(data.decode("utf-8")), (doc["text"] for doc in docs), "training document")
         result.update(check.result())
         if not check.lossless:
-            print(f"{ctx.key}: {lossy_message('this tokenizer', check)}", file=sys.stderr)
+            print(f"{ctx.key}: {lossy_message('this tokenizer', check.example)}", file=sys.stderr)
     storage.write_bytes_atomic(storage.join(ctx.output, TOKENIZER_FILE), data)
     for name, content in hf_files(special).items():
         storage.write_json_atomic(storage.join(ctx.output, name), content)
@@ -226,10 +226,11 @@ def difference(text: str, back: str) -> str:
     return f"{excerpt(text)} comes back as {excerpt(back)}"
 
 
-def lossy_message(subject: str, check: RoundTrip) -> str:
-    """One line: `subject` does not give back the texts it encodes, where, and what to do."""
+def lossy_message(subject: str, example: str) -> str:
+    """One line: `subject` does not give back the texts it encodes, where (`example`:
+    `RoundTrip.example`), and what to do."""
     return (
-        f"{subject} does not encode texts losslessly ({check.example}): bits per byte, and perplexity compared "
+        f"{subject} does not encode texts losslessly ({example}): bits per byte, and perplexity compared "
         "across tokenizers, will not be meaningful; for those use a byte-level tokenizer (train one with vocab_size)"
     )
 

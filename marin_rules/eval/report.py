@@ -30,6 +30,7 @@ from marin_rules.eval.config import BPB_TASK, CLOZE_TASK
 HEADLINE = {BPB_TASK: "bits_per_byte", CLOZE_TASK: "acc"}
 TIE_STDERRS = 2.0  # a difference within this many standard errors is a tie
 RATIO_METRICS = {"bits_per_byte", "word_perplexity", "byte_perplexity"}
+LOSSY_LABEL = "not meaningful: lossy tokenizer"  # beside a ratio metric of a lossy task (table, chart, marin status)
 LOWER_IS_BETTER = ("perplexity", "bits_per_byte")
 
 
@@ -127,7 +128,7 @@ def results_table(summary: dict[str, dict[str, float]], title: str, lossy: Mappi
             se, base = row.get(f"{metric}_stderr"), row.get(f"baseline_{metric}")
             base_se = row.get(f"baseline_{metric}_stderr")
             better = "" if base is None else compare(metric, value, base, se, base_se)
-            name = f"{metric} (not meaningful: lossy tokenizer)" if task in lossy and metric in RATIO_METRICS else metric
+            name = f"{metric} ({LOSSY_LABEL})" if task in lossy and metric in RATIO_METRICS else metric
             lines.append(f"| {task} | {name} | {_cell(value, se)} | {_cell(base, base_se)} | {better} |")
     lines += [line for task, example in lossy.items() for line in ("", f"Not meaningful: {lossy_note([task], example)}.")]
     return "\n".join(lines) + "\n"
@@ -159,7 +160,7 @@ def plot_results(summary: dict[str, dict[str, float]], path: str, lossy: Mapping
         values = [row[key] for _, key in sides]
         errors = [TIE_STDERRS * row.get(f"{key}_stderr", 0.0) for _, key in sides]
         ax.bar([name for name, _ in sides], values, yerr=errors, capsize=4, color=["tab:blue", "tab:gray"][: len(sides)])
-        invalid = "\nnot meaningful: lossy tokenizer" if task in lossy and metric in RATIO_METRICS else ""
+        invalid = f"\n{LOSSY_LABEL}" if task in lossy and metric in RATIO_METRICS else ""
         ax.set_title(f"{task}\n{metric} (±{TIE_STDERRS:g} stderr){invalid}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

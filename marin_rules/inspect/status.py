@@ -48,14 +48,12 @@ from marin_rules.artifacts.drift import printable, recipe_diff
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
 from marin_rules.artifacts.lease import STALE_S, LeaseHolder, holder_gone, read_lease
+from marin_rules.eval.report import LOSSY_LABEL, RATIO_METRICS  # (no JAX, no lm-eval)
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.inspect import reading
 
 VAL_LOSS_KEYS = ("final_val_loss", "val_loss")
 SCORE_METRICS = ("acc", "acc_norm", "exact_match", "f1", "bits_per_byte", "byte_perplexity", "word_perplexity")
-# ratios over the scored texts' bytes or words: meaningless when the tokenizer is lossy (eval/report.py)
-RATIO_METRICS = ("bits_per_byte", "byte_perplexity", "word_perplexity")
-LOSSY = " (not meaningful: lossy tokenizer)"
 
 
 @dataclass(frozen=True)
@@ -113,7 +111,7 @@ def headline(record: Mapping[str, Any] | None) -> tuple[float | None, str]:
             value = result[task].get(metric)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 lossy = metric in RATIO_METRICS and result[task].get("lossless") is False
-                return val, f"{task} {metric} {value:.3f}{LOSSY if lossy else ''}"
+                return val, f"{task} {metric} {value:.3f}{f' ({LOSSY_LABEL})' if lossy else ''}"
     return val, ""
 
 

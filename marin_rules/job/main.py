@@ -425,8 +425,8 @@ def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace,
              "makes a local folder named gs:")  # fmt: skip
     lossy = None if record is None else lossy_example(record.result)
     if lossy is not None:  # the step said so in its log; a warning the user should see without opening it
-        from marin_rules.data.tokenizer import RoundTrip, lossy_message
+        from marin_rules.data.tokenizer import lossy_message
 
-        tell(f"{artifact.key}: note: {lossy_message('its tokenizer', RoundTrip(0, 0, lossy))}")
+        tell(f"{artifact.key}: note: {lossy_message('its tokenizer', lossy)}")
     _mirror(record, artifact, args)
     return 0
