@@ -9,14 +9,18 @@
   marin history KEY                            every attempt and forced rebuild of one artifact
   marin dag [EXPERIMENT] [-o dag.svg]          a picture of the experiment, coloured by state
 
-Every command takes `--prefix P` (a local folder, file:// or gs:// URL, default `artifacts`) and
-`--configfile X` (the experiment, spelled as for snakemake). Nothing is run or written
-on the prefix. Errors are one line on stderr and a non-zero exit status.
+Every command takes `--prefix P` (a local folder, file:// or gs:// URL, default `artifacts`),
+`--configfile X` (the experiment, spelled as for snakemake) and `-d DIR` (the working
+directory the run used, as `snakemake -d DIR`: a relative prefix, the default one
+included, is read there). As for snakemake, the default experiment lies beside the
+Snakefile: the one here, else this project's. Nothing is run or written on the prefix.
+Errors are one line on stderr and a non-zero exit status.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -38,9 +42,43 @@ def _load(args, required: bool = True) -> Experiment | None:
     if args.configfile and args.experiment not in (None, args.configfile):
         raise MarinError(f"two experiments given ({args.experiment} and --configfile {args.configfile}); give one")
     chosen = args.configfile or args.experiment
-    if chosen is None and not required and not os.path.exists(DEFAULT_EXPERIMENT):
+    if chosen is None and not required and not os.path.exists(args.default_experiment):
         return None
-    return load_experiment(chosen or DEFAULT_EXPERIMENT)
+    return load_experiment(chosen or args.default_experiment)
+
+
+def workflow_snakefile() -> str:
+    """The Snakefile a run from here uses, absolute: `./Snakefile`, else this project's
+    (a run elsewhere names it with -s); "" when there is neither."""
+    here = os.path.abspath("Snakefile")
+    return here if os.path.exists(here) else PROJECT_SNAKEFILE if os.path.exists(PROJECT_SNAKEFILE) else ""
+
+
+def default_experiment(snakefile: str, absolute: bool) -> str:
+    """The experiment a run without --configfile loads: DEFAULT_EXPERIMENT beside the
+    run's Snakefile (`select_experiment`), as typed when that is here (and `absolute`
+    is not asked for), else absolute."""
+    folder = os.path.dirname(snakefile) if snakefile else os.getcwd()
+    if not absolute and folder == os.getcwd():
+        return DEFAULT_EXPERIMENT
+    return os.path.join(folder, DEFAULT_EXPERIMENT)
+
+
+def _anchor(args) -> None:
+    """Before moving into `-d DIR`: what names a file where `marin` was started (the
+    experiment, `-o`) made absolute, as snakemake reads --configfile; the Snakefile and
+    the default experiment found from here. A missing DIR is one line."""
+    args.snakefile = workflow_snakefile()
+    args.default_experiment = default_experiment(args.snakefile, absolute=bool(args.directory))
+    if not args.directory:
+        return
+    if not os.path.isdir(args.directory):
+        raise MarinError(f"-d {args.directory}: not a folder; give the working directory the run used (snakemake -d)")
+    for name in ("configfile", "experiment"):
+        if getattr(args, name, None):
+            setattr(args, name, os.path.abspath(getattr(args, name)))
+    if getattr(args, "output", "-") not in ("-", None) and not storage.is_remote(args.output):
+        args.output = os.path.abspath(args.output)
 
 
 def record_path(prefix: str, artifact: ArtifactId) -> str:
@@ -102,22 +140,28 @@ def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: s
     return 0
 
 
-def _rerun_flags(experiment: Experiment | None, prefix: str) -> str:
+def _rerun_flags(experiment: Experiment | None, prefix: str, snakefile: str) -> str:
     """What a `snakemake -f RECORD` these commands suggest needs besides its target
-    (`rerun_flags`); run elsewhere than beside a Snakefile, it names this project's."""
+    (`rerun_flags`): the run's Snakefile (`workflow_snakefile`) and working directory
+    (here: `-d DIR` or where `marin` runs), so that it runs from anywhere."""
     if experiment is None:
         return ""
     here = os.getcwd()
-    own = os.path.exists(os.path.join(here, "Snakefile")) or not os.path.exists(PROJECT_SNAKEFILE)
-    return rerun_flags(os.path.abspath(experiment.path), prefix, here, "" if own else PROJECT_SNAKEFILE, here)
+    workflow_dir = os.path.dirname(snakefile) if snakefile else here
+    return rerun_flags(os.path.abspath(experiment.path), prefix, workflow_dir, snakefile, here)
 
 
 def _run(args) -> int:
+    with contextlib.chdir(args.directory or os.curdir):  # a relative prefix is read there, as snakemake -d does
+        return _run_here(args)
+
+
+def _run_here(args) -> int:
     prefix = parse_prefix(args.prefix, "--prefix ")
     if args.command != "path":  # the one command that reads nothing there
         storage.check_bucket(prefix)
     experiment = _load(args, required=args.command not in ("diff", "history"))
-    flags = _rerun_flags(experiment, prefix)
+    flags = _rerun_flags(experiment, prefix, args.snakefile)
     try:
         return _command(args, experiment, prefix, flags)
     except MarinError as e:  # a corrupt record's rebuild command, completed for this experiment and prefix
@@ -245,6 +289,8 @@ def parser() -> argparse.ArgumentParser:
         else:
             p.set_defaults(experiment=None)
         p.add_argument("--prefix", default=DEFAULT_PREFIX, help="artifact prefix (local path or gs:// URL)")
+        p.add_argument("-d", "--directory",
+                       help="the working directory of the run (snakemake -d): a relative prefix is read there")
         if name in ("status", "history"):
             p.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "status":
@@ -264,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"marin: two experiments given ({', '.join(files)}); give one", file=sys.stderr)
             return 1
     try:
+        _anchor(args)
         code = _run(args)
         sys.stdout.flush()
         return code

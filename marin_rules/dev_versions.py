@@ -7,7 +7,10 @@ session.py), never drift-checked, and stored at `{prefix}/{name}/{version}-{owne
 runs of other characters -> `-`). A job process finds the owner again in the path
 it was given (`dev_user_in_path`), so a remote worker's login name never matters.
 A fixed version may not depend on a dev version (`refuse_fixed_on_dev`): its
-recipe would change under it with every run.
+recipe would change under it with every run. A dev version keeps no history
+(`keeps_history`): each run builds it from scratch, so what its earlier builds and
+failed or stopped attempts left is deleted, not kept under `.history/` (its failure
+records stay in `.failures/`).
 """
 
 from __future__ import annotations
@@ -53,6 +56,12 @@ def dev_user_in_path(experiment: Any, path: str) -> str | None:
             if best is None or len(start) > best[0]:
                 best = (len(start), path[len(start) :])
     return None if best is None else best[1]
+
+
+def keeps_history(artifact_id: Any) -> bool:
+    """Is what the artifact's earlier builds and attempts left kept under `.history/`?
+    Not for a dev version: rebuilt from scratch on every run, its copies would only pile up."""
+    return not artifact_id.is_dev
 
 
 def refuse_fixed_on_dev(deps_of: Mapping[str, Mapping[str, Any]]) -> None:

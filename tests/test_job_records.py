@@ -77,7 +77,6 @@ def test_consumer_checks_its_upstreams_files_before_it_starts(ws):
     assert line in proc.stdout + proc.stderr
     # the command as printed, with what this run's experiment and prefix need, works
     printed = next(ln for ln in (proc.stdout + proc.stderr).splitlines() if line in ln).split("rebuild it with: ")[1]
-    printed = printed.split("); failure record ")[0]  # the line of "step failed (...); failure record ..."
     # the run's Snakefile is not ./Snakefile (the tests run `-s <repo>/Snakefile`): -s and -d
     # make the command run from anywhere
     assert printed == shlex.join(["snakemake", "-f", f"{ws.prefix}/raw/a/v1/.artifact.json", "-s",
@@ -204,3 +203,20 @@ def test_a_step_that_wrote_no_data_files_on_gs_is_recorded_with_a_note_naming_th
     # on a local prefix a step that returns only a result is ordinary: no note
     assert "note: the step wrote no data files" not in ws.snakemake().stderr
     assert ws.record("ck/n@v1")["files"] == {}
+
+
+def test_a_corrupt_record_a_forced_rebuild_replaced_is_history_nothing_to_repair(ws, capsys, monkeypatch):
+    from marin_rules.cli import main
+
+    _two(ws)
+    monkeypatch.syspath_prepend(str(ws.root))  # the user step module, as `marin` finds it
+    ws.snakemake("--config", f"prefix={ws.prefix}", "target=raw/a@v1")
+    path = Path(ws.record_path("raw/a@v1"))
+    path.write_text("{not json")
+    ws.snakemake("-f", str(path), "--config", f"prefix={ws.prefix}", "target=raw/a@v1")  # the fix it names
+    assert main(["history", "raw/a@v1", "--configfile", str(ws.root / "exp.yaml"), "--prefix", ws.prefix]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "raw/a@v1: 2 attempts (1 replaced build whose record is unreadable, listed last)"
+    (kept,) = (Path(ws.prefix) / "raw/a/v1/.history").glob("*/.artifact.json")
+    assert lines[-1].startswith(f"  replaced, its record unreadable: {kept} (not valid JSON (")
+    assert lines[-1].endswith("; nothing reads it, nothing to repair") and "repair or delete" not in lines[-1]

@@ -109,6 +109,44 @@ def test_signal_to_snakemake_stops_the_running_step_with_a_failure_record(tmp_pa
     assert not list((tmp_path / ".snakemake/marin-jobs").glob("*/*"))  # the job unregistered
 
 
+@pytest.mark.parametrize("to_group", [True, False], ids=["terminal closed: the whole group", "snakemake alone"])
+def test_hangup_stops_the_step_with_a_failure_record_and_releases_snakemakes_lock(tmp_path, to_group):
+    """SIGHUP (the terminal or ssh session closed) is a stop like SIGTERM: the step writes
+    a failure record naming it, Snakemake exits and unlocks (the next run starts without
+    `--unlock`); its default action would kill both outright, leaving no record and the lock."""
+    (tmp_path / "slowsteps.py").write_text(SLOW)
+    (tmp_path / "exp.yaml").write_text('artifacts:\n  ck/s@v1: {step: "slowsteps:slow"}\n')
+    prefix = tmp_path / "art"
+    command = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "exp.yaml", "--config", f"prefix={prefix}"]
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        log = tmp_path / ".snakemake/marin-logs/ck/s/v1/job.log"
+        started = lambda: log.exists() and "slow step: started" in log.read_text()  # noqa: E731
+        _wait_for(lambda: started() or proc.poll() is not None, 120, "the step to start")
+        assert proc.poll() is None, proc.communicate()[0]
+        if to_group:
+            os.killpg(proc.pid, signal.SIGHUP)
+        else:
+            proc.send_signal(signal.SIGHUP)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0
+    folder = prefix / "ck/s/v1"
+    (failure,) = [json.loads(f.read_text()) for f in (folder / ".failures").glob("*.json")]
+    assert failure["error"]["type"] == "JobTerminated" and failure["error"]["exit_status"] == "SIGHUP", failure
+    assert not (folder / ".artifact.json").exists() and (folder / "partial.txt").read_text() == "half"
+    assert not list((tmp_path / ".snakemake/locks").glob("*")), out  # unlocked: no LockException next time
+    dry = subprocess.run([*command, "-n"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert dry.returncode == 0 and "LockException" not in dry.stdout + dry.stderr, dry.stderr
+
+
 def test_failed_step_error_is_in_its_log_and_shown_by_show_failed_logs(tmp_path, snakemake_cmd):
     (tmp_path / "badsteps.py").write_text("def boom(ctx):\n    print('step output line')\n    raise RuntimeError('boom at step 3')\n")
     (tmp_path / "exp.yaml").write_text('artifacts:\n  ck/b@v1: {step: "badsteps:boom"}\n')

@@ -380,3 +380,36 @@ def test_a_lease_taken_is_released_when_is_done_refuses_what_it_found(tmp_path):
     with pytest.raises(MarinError, match="another recipe"):
         acquire(str(tmp_path), is_done=refuses)
     assert read_lease(str(tmp_path)) is None and not (tmp_path / ".lease.json").exists()
+
+
+@pytest.mark.parametrize("broken", [".lease.json.lock", ".lease.json"])
+def test_a_lease_file_that_cannot_be_opened_is_one_line_naming_it_and_no_lease_is_left(tmp_path, broken):
+    from marin_rules.artifacts.lease_stores import LeaseFileUnusable
+
+    location = tmp_path / "a" / "v1"
+    (location / broken).mkdir(parents=True)  # a folder in its place (as root, permissions stop nobody)
+    with pytest.raises(LeaseFileUnusable) as e:
+        acquire(str(location), is_done=lambda: False)
+    what = "lock file" if broken.endswith(".lock") else "file"
+    assert str(e.value) == (f"{location / broken}: the lease's {what} cannot be opened (IsADirectoryError: Is a "
+                            f"directory); a folder is in its place: remove it (the lease's {what} is a plain file, "
+                            "made again when absent)")  # fmt: skip
+    assert sorted(p.name for p in location.iterdir()) == [broken]  # no lease nobody could release
+
+
+def test_a_job_whose_lease_lock_cannot_be_opened_fails_in_one_line_with_a_failure_record(tmp_path, snakemake_cmd):
+    (tmp_path / "exp.yaml").write_text('artifacts:\n  raw/a@v1: {step: "json:dumps"}\n')
+    lock = tmp_path / "art/raw/a/v1/.lease.json.lock"
+    lock.mkdir(parents=True)
+    proc = snakemake_cmd("--configfile", "exp.yaml", "--cores", "1", "--config", f"prefix={tmp_path / 'art'}",
+                         cwd=tmp_path, check=False)  # fmt: skip
+    assert proc.returncode != 0
+    (failure,) = (tmp_path / "art/raw/a/v1/.failures").glob("*.json")
+    line = (f"marin-rules: raw/a@v1: {lock}: the lease's lock file cannot be opened (IsADirectoryError: Is a "
+            "directory); a folder is in its place: remove it (the lease's lock file is a plain file, made again "
+            f"when absent) (failure record {failure})")  # fmt: skip
+    assert {x for x in proc.stderr.splitlines() if x.startswith("marin-rules:")} == {line}  # (Snakemake shows the log too)
+    log = (tmp_path / ".snakemake/marin-logs/raw/a/v1/job.log").read_text()
+    assert "Traceback" not in log and line in log
+    error = json.loads(failure.read_text())["error"]
+    assert error["type"] == "LeaseFileUnusable" and error["message"] == line.split(" (failure record")[0][13:]

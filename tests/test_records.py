@@ -176,3 +176,35 @@ def test_messages_on_a_gcs_prefix_name_the_bucket_object_and_the_path_snakemake_
         )
     assert rebuild_hint("gs://bucket/p/raw/a/v1") == f"rebuild it with: snakemake -f {mirror}"
     assert rebuild_hint("art/raw/a/v1") == "rebuild it with: snakemake -f art/raw/a/v1/.artifact.json"
+
+
+def test_a_record_is_drift_when_its_fingerprint_or_its_own_recipe_fields_differ_from_the_recipe(tmp_path):
+    from marin_rules.artifacts.canonical import fingerprint
+    from marin_rules.artifacts.records import edited_note, recipe_drift
+
+    _, record = built(str(tmp_path))
+    data = record.to_json()
+    deps = {"corpus": "raw/c@v2", "mix": {"raw/d@v1": 0.5}}
+    now = {"step": "tokenize", "config": {"vocab": 8}, "deps": deps}
+    consistent = {**data, "fingerprint": fingerprint("tokenize", {"vocab": 8}, deps)}
+    assert recipe_drift(consistent, now, consistent["fingerprint"]) is None and edited_note(consistent) is None
+    edited = {**consistent, "deps": {**consistent["deps"], "corpus": {**consistent["deps"]["corpus"], "version": "v1"}}}
+    assert recipe_drift(edited, now, consistent["fingerprint"]) == ["deps.corpus: raw/c@v1 -> raw/c@v2"]
+    assert "was the record edited?" in edited_note(edited)
+    refingerprinted = {**consistent, "fingerprint": "0" * 16}  # only the fingerprint edited
+    assert recipe_drift(refingerprinted, now, consistent["fingerprint"]) == []
+    assert "its fingerprint 0000000000000000 was made from" in edited_note(refingerprinted)
+
+
+def test_upstreams_rebuilt_since_a_record_are_named_once_by_the_one_comparison_of_builds():
+    from marin_rules.artifacts.builds import rebuilt_upstreams
+
+    deps = {"a": {"name": "raw/a", "version": "v1", "fingerprint": "f1", "built": "t1"},
+            "b": {"name": "raw/b", "version": "v1", "fingerprint": "f2"},  # recorded before builds were kept
+            "c": [{"name": "raw/c", "version": "v1", "fingerprint": "f3", "built": "t3", "weight": 1}]}  # fmt: skip
+    now = {"raw/a@v1": {"fingerprint": "f1", "built": "t9"}, "raw/b@v1": {"fingerprint": "f2", "built": "t9"},
+           "raw/c@v1": {"fingerprint": "g3", "built": "t9"}, "raw/new@v1": {"fingerprint": "x", "built": "t"},
+           "raw/gone@v1": None}  # fmt: skip
+    assert rebuilt_upstreams(deps, now) == [
+        ("raw/a@v1", "same recipe, built t1 then, t9 now"), ("raw/c@v1", "fingerprint f3 then, g3 now"),
+    ]

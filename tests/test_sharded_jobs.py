@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +25,8 @@ import pytest
 import yaml
 
 from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.shards import OtherRecipeShard, Shard, read_shard_record, shard_change, write_shard_record
 from marin_rules.data.tokenize import tokenize
 from marin_rules.experiment import load_experiment
 from marin_rules.inspect.status import experiment_status
@@ -159,6 +163,60 @@ def test_finished_shards_of_an_ungathered_artifact_made_from_an_old_tokenizer_ar
         assert f"tokenized/slice@v1: shard {shard} was made from other upstream builds (upstream tokenizers/slice@v1: built " in proc.stderr
     assert streams(prefix / TOKENS) == in_one_process(prefix, tmp_path / "direct")  # from the rebuilt tokenizer
     assert len(sorted((prefix / TOKENS / ".history").glob("*-stale/shards/*/shard.json"))) == 2  # set aside
+
+
+def test_shards_of_an_older_recipe_are_never_gathered_and_a_forced_build_as_printed_replaces_them(
+    tmp_path, snakemake_cmd
+):
+    # the run stopped between the shards and the gather (the record removed here), then
+    # the recipe changed without a version bump. Snakemake takes the finished shards as
+    # done, so the gather meets them: it refused with "delete .../shards", which could
+    # also delete shards another run of today's recipe had just written. It names the
+    # forced build instead, which sets every old shard aside (refused while any shard's
+    # lease is live) and builds them all; the command runs as printed. (Where each shard's
+    # own job sets its old shard aside under its lease, the first run builds it.)
+    exp = experiment(tmp_path, tokenize_shards=2, dedup_shards=1)
+    prefix = tmp_path / "art"
+    base = ["--configfile", str(exp), "--cores", "2", "--config", f"prefix={prefix}"]
+    snakemake_cmd(*base, cwd=tmp_path)
+    old = json.loads((prefix / TOKENS / "shards/00000-of-00002/shard.json").read_text())["fingerprint"]
+    (prefix / TOKENS / ".artifact.json").unlink()
+    exp.write_text(exp.read_text().replace("validation_fraction: 0.2", "validation_fraction: 0.25"))
+    first = snakemake_cmd(*base, cwd=tmp_path, check=False)
+    out = first.stdout + first.stderr
+    assert f"was made from another recipe (fingerprint {old} then, " in out
+    if first.returncode != 0:  # the gather refused them: the command it prints rebuilds it
+        command = out.split("rebuild it with: ", 1)[1].split(" (what the old recipe left moves to .history/, kept)")[0]
+        assert shlex.split(command)[:3] == ["snakemake", "-f", str(prefix / TOKENS / ".artifact.json")]
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        forced = subprocess.run([*shlex.split(command), "--cores", "2"], cwd=tmp_path, env=env, capture_output=True,
+                                text=True, timeout=300)  # fmt: skip
+        assert forced.returncode == 0, forced.stderr[-4000:]
+        assert "forced: what an unfinished attempt left moved to" in forced.stderr
+    assert json.loads((prefix / TOKENS / ".artifact.json").read_text())["config"] == {"validation_fraction": 0.25}
+    kept = [json.loads(p.read_text()) for p in (prefix / TOKENS / ".history").glob("*/shards/*/shard.json")]
+    assert [r["fingerprint"] for r in kept] == [old, old]  # both old shards set aside, not lost
+    assert json.loads((prefix / TOKENS / "index.json").read_text())["validation_fraction"] == 0.25
+
+
+def test_a_shard_record_is_judged_by_recipe_then_by_upstream_builds(tmp_path):
+    """`shard_change`: what a shard's own job (under that shard's lease) needs to set a
+    finished shard aside; `read_shard_record` without a fingerprint returns any recipe's."""
+    shard, location = Shard(0, 2), str(tmp_path)
+    deps = {"corpus": {"name": "raw/a", "version": "v1", "fingerprint": "f1", "built": "2026-01-01T00:00:00Z"}}
+    write_shard_record(location, shard, {"name": "t", "version": "v1", "fingerprint": "old", "deps": deps}, {}, {})
+    record = read_shard_record(location, shard)
+    same = {"raw/a@v1": {"fingerprint": "f1", "built": "2026-01-01T00:00:00Z"}}
+    rebuilt = {"raw/a@v1": {"fingerprint": "f1", "built": "2026-02-01T00:00:00Z"}}
+    assert shard_change(record, "old", same) is None and shard_change(record, "old", None) is None
+    assert shard_change(record, "old", rebuilt) == (
+        "was made from other upstream builds (upstream raw/a@v1: built 2026-01-01T00:00:00Z then, 2026-02-01T00:00:00Z now)"
+    )
+    assert shard_change(record, "new", same) == "was made from another recipe (fingerprint old then, new now)"
+    with pytest.raises(OtherRecipeShard) as refused:
+        read_shard_record(location, shard, "new")
+    completed = str(refused.value.with_flags("--configfile e.yaml"))  # the job completes the command
+    assert isinstance(refused.value, StepError) and "/.artifact.json --configfile e.yaml (what the old" in completed
 
 
 def _job_pid(shard: str) -> int | None:

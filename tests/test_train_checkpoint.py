@@ -1,6 +1,7 @@
 """Resuming from checkpoints that do not restore, with real orbax checkpoints of small
-pytrees: a damaged newest checkpoint is named in one line, set aside (kept, renamed)
-and the one before it is resumed from; saving that step again then works. When no
+pytrees: a damaged newest checkpoint is named in one line, set aside (kept under the
+artifact's `.history/`, not among its data files) and the one before it is resumed
+from; saving that step again then works. When no
 checkpoint restores the run stops with one line naming the folder and the fix, and
 nothing is moved."""
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.files import list_data_files
 from marin_rules.train import checkpoint
 
 GARBAGE = b"not a zstd frame " * 8
@@ -55,9 +57,11 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_one_before_resumed(tmp
         assert err[0].startswith(f"{folder / '2'}: checkpoint 2 does not restore (ValueError: ")
         assert "ZSTD" in err[0] and err[0].endswith("; trying the one before")
         assert "TensorStore(" not in "\n".join(err) and len(err) == 2
-        (aside,) = folder.glob("2.damaged-*")
+        (aside,) = (output / ".history").glob("*-damaged/checkpoints/2")
         assert err[1] == f"{folder / '2'}: set aside as {aside}; resuming from checkpoint 1"
         assert (aside / "model" / "params.w" / "0").read_bytes() == GARBAGE  # kept as it was
+        files = list_data_files(str(output))  # what a success record would list
+        assert files and all(f.startswith("checkpoints/1/") for f in files), files
         assert manager.all_steps() == [1]
         checkpoint.save(manager, 2, *weights(2.0))  # the resumed run reaches step 2 again: no collision
         manager.wait_until_finished()

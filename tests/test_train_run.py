@@ -184,7 +184,7 @@ def test_a_damaged_last_checkpoint_is_set_aside_and_the_run_resumes_bitwise_from
     err = runs.tail(tmp_path / "log")
     bad = output / "checkpoints" / str(STEPS)
     assert f"{bad}: checkpoint {STEPS} does not restore (ValueError: " in err and "TensorStore(" not in err
-    (aside,) = (output / "checkpoints").glob(f"{STEPS}.damaged-*")
+    (aside,) = (output / ".history").glob(f"*-damaged/checkpoints/{STEPS}")
     assert f"{bad}: set aside as {aside}; resuming from checkpoint 10\n" in err
     assert (aside / chunk.relative_to(bad)).read_bytes() != (baseline_output / chunk.relative_to(output)).read_bytes()
     assert (bad / "commit_success.txt").exists()  # saved again by the resumed run

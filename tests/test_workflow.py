@@ -222,6 +222,37 @@ def test_drift_warnings_show_control_and_bidi_characters_of_a_record_escaped(bui
     assert not any(line.startswith("  n: 1 -> 1") for line in proc.stderr.splitlines())  # no forged line
 
 
+@pytest.mark.parametrize("edit,line", [
+    (lambda r: r["deps"]["src"].update(version="v0"), "deps.src: raw/a@v0 -> raw/a@v1"),
+    (lambda r: r.update(step="usersteps:fail"), "step: usersteps:fail -> usersteps:make"),
+    (lambda r: r["config"].update(text="z"), "text: z -> b"),
+], ids=["deps", "step", "config"])  # fmt: skip
+def test_a_record_edited_so_its_recipe_fields_no_longer_match_is_drift_as_an_edited_fingerprint_is(
+    built, capsys, monkeypatch, edit, line
+):
+    from marin_rules.cli import main
+
+    ws = built
+    monkeypatch.syspath_prepend(str(ws.root))  # the user step module, as `marin` finds it
+    record = ws.record("mid/b@v1")  # its fingerprint kept: still the recipe's
+    edit(record)
+    storage.write_json_atomic(ws.record_path("mid/b@v1"), record)
+    proc = ws.snakemake("-n")
+    lines = proc.stderr.splitlines()
+    head = lines.index(f"mid/b@v1: recipe drift: recorded fingerprint {record['fingerprint']}, now {record['fingerprint']};")
+    assert f"  {line}" in lines[head:] and any("was the record edited?" in l for l in lines[head:])
+    assert nothing_to_do(proc)  # served as built, as drift is: nothing rebuilt
+    assert main(["status", "--configfile", str(ws.root / "exp.yaml"), "--prefix", ws.prefix, "--json"]) == 0
+    row = next(r for r in json.loads(capsys.readouterr().out) if r["key"] == "mid/b@v1")
+    assert row["state"] == "drifted" and row["reason"].startswith(f"1 field differs from the recipe ({line})")
+    assert "was the record edited?" in row["reason"]
+    pinned = chain()
+    pinned["mid/b@v1"]["expect_fingerprint"] = record["fingerprint"]  # the pin matches the fingerprint, not the fields
+    ws.write(pinned)
+    proc = ws.snakemake("-n", check=False)
+    assert proc.returncode != 0 and f"marin-rules: mid/b@v1: recipe drift on a pinned artifact" in proc.stderr
+
+
 def test_no_rebuild_on_newer_upstream_or_changed_step_code(built):
     ws = built
     top = ws.record("top/c@v1")

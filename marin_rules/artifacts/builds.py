@@ -5,7 +5,8 @@ recipe and the time its success record was written), by upstream key `name@versi
 a record's `deps` carry them per role, a shard record and an attempt file
 (`marin_rules.job.attempt`) as one mapping. Data made from other builds than the
 upstreams' now (an upstream rebuilt since) cannot be resumed or gathered with data
-made from these.
+made from these; a finished consumer is served, with an advisory saying which upstream
+was rebuilt since (`rebuilt_upstreams`: the planning glue and `marin status` alike).
 """
 
 from __future__ import annotations
@@ -16,7 +17,11 @@ from marin_rules.artifacts.drift import printable
 
 
 def build_of(record: Any) -> dict[str, Any]:
-    """How a consumer names the build of an upstream `Record` it used."""
+    """How a consumer names the build of an upstream `Record` it used (or of a record
+    read as a plain mapping, as `marin status` reads them)."""
+    if isinstance(record, Mapping):
+        ended = (record.get("provenance") or {}).get("ended")
+        return {"fingerprint": record.get("fingerprint"), "built": ended if isinstance(ended, str) else None}
     return {"fingerprint": record.fingerprint, "built": record.built}
 
 
@@ -37,12 +42,41 @@ def upstream_change(then: Any, now: Mapping[str, Any]) -> str | None:
     if not isinstance(then, Mapping):
         return None
     for key in sorted(set(then) | set(now)):
-        seen, current = then.get(key), now.get(key)
-        if seen == current:
-            continue
-        if not isinstance(seen, Mapping) or not isinstance(current, Mapping):
-            return f"upstream {key}: {'none' if seen is None else 'built'} then, {'none' if current is None else 'built'} now"
-        if seen.get("fingerprint") != current.get("fingerprint"):  # values read from records: shown printable
-            return printable(f"upstream {key}: fingerprint {seen.get('fingerprint')} then, {current.get('fingerprint')} now")
-        return printable(f"upstream {key}: built {seen.get('built')} then, {current.get('built')} now")
+        how = build_change(then.get(key), now.get(key))
+        if how is not None:
+            return printable(f"upstream {key}: {how}")  # values read from records: shown printable
     return None
+
+
+def build_change(seen: Any, current: Any) -> str | None:
+    """How one upstream's build `current` differs from `seen` (`build_of` forms, or None
+    for no build): "fingerprint A then, B now", "built A then, B now" or "built then,
+    none now"; None when the same."""
+    if seen == current:
+        return None
+    if not isinstance(seen, Mapping) or not isinstance(current, Mapping):
+        return f"{'none' if seen is None else 'built'} then, {'none' if current is None else 'built'} now"
+    if seen.get("fingerprint") != current.get("fingerprint"):
+        return f"fingerprint {seen.get('fingerprint')} then, {current.get('fingerprint')} now"
+    return f"built {seen.get('built')} then, {current.get('built')} now"
+
+
+def rebuilt_upstreams(deps: Mapping[str, Any], now: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(upstream key, how: `build_change`, after "same recipe, " when only the build time
+    differs) for each upstream whose build now (`now`: key -> `build_of` its record, None
+    when unbuilt: left out) is not the one a record's `deps` name: rebuilt since that
+    record was built. An upstream the deps do not name (the
+    recipe changed: drift says so) is left out; a field they lack (a record of before
+    builds were kept) is unknown, taken as the same."""
+    then = builds_in_deps(deps)
+    out = []
+    for key, build in now.items():
+        seen = then.get(key)
+        if build is None or seen is None:
+            continue
+        known = {field: None if seen.get(field) is None else build.get(field) for field in ("fingerprint", "built")}
+        how = build_change(seen, known)
+        if how is not None:
+            same = seen.get("fingerprint") is not None and seen["fingerprint"] == known["fingerprint"]  # forced alone
+            out.append((key, printable(f"same recipe, {how}" if same else how)))
+    return out

@@ -12,7 +12,10 @@ writer last saw, so of two contenders exactly one wins:
   and, under it, re-read the lease and replace (`os.replace`) or delete it only if its
   bytes are still the ones the writer last saw. Creation never touches an existing file,
   and every write to an existing file is such a check-and-set under the lock: race-free
-  on one host and on network filesystems with working flock.
+  on one host and on network filesystems with working flock. Creation holds the lock
+  too, so a lock (or lease file) that cannot be opened, a folder in its place or no
+  permission, stops a build in one line (`lease_stores.LeaseFileUnusable`) before any
+  lease is written, instead of leaving a lease nobody can release.
 - `gs://` (google-cloud-storage client, its public preconditions): create with
   `if_generation_match=0`; renew, take over and delete with `if_generation_match=` the
   generation last seen. A 412 means someone else moved first. NOTE: the local GCS

@@ -5,7 +5,9 @@ Model: a `LeaseStore` holds one file and offers compare-and-set on it. `read()` 
 `delete` only if the file is still at the version the caller saw. They return the new
 version, or None (False for delete) when someone else moved first. The version is the
 file's bytes locally and the object generation on gs://. See lease.py for why each
-operation is race-free.
+operation is race-free. A local lease file or lock that cannot be opened (a folder in
+its place, no permission) raises `LeaseFileUnusable`: one line naming the file and the
+fix, before any lease is written (creation, too, holds the lock).
 """
 
 from __future__ import annotations
@@ -28,6 +30,23 @@ class LeaseStore(Protocol):
     def delete(self, expected: Any) -> bool: ...
 
 
+class LeaseFileUnusable(MarinError):
+    """A local lease file or its lock that this process cannot open (`unusable`)."""
+
+
+def unusable(path: str, error: OSError) -> LeaseFileUnusable:
+    """One line naming the lease file (or lock) at `path` that could not be opened, and the fix."""
+    what = "lock file" if path.endswith(".lock") else "file"
+    if isinstance(error, IsADirectoryError):
+        fix = f"a folder is in its place: remove it (the lease's {what} is a plain file, made again when absent)"
+    elif isinstance(error, PermissionError):
+        fix = "give this user read and write access to it and to its folder"
+    else:
+        fix = "make it a plain file this user can read and write"
+    return LeaseFileUnusable(f"{path}: the lease's {what} cannot be opened ({type(error).__name__}: "
+                             f"{error.strerror or error}); {fix}")  # fmt: skip
+
+
 class LocalStore:
     """A file in a local folder: create by os.link (atomic, fails if present); replace and
     delete under an exclusive flock of `<file>.lock`, checking the bytes first."""
@@ -41,6 +60,8 @@ class LocalStore:
                 data = f.read()
         except FileNotFoundError:
             return None, None
+        except OSError as e:
+            raise unusable(self.path, e) from None
         return data, data
 
     def _staged(self, data: bytes) -> str:
@@ -52,18 +73,23 @@ class LocalStore:
         return tmp
 
     def create(self, data: bytes) -> Any | None:
-        tmp = self._staged(data)
-        try:
-            os.link(tmp, self.path)
-        except FileExistsError:
-            return None
-        finally:
-            os.unlink(tmp)
-        return data
+        with self._locked():  # (not needed for the link: a lock that cannot be opened stops us before it)
+            tmp = self._staged(data)
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                return None
+            finally:
+                os.unlink(tmp)
+            return data
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        fd = os.open(self.path + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+        lock = self.path + ".lock"
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        except OSError as e:
+            raise unusable(lock, e) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

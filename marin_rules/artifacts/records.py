@@ -17,6 +17,11 @@ is never served as built. A data file of a built artifact that a step cannot rea
 job completes the same way; where `location` has no record (data adopted in place),
 the line says to restore the files or adopt a good copy instead.
 
+A record is judged against the recipe now by its fingerprint and by its own recipe
+fields (`recipe_drift`): a record whose `step`, `config` or `deps` were edited by hand
+(they no longer make its fingerprint, `edited_note`) is drift as an edited
+fingerprint is, never served as if built from today's recipe.
+
 A failed attempt writes `{location}/.failures/<UTC time>.json` with the same identity
 and recipe plus the error and its traceback; failures are history, never deleted and
 read leniently (plain dicts, whose `error` and `provenance` are mappings where
@@ -34,8 +39,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from marin_rules.artifacts import storage
-from marin_rules.artifacts.drift import printable
-from marin_rules.artifacts.errors import MarinError, StepError, json_problem
+from marin_rules.artifacts.canonical import fingerprint
+from marin_rules.artifacts.drift import printable, recipe_diff
+from marin_rules.artifacts.errors import ConfigError, MarinError, StepError, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, ArtifactId
 from marin_rules.artifacts.files import file_problems, is_inside, list_data_files
 from marin_rules.artifacts.provenance import Provenance, iso, utc_now
@@ -208,6 +214,46 @@ def read_record_file(record_file: str, expected: ArtifactId | None = None) -> Re
 def read_record(location: str, expected: ArtifactId | None = None) -> Record | None:
     """The success record of an artifact folder, or None when it was never built."""
     return read_record_file(record_location(location), expected)
+
+
+def recorded_payload(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The fingerprint payload a success record's own fields make: its `step`, `config`,
+    and `deps` by name@version (a mixture as {name@version: weight}), for diffs and for
+    `edited_note`. Entries of another shape are left out (the diff then shows them)."""
+    deps: dict[str, Any] = {}
+    for role, dep in (record.get("deps") or {}).items():
+        if isinstance(dep, list):
+            deps[role] = {f"{d.get('name')}@{d.get('version')}": d.get("weight") for d in dep if isinstance(d, Mapping)}
+        elif isinstance(dep, Mapping):
+            deps[role] = f"{dep.get('name')}@{dep.get('version')}"
+    return {"step": record.get("step"), "config": record.get("config") or {}, "deps": deps}
+
+
+def edited_note(record: Mapping[str, Any]) -> str | None:
+    """One line when a success record's fingerprint is not that of its own step, config
+    and deps (`recorded_payload`: the record was edited by hand after it was written);
+    None when they agree, as every record this package writes does."""
+    payload = recorded_payload(record)
+    try:
+        made = fingerprint(payload["step"], payload["config"], payload["deps"])
+    except (ConfigError, TypeError):  # a value with no canonical form (NaN): not what was fingerprinted
+        made = None
+    if made == record.get("fingerprint"):
+        return None
+    return printable(f"its step, config and deps are not those its fingerprint {record.get('fingerprint')} was "
+                     "made from: was the record edited? (restore it, or force a rebuild)")  # fmt: skip
+
+
+def recipe_drift(record: Mapping[str, Any], payload: Mapping[str, Any], fingerprint_now: str) -> list[str] | None:
+    """How a success record's recipe differs from the recipe now (`payload`, whose
+    fingerprint is `fingerprint_now`): None when its fingerprint and its own recipe
+    fields both match; else the field lines (`recipe_diff`) of its recorded recipe
+    against `payload`, [] when only its fingerprint differs. So a record whose `step`,
+    `config` or `deps` were edited is drift, as one whose fingerprint was edited is."""
+    lines = recipe_diff(recorded_payload(record), payload)
+    if record.get("fingerprint") == fingerprint_now and not lines:
+        return None
+    return lines
 
 
 def identity_fields(entry: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,12 +7,19 @@ the gathered result does not depend on it, so it is not in the fingerprint). Sha
 last, its shard record `shard.json` there (identity, fingerprint, the shard's result,
 its files, the upstream builds it was made from, provenance); its existence means the
 shard is whole. A shard folder has its own lease, so two runs on one prefix build each
-shard once, and a finished shard is never built again unless an upstream was rebuilt
-since it was made (its job then sets it aside under `.history/` and builds it anew). The gather job (the artifact's own job) reads every shard
-record of the current count, refusing a missing one or one of another recipe, and
-writes the artifact's success record: once, last, and only when every shard is done.
-Shard folders of another count (the user changed `runtime.shards` between attempts)
-are removed by the gather before it lists the artifact's files.
+shard once, and a finished shard is never built again unless it was made otherwise
+than today's build would be (`shard_change`: an upstream rebuilt since; its job then
+sets it aside under `.history/` and builds it anew). Only a shard's own job, holding
+that shard's lease, moves one shard: another job of the current recipe may be writing
+any other, so nothing moves the whole `shards/` folder but a forced build (which first
+refuses while any shard's lease is live). A shard of another recipe (changed without a
+version bump while the artifact was unfinished) is refused where a reader passes the
+artifact's fingerprint (`OtherRecipeShard`), naming that forced build. The gather job
+(the artifact's own job) reads every shard record of the current count, refusing a
+missing one or one of another recipe, and writes the artifact's success record: once,
+last, and only when every shard is done. Shard folders of another count (the user
+changed `runtime.shards` between attempts) are removed by the gather before it lists
+the artifact's files.
 """
 
 from __future__ import annotations
@@ -23,7 +30,10 @@ from typing import Any, Mapping
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.builds import builds_in_deps, upstream_change
+from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.files import HISTORY_DIR
+from marin_rules.artifacts.records import rebuild_hint
 
 SHARDS_DIR = "shards"
 SHARD_RECORD = "shard.json"
@@ -93,9 +103,11 @@ def write_shard_record(artifact_location: str, shard: Shard, entry: Mapping[str,
     return record
 
 
-def read_shard_record(artifact_location: str, shard: Shard, fingerprint: str) -> dict[str, Any] | None:
-    """A shard's record if it is there and of this recipe; None if absent. One of another
-    recipe or unreadable raises StepError naming it (and how to fix it)."""
+def read_shard_record(artifact_location: str, shard: Shard, fingerprint: str | None = None) -> dict[str, Any] | None:
+    """A shard's record if it is there, None if absent. An unreadable one raises StepError
+    naming it (and how to fix it); so does one of another recipe than `fingerprint`
+    (`OtherRecipeShard`) when it is given: without it, any recipe's is returned (its job
+    judges it with `shard_change`)."""
     path = shard_record_location(artifact_location, shard)
     if not storage.exists(path):
         return None
@@ -107,22 +119,56 @@ def read_shard_record(artifact_location: str, shard: Shard, fingerprint: str) ->
         raise StepError(f"shard {shard.name}: {path} is not valid JSON ({e}); {fix}") from None
     if not ok or not isinstance(record.get("result"), dict):
         raise StepError(f"shard {shard.name}: {path} is not a shard record of this shard; {fix}")
-    if record.get("fingerprint") != fingerprint:
-        every = storage.join(artifact_location, SHARDS_DIR)
-        raise StepError(
-            f"shard {shard.name}: {path} was built from another recipe (fingerprint "
-            f"{record.get('fingerprint')}, now {fingerprint}): the recipe changed without a version bump while "
-            f"this artifact was unfinished; bump the version, or delete {every} (every shard of the old recipe) "
-            "and run again"
-        )
+    if fingerprint is not None and record.get("fingerprint") != fingerprint:
+        raise OtherRecipeShard(shard.name, path, artifact_location, _other_recipe(record, fingerprint))
     return record
+
+
+def shard_change(record: Mapping[str, Any], fingerprint: str, upstreams: Mapping[str, Any] | None) -> str | None:
+    """How the finished shard `record` was made otherwise than a build of `fingerprint` on
+    the upstream builds `upstreams` (builds.py; None: unknown, not compared), as a phrase
+    that follows "shard kkkkk-of-nnnnn" ("was made from another recipe (...)"), or None:
+    made the same way. Either way its job sets it aside and builds it anew."""
+    if record.get("fingerprint") != fingerprint:
+        return _other_recipe(record, fingerprint)
+    how = None if upstreams is None else upstream_change(record.get("upstreams"), upstreams)
+    return None if how is None else f"was made from other upstream builds ({how})"
+
+
+def _other_recipe(record: Mapping[str, Any], fingerprint: str) -> str:
+    return printable(f"was made from another recipe (fingerprint {record.get('fingerprint')} then, {fingerprint} now)")
+
+
+class OtherRecipeShard(StepError):
+    """A finished shard of another recipe than its artifact's, met by the gather: the
+    recipe changed without a version bump while the artifact was unfinished. Its fix, a
+    forced build, moves what the old recipe left to `.history/` (every shard, under their
+    leases: `workflow.forcing.retire_now`) and builds every shard anew; `with_flags`
+    completes that command as `records.UnreadableFile` does."""
+
+    def __init__(self, shard: str, path: str, location: str, change: str, flags: str = ""):
+        self.shard, self.path, self.location, self.change = shard, path, location, change
+        super().__init__(
+            f"shard {shard}: {path} {change}: the recipe changed without a version bump while this artifact was "
+            f"unfinished; {rebuild_hint(location, flags)} (what the old recipe left moves to {HISTORY_DIR}/, kept), "
+            "or bump the version"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable, as every step error
+        return (OtherRecipeShard, (self.shard, self.path, self.location, self.change))
+
+    def with_flags(self, flags: str) -> OtherRecipeShard:
+        """The same line, its `snakemake -f RECORD` followed by `flags`
+        (`workflow.options.rerun_flags`), so that it runs as printed."""
+        return OtherRecipeShard(self.shard, self.path, self.location, self.change, flags)
 
 
 def gathered_results(
     artifact_location: str, count: int, fingerprint: str, upstreams: Mapping[str, Any] | None = None
 ) -> list[dict[str, Any]]:
-    """Every shard's result, in order, for the gather; a missing shard, or one made from
-    other `upstreams` builds (builds.py) than the gather's, is refused."""
+    """Every shard's result, in order, for the gather; a missing shard, one of another
+    recipe (`OtherRecipeShard`) or one made from other `upstreams` builds (builds.py)
+    than the gather's is refused."""
     from marin_rules.artifacts.files import file_problems
 
     results = []

@@ -12,7 +12,9 @@ copy of a held-out text would leak it). Which documents are kept therefore does 
 depend on shard order; the kept documents are written unchanged, in input order,
 as Dolma shards `train/` and `heldout/` with a `manifest.json` (written last) that
 has every field `download` writes, so `train_tokenizer`, `tokenize` and `evaluate`
-read it like a download.
+read it like a download. A corpus adopted from elsewhere needs only `train_documents`
+in its manifest (the adoption check's layout): a missing `heldout_documents` is
+counted from the held-out shards it lists, and a missing held-out split is an empty one.
 
 The signing (most of the work) is cut into `runtime.shards` (default 1) contiguous
 ranges of that document sequence (`marin_rules.artifacts.shards`): in a workflow run
@@ -62,12 +64,11 @@ def sign_shard(ctx: StepContext, shard: Shard) -> dict[str, Any]:
     cfg = settings(ctx.config)
     corpus = ctx.deps["corpus"]
     started = time.perf_counter()
-    upstream = dolma.read_manifest(corpus)
-    n_train, n_heldout = upstream["train_documents"], upstream["heldout_documents"]
+    n_train, n_heldout = document_counts(corpus, dolma.read_manifest(corpus))
     span = shard.document_range(n_train + n_heldout)
     texts = itertools.chain(
-        dolma.read_range(corpus, "train", span.start, min(span.stop, n_train)),
-        dolma.read_range(corpus, "heldout", max(0, span.start - n_train), max(0, span.stop - n_train)),
+        _read_range(corpus, "train", span.start, min(span.stop, n_train)),
+        _read_range(corpus, "heldout", max(0, span.start - n_train), max(0, span.stop - n_train)),
     )
     bands, rows = lsh_bands(cfg.threshold, cfg.num_perm)
     num_workers = int(ctx.runtime.get("num_workers") or cfg.num_workers or 1)
@@ -107,7 +108,8 @@ def gather_dedup(ctx: StepContext, signed: list[dict[str, Any]]) -> dict[str, An
         for stale in dolma.split_shards(ctx.output, split):
             dolma.remove(stale)
 
-    n_train, total = upstream["train_documents"], upstream["train_documents"] + upstream["heldout_documents"]
+    n_train, n_heldout = document_counts(corpus, upstream)
+    total = n_train + n_heldout
     if not n_train:
         raise StepError(f"deps.corpus: the training split of {corpus} is empty")
     bands, rows = lsh_bands(cfg.threshold, cfg.num_perm)
@@ -126,9 +128,10 @@ def gather_dedup(ctx: StepContext, signed: list[dict[str, Any]]) -> dict[str, An
     # the kept documents' lines, copied unchanged; gzip level 1: writing at download's
     # level 5 would cost as much as the MinHash work
     first = {"train": 0, "heldout": n_train}
+    listed = {"train": n_train, "heldout": n_heldout}  # a split with none may not be listed (`document_counts`)
     kept_lines = {
         split: [line for i, line in enumerate(dolma.read_lines(corpus, split), first[split]) if i in keep]
-        for split in dolma.SPLITS
+        if listed[split] else [] for split in dolma.SPLITS
     }
     shards = {split: dolma.write_lines(ctx.output, split, kept_lines[split], compresslevel=1) for split in dolma.SPLITS}
     kept_bytes = {
@@ -168,6 +171,18 @@ def gather_dedup(ctx: StepContext, signed: list[dict[str, Any]]) -> dict[str, An
     manifest = output_manifest(upstream, corpus, counts, kept_bytes, heldout_titles, shards, result)
     storage.write_json_atomic(manifest_location, manifest)
     return result
+
+
+def document_counts(corpus: str, manifest: dict[str, Any]) -> tuple[int, int]:
+    """The training and held-out document counts of `corpus`, whose manifest is `manifest`
+    (`dolma.split_documents`: one adopted from elsewhere may lack `heldout_documents`, or a
+    held-out split)."""
+    return dolma.split_documents(corpus, manifest, "train"), dolma.split_documents(corpus, manifest, "heldout")
+
+
+def _read_range(corpus: str, split: str, start: int, stop: int) -> Iterator[dict[str, Any]]:
+    """`dolma.read_range`, reading nothing for an empty range (of a split the manifest may not list)."""
+    return dolma.read_range(corpus, split, start, stop) if stop > start else iter(())
 
 
 SIGNATURES = "signatures.pkl"

@@ -111,6 +111,20 @@ def manifest_problem(manifest: Any) -> str | None:
     return None
 
 
+def split_documents(location: str, manifest: dict[str, Any], split: str, field: str = "deps.corpus") -> int:
+    """How many documents `split` of the corpus at `location` holds: its manifest's
+    `{split}_documents` where it has one (a checked one: `manifest_problem`); else, as
+    only `train_documents` is required (data adopted from elsewhere may lack the
+    held-out count, or the held-out split), the documents of the shards it lists for
+    `split` counted, 0 when it lists none."""
+    key = f"{split}_documents"
+    if key in manifest:
+        return manifest[key]
+    if split not in manifest["shards"]:
+        return 0
+    return sum(1 for _ in read_lines(location, split, field))
+
+
 def _plain_name(name: str) -> bool:
     """A file name inside its split folder (no folder part, no `..`)."""
     return name not in ("", ".", "..") and "/" not in name and "\\" not in name

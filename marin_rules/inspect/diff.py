@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from marin_rules.artifacts.drift import printable, recipe_diff
-from marin_rules.inspect.status import recorded_payload
+from marin_rules.artifacts.records import recorded_payload
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,14 @@ Model: the history of `{prefix}/{name}/{version}` is the union of its success re
 success records a forced rebuild kept under `.history/` (as `.history/<x>.json` or
 `.history/<time>/.artifact.json`, with any `.history/<time>/.failures/*.json`). Each
 becomes one `Event` with its time, outcome, host, duration, fingerprint and, for a
-failure, the error's first line. Events that appear twice (a failure copied into a
-history folder) are shown once. A failure or history record that cannot be read is
-an `unreadable` event naming the file (`reading.UnreadableRecord`), listed last: an
-attempt is never left out unsaid. The text form shows each value `printable`.
+failure, the error's first line (said last, after its exit status: a command it ends
+with is followed by nothing). Events that appear twice (a failure copied into a
+history folder) are shown once. A failure record (or the current record) that cannot
+be read is an `unreadable` event naming the file (`reading.UnreadableRecord`), listed
+last: an attempt is never left out unsaid. A record a forced rebuild kept that cannot
+be read is a `REPLACED_UNREADABLE` event: usually the corrupt record that was the
+reason to force the rebuild, now history that nothing reads, so nothing to repair.
+The text form shows each value `printable`.
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ from marin_rules.inspect import reading
 from marin_rules.inspect.status import first_line
 
 UNREADABLE = "unreadable"
+REPLACED_UNREADABLE = "replaced, its record unreadable"  # a build a forced rebuild replaced
 
 
 @dataclass(frozen=True)
 class Event:
     started: str
     ended: str
-    outcome: str  # "built (current)", "built (replaced by a forced rebuild)", "failed", UNREADABLE
+    outcome: str  # "built (current)", "built (replaced by a forced rebuild)", "failed", UNREADABLE, REPLACED_UNREADABLE
     host: str
     user: str
     duration_s: float | None
@@ -46,9 +51,8 @@ def _event(record: Mapping[str, Any], outcome: str) -> Event:
     message = ""
     if error:
         status = error.get("exit_status")
-        message = f"{error.get('type', 'Error')}: {first_line(error.get('message'))}"
-        if status not in (None, "", 1):
-            message += f" (exit status {status})"
+        shown = "" if status in (None, "", 1) else f" (exit status {status})"
+        message = f"{error.get('type', 'Error')}{shown}: {first_line(error.get('message'))}"
     duration = provenance.get("duration_s")
     return Event(
         started=str(provenance.get("started") or "?"),
@@ -84,7 +88,7 @@ def artifact_history(location: str, expected: ArtifactId | None = None, hint_fla
         try:
             old = reading.read_json_file(path)
         except reading.UnreadableRecord as e:
-            events.append(Event("?", "?", UNREADABLE, "?", "?", None, "-", str(e)))
+            events.append(_unreadable(e, replaced=outcome != "failed"))
             continue
         if old is not None and not (outcome != "failed" and old == current):  # a forced build's marker
             events.append(_event(old, outcome))  # holding the record still in place is not another attempt
@@ -92,15 +96,30 @@ def artifact_history(location: str, expected: ArtifactId | None = None, hint_fla
     return sorted(unique.values(), key=lambda e: (e.started, e.ended))  # unreadable ("?") last
 
 
+def _unreadable(error: reading.UnreadableRecord, replaced: bool) -> Event:
+    """The event of a failure record that cannot be read, or (`replaced`) of a record a
+    forced rebuild kept under `.history/`: that build is history, so its line says
+    what it is and that nothing needs it, instead of asking for a repair."""
+    if not replaced:
+        return Event("?", "?", UNREADABLE, "?", "?", None, "-", str(error))
+    text = (f"{error.path} ({error.problem}): kept as found when a forced rebuild replaced that build (likely "
+            "because this record was corrupt); nothing reads it, nothing to repair")  # fmt: skip
+    return Event("?", "?", REPLACED_UNREADABLE, "?", "?", None, "-", text)
+
+
 def format_history(key: str, events: list[Event]) -> str:
     if not events:
         return f"{key}: no attempts recorded (never built)"
     unreadable = sum(e.outcome == UNREADABLE for e in events)
+    replaced = sum(e.outcome == REPLACED_UNREADABLE for e in events)
+    notes = [f"{unreadable} with an unreadable record"] if unreadable else []
+    if replaced:
+        notes.append(f"{replaced} replaced build{'s' if replaced != 1 else ''} whose record is unreadable")
     lines = [f"{key}: {len(events)} attempt{'s' if len(events) != 1 else ''}"
-             + (f" ({unreadable} with an unreadable record, listed last)" if unreadable else "")]  # fmt: skip
+             + (f" ({', '.join(notes)}, listed last)" if notes else "")]  # fmt: skip
     for e in events:
-        if e.outcome == UNREADABLE:
-            lines.append(f"  {UNREADABLE}: {printable(e.error)}")
+        if e.outcome in (UNREADABLE, REPLACED_UNREADABLE):
+            lines.append(f"  {e.outcome}: {printable(e.error)}")
             continue
         took = "-" if e.duration_s is None else f"{e.duration_s:.1f}s"
         when = e.started.replace("T", " ")[:19]

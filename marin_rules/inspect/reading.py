@@ -97,6 +97,7 @@ class UnreadableRecord(MarinError):
 
     def __init__(self, path: str, problem: str):
         self.path = path
+        self.problem = problem
         super().__init__(f"{path}: unreadable record ({problem}); repair or delete the file")
 
 

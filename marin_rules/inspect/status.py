@@ -17,7 +17,8 @@ recipe and its upstreams' records:
   a forced rebuild has not succeeded)
   built            the record matches the recipe ("; last retry failed: ..." when a
                    newer failure exists)
-  drifted          the record was built from another recipe (how many fields differ)
+  drifted          the record was built from another recipe (how many fields differ), or
+                   its step, config or deps were edited since (`records.recipe_drift`)
   upstream rebuilt an upstream's record differs from the one this was built on
                    (and, when a forced run stopped before rebuilding this one too,
                    that the next run rebuilds it)
@@ -44,10 +45,12 @@ from typing import Any, Mapping
 from marin_rules.adopt import recorded_source, recorded_source_problems, source_changed
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.code import code_change
-from marin_rules.artifacts.drift import printable, recipe_diff
+from marin_rules.artifacts.builds import build_of, rebuilt_upstreams
+from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
 from marin_rules.artifacts.lease import STALE_S, LeaseHolder, holder_gone, read_lease
+from marin_rules.artifacts.records import edited_note, recipe_drift
 from marin_rules.eval.report import LOSSY_LABEL, RATIO_METRICS  # (no JAX, no lm-eval)
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.inspect import reading
@@ -76,27 +79,6 @@ class Status:
 def first_line(text: Any) -> str:
     lines = str(text or "").strip().splitlines()
     return lines[0] if lines else ""
-
-
-def recorded_payload(record: Mapping[str, Any]) -> dict[str, Any]:
-    """A record's fingerprint payload (step, config, deps by name@version), for diffs."""
-    deps: dict[str, Any] = {}
-    for role, dep in (record.get("deps") or {}).items():
-        if isinstance(dep, list):
-            deps[role] = {f"{d['name']}@{d['version']}": d.get("weight") for d in dep}
-        elif isinstance(dep, dict):
-            deps[role] = f"{dep['name']}@{dep['version']}"
-    return {"step": record.get("step"), "config": record.get("config") or {}, "deps": deps}
-
-
-def recorded_upstreams(record: Mapping[str, Any]) -> dict[str, dict]:
-    """upstream key -> the entry the record keeps for it (fingerprint, built)."""
-    out = {}
-    for dep in (record.get("deps") or {}).values():
-        for d in dep if isinstance(dep, list) else [dep]:
-            if isinstance(d, dict) and "name" in d:
-                out[f"{d['name']}@{d.get('version')}"] = d
-    return out
 
 
 def headline(record: Mapping[str, Any] | None) -> tuple[float | None, str]:
@@ -205,6 +187,7 @@ def location_status(
     killed = _killed_rebuild(location)
     if killed is not None:
         return Status(key, step, "failed", killed, "-", "-", "-", in_experiment=artifact is not None), record
+    failed = ""  # a failure's first line, said last: a command it ends with is followed by nothing
     if record is None:
         done, building, gone_shards = _shard_progress(location, artifact)
         if building and not holder:
@@ -217,13 +200,13 @@ def location_status(
             lease = _read_holder(location)
             ended = str(((last_failure or {}).get("provenance") or {}).get("ended", ""))
             if gone and lease is not None and ended >= str(lease.since):  # another process of its pod wrote it
-                reason = (f"its builder ({gone}) is gone: killed? (a failure record since it started, as a pod's "
-                          f"other processes leave: {_failure_line(last_failure)}); the next run takes the lease over "
-                          "and resumes")  # fmt: skip
+                reason = f"its builder ({gone}) is gone: killed?; the next run takes the lease over and resumes"
+                failed = ("a failure record since it started, as a pod's other processes leave: "
+                          f"{_failure_line(last_failure)}")  # fmt: skip
         elif unreadable:
             state, reason = "failed", f"last attempt failed: {unreadable}"
         elif last_failure is not None:
-            state, reason = "failed", f"last attempt failed at {_failure_line(last_failure)}"
+            state, reason, failed = "failed", "", f"last attempt failed at {_failure_line(last_failure)}"
         else:
             state, reason = "missing", "never built"
         if reading.history_files(location):  # a forced rebuild that has not (or not yet) succeeded
@@ -234,23 +217,16 @@ def location_status(
             reason += "; the previous build is kept in .history/"
         if done is not None:
             reason += f"; {done} shard(s) built, {len(building)} building"
+        reason = "; ".join(part for part in (reason.removeprefix("; "), failed) if part)
         return Status(key, step, state, reason, fingerprint, "-", "-", in_experiment=artifact is not None), None
     step = str(record.get("step") or step)
     fingerprint = str(record.get("fingerprint"))
     built, took = _times(record)
     state, reason = "built", "matches the recipe" if artifact is not None else "not in this experiment"
     rebuilt = _rebuilt_upstreams(record, upstream_records) if artifact is not None and upstream_records else []
-    if artifact is not None and record.get("fingerprint") != artifact.fingerprint:
-        lines = recipe_diff(recorded_payload(record), artifact.payload())
-        n = len(lines)
-        state = "drifted"
-        reason = (
-            f"{n} field{'s differ' if n != 1 else ' differs'} from the recipe ({lines[0]}"
-            f"{', ...' if n > 1 else ''}); served as built, bump the version to build the new recipe"
-        ) if lines else (
-            "its recorded fingerprint is not the recipe's, yet no recorded field differs (was the record edited?); "
-            "served as built, bump the version to build the recipe"
-        )
+    drift = None if artifact is None else recipe_drift(record, artifact.payload(), artifact.fingerprint)
+    if drift is not None:
+        state, reason = "drifted", _drift_reason(drift, edited_note(record))
     elif rebuilt:
         state, reason = "upstream rebuilt", f"{rebuilt[0]}{' (and more)' if len(rebuilt) > 1 else ''}"
     adopted = recorded_source_problems(step, record.get("result"))  # data adopted in place: its source now
@@ -272,31 +248,35 @@ def location_status(
             reason += f"; {text}"
     if unreadable:  # the newest failure record: its time is unknown, it may be newer than the build
         reason += f"; {unreadable}"
-    if last_failure is not None:
-        failed_at = str((last_failure.get("provenance") or {}).get("ended", ""))
-        if failed_at > str((record.get("provenance") or {}).get("ended", "")):
-            reason += f"; last retry failed at {_failure_line(last_failure)}"
     if holder:
         reason += f"; being rebuilt, lease held by {holder}"
     elif gone:
         reason += "; " + _gone(f"a rebuild's builder ({gone})")
+    if last_failure is not None:
+        failed_at = str((last_failure.get("provenance") or {}).get("ended", ""))
+        if failed_at > str((record.get("provenance") or {}).get("ended", "")):
+            reason += f"; last retry failed at {_failure_line(last_failure)}"  # last: see `failed` above
     val, score = headline(record)
     status = Status(key, step, state, reason, fingerprint, built, took, val, score, artifact is not None)
     return status, record
 
 
+def _drift_reason(lines: list[str], edited: str | None) -> str:
+    """The reason of a drifted record (`recipe_drift`'s lines; `edited`: `edited_note`)."""
+    n = len(lines)
+    if lines:
+        fields = f"{n} field{'s differ' if n != 1 else ' differs'}"
+        differ = f"{fields} from the recipe ({lines[0]}{', ...' if n > 1 else ''})"
+    else:
+        differ = "its recorded fingerprint is not the recipe's, yet no recorded field differs"
+    return f"{differ}{f'; {edited}' if edited else ''}; served as built, bump the version to build the new recipe"
+
+
 def _rebuilt_upstreams(record: Mapping[str, Any], upstream_records: Mapping[str, dict | None]) -> list[str]:
-    seen = recorded_upstreams(record)
-    out = []
-    for upstream, now in upstream_records.items():
-        then = seen.get(upstream, {})
-        now = now or {}
-        now_built = (now.get("provenance") or {}).get("ended")
-        if then.get("fingerprint") and now.get("fingerprint") and then["fingerprint"] != now["fingerprint"]:
-            out.append(f"{upstream} rebuilt from another recipe since this was built")
-        elif then.get("built") and now_built and then["built"] != now_built:
-            out.append(f"{upstream} rebuilt since this was built ({then['built']} then, {now_built} now)")
-    return out
+    """One phrase per upstream rebuilt since `record` was built (`builds.rebuilt_upstreams`)."""
+    now = {key: None if upstream is None else build_of(upstream) for key, upstream in upstream_records.items()}
+    rebuilt = rebuilt_upstreams(record.get("deps") or {}, now)
+    return [f"{key} rebuilt since this was built ({how})" for key, how in rebuilt]
 
 
 def experiment_status(

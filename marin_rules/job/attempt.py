@@ -11,11 +11,12 @@ attempt had the same fingerprint and saw the same upstream builds. When the reci
 changed since (no record, so no drift check stood in the way) or an upstream was
 rebuilt since, what is there was made from something else: it moves whole to
 `.history/<UTC time>-stale/` and the build starts from an empty folder, so nothing
-inconsistent is resumed or recorded and nothing is lost. An attempt file that cannot
+inconsistent is resumed or recorded and nothing is lost (a dev version's are then
+deleted: it keeps no history, `main.kept_or_discarded`). An attempt file that cannot
 be read counts as another recipe. Leftovers without an attempt file (made before it
 existed) are resumed as before.
 
-Steps that judge their own leftovers' recipe keep that judgement (`OWN_RECIPE`):
+Steps that judge their own leftovers' recipe keep that judgement (`steps.py: BuiltinStep.own_recipe`):
 training compares its checkpoints' `recipe.json` with the new config, refuses a
 changed one naming the field (its checkpoints may be days of work: the user chooses to
 bump the version or delete them), and resumes when only `log_every`,
@@ -33,13 +34,12 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.builds import upstream_change
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.files import ATTEMPT_FILE, list_data_files
-
-OWN_RECIPE = ("train",)  # steps that check a changed recipe themselves (marin_rules/train/recipe.py)
+from marin_rules.steps import OWN_RECIPE_STEPS
 
 
 def begin(location: str, fingerprint: str, upstreams: Mapping[str, Any], step: str) -> tuple[str, str] | None:
     """Record this attempt of the artifact at `location` (built by `step`: those in
-    `OWN_RECIPE` judge a changed recipe themselves); first set aside leftovers of one
+    `OWN_RECIPE_STEPS` judge a changed recipe themselves); first set aside leftovers of one
     made from another recipe or other upstream builds. Returns (where they went, why: a phrase that follows "what an
     earlier attempt left") when it set them aside."""
     from marin_rules.workflow.forcing import set_aside
@@ -56,7 +56,7 @@ def _differs(previous: dict[str, Any], step: str, fingerprint: str, upstreams: M
     """How the attempt recorded in `previous` differs from this one (a phrase), or None."""
     if previous is UNREADABLE:
         return "is of unknown origin (its .attempt.json is unreadable)"
-    if step not in OWN_RECIPE and previous["fingerprint"] != fingerprint:  # read from a file: shown printable
+    if step not in OWN_RECIPE_STEPS and previous["fingerprint"] != fingerprint:  # read from a file: shown printable
         return printable(f"was made from another recipe (changed since that attempt: fingerprint "
                          f"{previous['fingerprint']} then, {fingerprint} now)")  # fmt: skip
     how = upstream_change(previous["upstreams"], upstreams)

@@ -11,8 +11,13 @@ is read from the environment except a pod's place (`pod_process_from_env`). In o
    once; when the holder finishes, the artifact is served (exit 0, nothing built; on
    a remote prefix the local mirror record is written for Snakemake), unless it was
    made from other upstream builds than today's: then it is rebuilt as a forced
-   cascade would be (`finished_on_other_upstreams`); a stale lease is taken over;
-3. if the main process marked the build forced, move the old build to `.history/`;
+   cascade would be (`finished_on_other_upstreams`); a stale lease is taken over; a
+   lease file or lock that cannot be opened fails the job in one line naming it, with a
+   failure record (`lease_or_failure`);
+3. if the main process marked the build forced, move the old build to `.history/` (a
+   dev version keeps no history: what is set aside is deleted, `kept_or_discarded`);
+   on a pod, process 0 alone does 2, 3 and the start of the attempt (`begin_attempt`),
+   then lets the other processes start the step (`pod_start`), which wait for it;
 4. check every upstream's record and files (`context.check_upstreams`), then call the step
    (`run.run_step`), then check that no other run rebuilt an upstream meanwhile
    (`context.check_upstreams_unchanged`); the heartbeat stops the step if the lease is lost, and the
@@ -32,6 +37,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from functools import partial
 from typing import Any, Callable
 
 from marin_rules.artifacts import storage
@@ -196,10 +202,7 @@ def build(args: argparse.Namespace) -> int:
     from marin_rules.cluster.pod import pod_process_from_env
     from marin_rules.experiment import dev_user_in_path, load_experiment, owned_by
     from marin_rules.steps import SHARDED_STEPS
-    from marin_rules.workflow.forcing import (
-        begin_rebuild, discard_old_build, end_rebuild, forced_by_upstream, mark_forced, marker_of, move_old_build,
-        holds_build, moved_note, rebuilding_pointer, recover_interrupted, restore_old_build,
-    )  # fmt: skip
+    from marin_rules.workflow.forcing import end_rebuild, mark_forced, recover_interrupted, restore_old_build
 
     experiment = load_experiment(args.experiment)
     if args.artifact not in experiment.by_path:  # a dev version: its path names its owner
@@ -214,27 +217,18 @@ def build(args: argparse.Namespace) -> int:
         return build_shard(artifact, experiment, location, args)
     pod = pod_process_from_env(os.environ)
     process = None if pod is None else pod.process_id
+    is_done, made_from_others = done_check(artifact, experiment, location, args.prefix)
+    if process and not await_process_0(artifact, location, args, pod, is_done):
+        return 0  # built: process 0 serves it
     held = None
     if not process:
-        marker, pointer = marker_of(location), rebuilding_pointer(location)
-        made_from_others: list[str] = []  # set by is_done: how a finished build's upstreams differ
-
-        def is_done() -> bool:  # a record beside the pointer may be Snakemake's backup over partial data
-            made_from_others.clear()
-            if not storage.exists(storage.join(location, RECORD_FILE)) or storage.exists(marker) or storage.exists(pointer):
-                return False
-            change = finished_on_other_upstreams(artifact, experiment, location, args.prefix)
-            if change is not None:
-                made_from_others.append(change)
-            return change is None
-
-        held = take_lease(args, artifact.key, location, location, is_done)
+        held = lease_or_failure(artifact, experiment, location, args, is_done)
         if held is None:
             return serve(artifact, location, args, since=began)
         recovered = recover_interrupted(location)  # a forced rebuild killed outright (forcing.py)
         if recovered:
             tell(f"{artifact.key}: its last forced rebuild was killed before it ended; the previous build is back "
-                 f"in place (what the attempt left: {recovered})")  # fmt: skip
+                 f"in place (what the attempt left: {kept_or_discarded(artifact, recovered)})")  # fmt: skip
         elif held.taken_over is not None and not process:  # (recover_interrupted wrote that one's record)
             record_lost_attempt(artifact, experiment, location, args, held.taken_over)
         if is_done():  # the old build serves, as after any failed direct force (or an unreadable pointer went)
@@ -245,36 +239,116 @@ def build(args: argparse.Namespace) -> int:
             tell(f"{artifact.key}: the build there was made from other upstream builds than today's "
                  f"({made_from_others[0]}): rebuilding it; that build moves to .history/")  # fmt: skip
     try:
-        owed = not process and forced_by_upstream(location)  # read before the move clears it
-        moved = move_old_build(location) if not process else None
-        if moved:
-            print(f"{artifact.key}: forced: {moved_note(moved)}", file=sys.stderr, flush=True)
-        if moved and not holds_build(moved):  # never finished: nothing to put back if this one fails
-            moved = None
-        if moved:
-            from marin_rules.job.context import job_context
-
-            _, entry, provenance, _ = job_context(artifact, experiment, location, args)
-            now = utc_now()
-            begin_rebuild(location, moved, owed, entry, provenance.as_dict(now, now))  # for a killed one's failure
+        moved, owed = retire_forced_build(artifact, experiment, location, args) if not process else (None, False)
         try:
             if not process and artifact.step not in SHARDED_STEPS:  # shards check their own (shards.py)
                 begin_attempt(artifact, experiment, location, args.prefix)
-            code = run(artifact, experiment, location, args, process, held)
+            if pod is not None and not process:  # the other processes may start now (pod_start.py)
+                from marin_rules.job.pod_start import announce_begun
+
+                announce_begun(location, held.holder.token, pod.coordinator)
+            code = run(artifact, experiment, location, args, pod, held)
         except BaseException:
             if moved:  # the rebuild failed or was stopped: the old build serves again
-                failed = restore_old_build(location, moved, owed=owed)
+                failed = kept_or_discarded(artifact, restore_old_build(location, moved, owed=owed))
                 print(f"{artifact.key}: the forced rebuild failed; the previous build is back in place "
                       f"(what the attempt left: {failed})", file=sys.stderr, flush=True)  # fmt: skip
             raise
         if moved:
             end_rebuild(location)
-            if artifact.id.is_dev:  # a dev version keeps no history
-                discard_old_build(moved)
+            kept_or_discarded(artifact, moved)  # the old build: a dev version keeps no history
         return code
     finally:
         if held is not None:
             held.release()
+
+
+def retire_forced_build(
+    artifact: Any, experiment: Any, location: str, args: argparse.Namespace
+) -> tuple[str | None, bool]:
+    """Process 0, under the lease: when the build was marked forced, move the old build
+    to `.history/` (`forcing.move_old_build`) and note the rebuild under way, for a
+    killed one's failure record (`begin_rebuild`). Returns (where a finished old build
+    went, None when there was none; whether the rebuild is owed, a cascade's). What an
+    unfinished attempt left is not put back if this one fails: it stays there (a dev
+    version's is deleted: `kept_or_discarded`)."""
+    from marin_rules.job.context import job_context
+    from marin_rules.workflow.forcing import begin_rebuild, forced_by_upstream, holds_build, move_old_build, moved_note
+
+    owed = forced_by_upstream(location)  # read before the move clears it
+    moved = move_old_build(location)
+    if not moved:
+        return None, owed
+    finished, note = holds_build(moved), moved_note(moved)
+    if not finished and kept_or_discarded(artifact, moved) == DISCARDED:
+        note = f"what an unfinished attempt left was {DISCARDED}"
+    print(f"{artifact.key}: forced: {note}", file=sys.stderr, flush=True)
+    if not finished:
+        return None, owed
+    _, entry, provenance, _ = job_context(artifact, experiment, location, args)
+    now = utc_now()
+    begin_rebuild(location, moved, owed, entry, provenance.as_dict(now, now))
+    return moved, owed
+
+
+DISCARDED = "discarded (a dev version keeps no history)"
+
+
+def kept_or_discarded(artifact: Any, moved: str) -> str:
+    """What was set aside under `.history/` at `moved` (an old build, or what an attempt
+    left): kept there (returns `moved`), or, for an artifact that keeps no history (a dev
+    version: `dev_versions.keeps_history`), deleted (returns `DISCARDED`). Failure
+    records stay either way."""
+    from marin_rules.dev_versions import keeps_history
+    from marin_rules.workflow.forcing import discard_old_build
+
+    if keeps_history(artifact.id):
+        return moved
+    discard_old_build(moved)
+    return DISCARDED
+
+
+def done_check(artifact: Any, experiment: Any, location: str, prefix: str) -> tuple[Callable[[], bool], list[str]]:
+    """(is_done, made_from_others): is_done() tells whether the artifact at `location` is
+    built and may be served: its success record is there, no forced rebuild is pending
+    or under way (a record beside the rebuilding pointer may be Snakemake's backup over
+    partial data), and it was made from today's upstream builds; when it was made from
+    others, is_done() is False and `made_from_others` holds how they differ."""
+    from marin_rules.workflow.forcing import marker_of, rebuilding_pointer
+
+    marker, pointer = marker_of(location), rebuilding_pointer(location)
+    made_from_others: list[str] = []
+
+    def is_done() -> bool:
+        made_from_others.clear()
+        if not storage.exists(storage.join(location, RECORD_FILE)) or storage.exists(marker) or storage.exists(pointer):
+            return False
+        change = finished_on_other_upstreams(artifact, experiment, location, prefix)
+        if change is not None:
+            made_from_others.append(change)
+        return change is None
+
+    return is_done, made_from_others
+
+
+def await_process_0(
+    artifact: Any, location: str, args: argparse.Namespace, pod: Any, is_done: Callable[[], bool]
+) -> bool:
+    """Process k > 0 of a pod: wait until process 0 has readied the artifact folder
+    (`pod_start`); False when the artifact is built meanwhile (nothing to do)."""
+    from marin_rules.job import pod_start
+
+    settings = lease_settings(args.lease)
+    mine = f"{artifact.key}: process {pod.process_id} of the pod"
+    print(f"{mine}: waiting for process 0 to begin the attempt", file=sys.stderr, flush=True)
+    outcome = pod_start.wait_for_process_0(
+        artifact.key, location, pod.coordinator, is_done, settings["poll_s"], settings["stale_s"],
+        process_0_log=pod_start.process_0_log(args.log),
+    )  # fmt: skip
+    done = outcome == "done"
+    news = "the artifact is built; nothing to do" if done else "process 0 has begun; starting the step"
+    print(f"{mine}: {news}", file=sys.stderr, flush=True)
+    return not done
 
 
 def finished_on_other_upstreams(artifact: Any, experiment: Any, location: str, prefix: str) -> str | None:
@@ -312,7 +386,9 @@ def begin_attempt(artifact: Any, experiment: Any, location: str, prefix: str) ->
     upstreams = upstream_builds(artifact, experiment, prefix)
     stale = None if upstreams is None else attempt.begin(location, artifact.fingerprint, upstreams, artifact.step)
     if stale:
-        tell(f"{artifact.key}: what an earlier attempt left {stale[1]}; moved to {stale[0]}, building from scratch")
+        left = kept_or_discarded(artifact, stale[0])
+        where = left if left == DISCARDED else f"moved to {left}"
+        tell(f"{artifact.key}: what an earlier attempt left {stale[1]}; {where}, building from scratch")
 
 
 def take_lease(args: argparse.Namespace, key: str, location: str, what: str, is_done: Callable[[], bool]) -> Any:
@@ -334,6 +410,41 @@ def take_lease(args: argparse.Namespace, key: str, location: str, what: str, is_
     return held
 
 
+def lease_or_failure(
+    artifact: Any, experiment: Any, location: str, args: argparse.Namespace, is_done: Callable[[], bool],
+    lease_at: str = "", what: str = "", shard: Any = None,
+) -> Any:  # fmt: skip
+    """`take_lease` of the artifact at `location` (or of its shard folder `lease_at`,
+    `what` in messages); a lease file or lock that cannot be opened fails the job in one
+    line naming the artifact and the file, with a failure record where the folder takes
+    one (`unusable_lease`)."""
+    from marin_rules.artifacts.lease_stores import LeaseFileUnusable
+
+    try:
+        return take_lease(args, artifact.key, lease_at or location, what or location, is_done)
+    except LeaseFileUnusable as e:
+        raise unusable_lease(artifact, experiment, location, args, e, shard) from None
+
+
+def unusable_lease(artifact: Any, experiment: Any, location: str, args: argparse.Namespace, error: MarinError,
+                   shard: Any = None) -> MarinError:  # fmt: skip
+    """The job's one line for a lease file that cannot be opened (`error`), after writing
+    the failure record (of `shard`, for a shard job) when the artifact folder takes one."""
+    from marin_rules.artifacts.records import write_failure
+    from marin_rules.job.context import job_context
+
+    failed = type(error)(f"{artifact.key}: {error}")
+    try:
+        _, entry, provenance, _ = job_context(artifact, experiment, location, args)
+        if shard is not None:
+            entry = {**entry, "shard": {"index": shard.index, "count": shard.count}}
+        now = utc_now()
+        where = write_failure(location, entry, failed, provenance.as_dict(now, now))
+    except Exception:  # noqa: BLE001 - the folder takes no record either (no permission): the line says it all
+        return failed
+    return type(error)(f"{failed} (failure record {where})")
+
+
 class AttemptLost(Exception):
     """The error of the failure record `record_lost_attempt` writes for an attempt that
     ended without ending its lease."""
@@ -343,13 +454,15 @@ def record_lost_attempt(artifact: Any, experiment: Any, location: str, args: arg
     """A job took the lease over from `holder`, gone or stale: an attempt that left its
     lease behind was killed outright (SIGKILL, the OOM killer, a lost machine), or stopped
     renewing; every other end releases the lease. Unless it wrote a failure record
-    since it began, write the one it could not (under this run's recipe, which a resumed
+    since it began (its own: on a pod, process 0's, not one of the processes stopped
+    with it), write the one it could not (under this run's recipe, which a resumed
     build shares), so `marin history` lists every attempt, and say so on the console."""
     from marin_rules.artifacts.records import read_failures, write_failure
     from marin_rules.job.context import job_context
 
-    if any(str((f.get("provenance") or {}).get("started", "")) >= holder.since for f in read_failures(location)):
-        return
+    for failure in read_failures(location):  # a pod's other processes write their own: not the holder's
+        if not failure.get("process") and str((failure.get("provenance") or {}).get("started", "")) >= holder.since:
+            return
     _, entry, _, _ = job_context(artifact, experiment, location, args)
     lost = AttemptLost(
         f"the attempt of {holder.describe()} ended without a record (its lease was last renewed {holder.renewed}): "
@@ -395,16 +508,19 @@ def _mirror(record: Any, artifact: Any, args: argparse.Namespace) -> None:
         storage.write_json_atomic(f"{args.records}/{artifact.id.path}/{RECORD_FILE}", record.to_json())
 
 
-def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace, process: int | None, held: Any) -> int:
+def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace, pod: Any, held: Any) -> int:
+    """Run the step (`run_step`) as process `pod.process_id` of a pod, or alone (`pod` None)."""
     from marin_rules.adopt import is_adopted_in_place
     from marin_rules.artifacts.builds import builds_in_deps
     from marin_rules.artifacts.shards import gathered_results, shard_count
     from marin_rules.steps import SHARDED_STEPS, step_function
 
     from marin_rules.job.context import check_upstreams, check_upstreams_unchanged, job_context
+    from marin_rules.job.pod_start import process_0_died
 
     ctx, entry, provenance, deps_record = job_context(artifact, experiment, location, args)
     sharded = artifact.step in SHARDED_STEPS
+    process = None if pod is None else pod.process_id
 
     def step(c: StepContext) -> Any:
         check_upstreams(artifact, experiment, args.prefix, deps_record, rerun_hint(args))  # fills in what was seen
@@ -417,8 +533,9 @@ def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace,
             check_upstreams_unchanged(artifact, experiment, args.prefix, deps_record)
         return result
 
+    why_stopped = partial(process_0_died, location, pod.coordinator) if process else None  # (pod_start.py)
     record = run_step(ctx, entry, provenance, step, process, None if held is None else held.still_held,
-                      hint_flags=rerun_hint(args))
+                      hint_flags=rerun_hint(args), why_stopped=why_stopped)
     if record is not None and not record.files and storage.is_remote(location) and not is_adopted_in_place(artifact):
         tell(f"{artifact.key}: note: the step wrote no data files under {location} (its record holds only its "
              "result); a step writes through marin_rules.artifacts.storage, since open() or os on a gs:// path "

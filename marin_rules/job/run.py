@@ -28,12 +28,14 @@ from marin_rules.artifacts.errors import MarinError, StepError
 from marin_rules.artifacts.lease import LeaseLost
 from marin_rules.artifacts.records import Provenance, Record, error_message, utc_now, write_failure, write_success
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGHUP: the terminal or ssh session the run was started from closed. Left alone when
+# it is ignored (`nohup`: the user asked the run to outlive its terminal).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _state: dict[str, Any] = {"stopping": None, "lost": None}
 
 
 class JobTerminated(BaseException):
-    """Raised inside a step by SIGTERM/SIGINT (`signum`), or when its lease was lost
+    """Raised inside a step by SIGTERM/SIGINT/SIGHUP (`signum`), or when its lease was lost
     (`signum` None, `reason` says how). A BaseException: `except Exception` in a step
     does not swallow it."""
 
@@ -58,10 +60,12 @@ def _on_signal(signum: int, frame: Any) -> None:
 
 
 def install_stop_handlers() -> None:
-    """From the main thread: SIGTERM and SIGINT stop the step (idempotent)."""
+    """From the main thread: SIGTERM, SIGINT and SIGHUP (unless ignored, as under
+    `nohup`) stop the step (idempotent)."""
     if threading.current_thread() is threading.main_thread():
         for signum in STOP_SIGNALS:
-            if signal.getsignal(signum) is not _on_signal:
+            current = signal.getsignal(signum)
+            if current is not _on_signal and not (signum == signal.SIGHUP and current == signal.SIG_IGN):
                 signal.signal(signum, _on_signal)
 
 
@@ -81,6 +85,18 @@ def _completed(error: BaseException, hint_flags: str) -> BaseException:
     return error if shown is error else shown.with_traceback(error.__traceback__)
 
 
+def _explained(error: BaseException, why_stopped: Callable[[], str | None] | None) -> BaseException:
+    """A `JobTerminated` by a signal with `why_stopped()` added to its message (a new
+    error with the same traceback), or `error` itself."""
+    if why_stopped is None or not isinstance(error, JobTerminated) or not error.signum:
+        return error
+    try:
+        why = why_stopped()
+    except Exception:  # noqa: BLE001 - a failure record without the note rather than none
+        why = None
+    return error if not why else JobTerminated(error.signum, f"{error}: {why}").with_traceback(error.__traceback__)
+
+
 def run_step(
     ctx: StepContext,
     entry: dict,
@@ -90,10 +106,13 @@ def run_step(
     still_held: Callable[[], bool] | None = None,
     write: Callable[[Any, dict], Any] | None = None,
     hint_flags: str = "",
+    why_stopped: Callable[[], str | None] | None = None,
 ) -> Record | None:
     """Call a step; success record last (process 0 or no pod), or failure record and
     re-raise. `still_held` is the lease's fencing check. `write(result, provenance)`
     replaces the success record (a shard job writes its shard record instead).
+    `why_stopped()`: what is known of why a signal stopped the step (a pod process
+    stopped because process 0 died), added to its failure record and line.
     `hint_flags`: what a command suggested by the step's error needs besides its target
     (`workflow.options.rerun_flags`; `MarinError.with_flags`), so that the failure
     record and the line on stderr name one that runs as printed."""
@@ -113,7 +132,7 @@ def run_step(
         if not process and still_held is not None and not still_held():
             raise LeaseLost(f"{ctx.output}: lease lost before the success record was written; not recording success")
     except BaseException as caught:  # noqa: BLE001 - every failure leaves a record
-        error = _completed(caught, hint_flags)
+        error = _explained(_completed(caught, hint_flags), why_stopped)
         ended = utc_now()
         status: int | str | None = None
         if isinstance(error, JobTerminated):
@@ -123,7 +142,8 @@ def run_step(
         elif isinstance(error, SystemExit):
             status = error.code if isinstance(error.code, int) else 1
         where = write_failure(ctx.output, entry, error, provenance.as_dict(started, ended), status, process)
-        print(f"{ctx.key}: step failed ({type(error).__name__}: {error_message(error)}); failure record {where}",
+        # the error last: a command it ends with can be copied to the end of the line
+        print(f"{ctx.key}: step failed, failure record {where}: {type(error).__name__}: {error_message(error)}",
               file=sys.stderr)  # fmt: skip
         try:
             error.reported = True  # type: ignore[attr-defined]  # the job process prints nothing more

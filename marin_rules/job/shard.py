@@ -5,7 +5,7 @@ folder `{location}/shards/{shard}/` (`marin_rules.artifacts.shards`): a live hol
 (another run building this shard) is waited for, a finished shard is served (its
 record mirrored for Snakemake on a remote prefix) and never built again, unless it
 was made from other upstream builds than today's (an upstream rebuilt since: it is
-set aside under `.history/<time>-stale/` and built anew). Upstreams
+set aside under `.history/<time>-stale/`, a dev version's deleted, and built anew). Upstreams
 are checked, then the step's shard function runs; its shard record is written last,
 only while the lease is still held. A failure writes the artifact's failure record
 naming the shard. Nothing here writes the artifact's success record: the gather does.
@@ -18,12 +18,12 @@ import sys
 from typing import Any
 
 from marin_rules.artifacts import storage
-from marin_rules.artifacts.builds import upstream_change
 from marin_rules.artifacts.shards import (
     SHARD_RECORD,
     Shard,
     parse_shard,
     read_shard_record,
+    shard_change,
     shard_count,
     write_shard_record,
 )
@@ -32,7 +32,7 @@ from marin_rules.artifacts.shards import (
 def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Namespace) -> int:
     from marin_rules.artifacts.errors import StepError
     from marin_rules.job.context import upstream_builds
-    from marin_rules.job.main import take_lease, tell
+    from marin_rules.job.main import DISCARDED, kept_or_discarded, lease_or_failure, tell
     from marin_rules.workflow.forcing import set_aside
 
     shard = parse_shard(args.shard)
@@ -44,24 +44,26 @@ def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Na
     upstreams = upstream_builds(artifact, experiment, args.prefix)  # None: one unreadable (the step refuses it)
 
     def made_from(record: dict[str, Any] | None) -> str | None:
-        """How the upstreams a finished shard was made from differ from today's (None: the same)."""
-        return None if record is None or upstreams is None else upstream_change(record.get("upstreams"), upstreams)
+        """How a finished shard was made otherwise than today's recipe and upstream builds (None: the same)."""
+        return None if record is None else shard_change(record, artifact.fingerprint, upstreams)
 
     def is_done() -> bool:
-        record = read_shard_record(location, shard, artifact.fingerprint)
+        record = read_shard_record(location, shard)  # any recipe's: another one is set aside below
         return record is not None and made_from(record) is None
 
-    held = take_lease(args, artifact.key, shard.location(location), f"shard {shard.name}", is_done)
+    held = lease_or_failure(artifact, experiment, location, args, is_done, shard.location(location),
+                            f"shard {shard.name}", shard)  # fmt: skip
     if held is None:
         tell(f"{artifact.key}: shard {shard.name} is built already; serving it")
         _mirror_shard(location, shard, artifact, args)
         return 0
     try:
-        how = made_from(read_shard_record(location, shard, artifact.fingerprint))
+        how = made_from(read_shard_record(location, shard))
         if how is not None:
-            moved = set_aside(location, "stale", shard.folder)
-            print(f"{artifact.key}: shard {shard.name} was made from other upstream builds ({how}); "
-                  f"moved to {moved}, building it again", file=sys.stderr, flush=True)  # fmt: skip
+            left = kept_or_discarded(artifact, set_aside(location, "stale", shard.folder))
+            where = left if left == DISCARDED else f"moved to {left}"
+            print(f"{artifact.key}: shard {shard.name} {how}; "
+                  f"{where}, building it again", file=sys.stderr, flush=True)  # fmt: skip
         return _run_shard(artifact, experiment, location, shard, args, held)
     finally:
         held.release()

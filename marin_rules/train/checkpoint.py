@@ -21,9 +21,11 @@ A checkpoint that does not restore (a damaged file, a cut-off copy) must not blo
 the run forever: `restore_latest` tries the steps newest first, says in one line which
 one failed and why (the innermost cause: orbax wraps tensorstore's error in a dump of
 its spec), and resumes from the newest that restores. Only then are the failed ones
-set aside, renamed `<step>.damaged-<UTC time>`: kept for a look, ignored by orbax
-(step folders are plain integers), and out of the way of the next save of that step
-(orbax refuses to save onto an existing step, even with `force=True`). When none
+set aside: moved to `.history/<UTC time>-damaged/checkpoints/<step>/` of the artifact,
+where everything an artifact keeps but does not serve goes (old builds, stale
+leftovers): kept for a look, not among the data files its success record lists, out of
+orbax's sight and out of the way of the next save of that step (orbax refuses to save
+onto an existing step, even with `force=True`). When none
 restores, the cause may as well be the code or the storage as the files, so nothing is
 moved and the run stops with one line naming the folder and the fix (train from
 scratch) instead of silently throwing the training away. On a multi-process run the
@@ -50,16 +52,19 @@ import orbax.checkpoint as ocp
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.files import HISTORY_DIR
 from marin_rules.artifacts.records import rebuild_hint
 from marin_rules.artifacts.provenance import iso, utc_now
 
 
 def checkpoint_dir(output: str) -> str:
     """Where the run at `output` keeps its checkpoints, in a form orbax accepts."""
-    location = storage.join(output, "checkpoints")
-    if storage.is_remote(location):
-        return location
-    return os.path.abspath(storage.local_path(location))
+    return storage.join(_absolute(output), "checkpoints")
+
+
+def _absolute(output: str) -> str:
+    """`output` in a form orbax accepts: a URL as it is, a local path (or file://) absolute."""
+    return output if storage.is_remote(output) else os.path.abspath(storage.local_path(output))
 
 
 def open_manager(output: str, *, max_to_keep: int | None = 2, read_only: bool = False) -> ocp.CheckpointManager:
@@ -157,11 +162,13 @@ def _everywhere(ok: bool) -> bool:
 
 
 def set_aside(output: str, step: int) -> str:
-    """Rename checkpoint `step` of the run at `output` so orbax no longer sees it; returns
-    where it went."""
-    folder = checkpoint_dir(output)
-    source = storage.join(folder, str(step))
-    target = storage.join(folder, f"{step}.{DAMAGED}-{iso(utc_now()).replace(':', '').replace('-', '')}")
+    """Move checkpoint `step` of the run at `output` under the artifact's `.history/`
+    (`<UTC time>-damaged/checkpoints/<step>`), out of orbax's sight and out of the data
+    files; returns where it went."""
+    source = storage.join(checkpoint_dir(output), str(step))
+    stamp = iso(utc_now()).replace(":", "").replace("-", "")
+    target = storage.join(_absolute(output), HISTORY_DIR, f"{stamp}-{DAMAGED}", "checkpoints", str(step))
+    storage.makedirs(storage.parent(target))
     storage.move(source, target)
     return target
 

@@ -1,9 +1,10 @@
 """Drift and upstream advisories, printed by the main process while planning.
 
 Model: for a finished artifact that is not being rebuilt, compare its record with the
-recipe now. A different fingerprint is recipe drift: a warning with the field-level
-diff (the cached output is served), or an error when the artifact pins its fingerprint
-(`expect_fingerprint:`) and the record disagrees. An upstream rebuilt since (another
+recipe now. A different fingerprint, or recorded step, config or deps that differ from
+the recipe's (a record edited by hand: `records.recipe_drift`), is recipe drift: a
+warning with the field-level diff (the cached output is served), or an error when the
+artifact pins its fingerprint (`expect_fingerprint:`) and the record disagrees. An upstream rebuilt since (another
 fingerprint, or the same recipe built at another time) gets one advisory line. Each
 artifact is reported at most once per invocation, on stderr (so `--dag | dot` stays
 clean), in dry runs, `--dag`, `--rulegraph` and real runs alike. Step code changed
@@ -19,12 +20,14 @@ stderr by the main process: from `onstart:` in real runs, at exit in dry runs (w
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import Callable
 
+from marin_rules.artifacts import builds
+from marin_rules.artifacts.builds import build_of
 from marin_rules.artifacts.code import change_message, code_change
-from marin_rules.artifacts.drift import drift_message, printable, recipe_diff
+from marin_rules.artifacts.drift import drift_message, printable
 from marin_rules.artifacts.errors import DriftError, MarinError
-from marin_rules.artifacts.records import Record
+from marin_rules.artifacts.records import Record, edited_note, recipe_drift
 from marin_rules.experiment import Artifact, Experiment
 
 
@@ -32,15 +35,20 @@ def report(
     artifact: Artifact, record: Record, recorded: Callable[[str], Record | None], rebuild_hint: str
 ) -> None:
     """Print drift and upstream advisories for one finished, unforced artifact; raise
-    DriftError on pinned drift. `recorded(key)` reads an upstream's record."""
-    if record.fingerprint != artifact.fingerprint:
+    DriftError on pinned drift. `recorded(key)` reads an upstream's record. Drift is
+    judged by the record's fingerprint and by its own recipe fields (`recipe_drift`):
+    a record edited by hand is drift too, and says so (`edited_note`)."""
+    data = record.to_json()
+    lines = recipe_drift(data, artifact.payload(), artifact.fingerprint)
+    if lines is not None:
+        note = edited_note(data)
+        lines = lines + ([note] if note else [])
         if artifact.expect_fingerprint is not None:
+            first = f" ({lines[0]})" if lines else ""
             raise DriftError(
                 f"{artifact.key}: recipe drift on a pinned artifact: recorded fingerprint {printable(record.fingerprint)}, "
-                f"pinned {artifact.expect_fingerprint}; restore the recipe that was built, or bump the version"
+                f"pinned {artifact.expect_fingerprint}{first}; restore the recipe that was built, or bump the version"
             )
-        payload = {"step": record.step, "config": record.config, "deps": dep_keys(record.deps)}
-        lines = recipe_diff(payload, artifact.payload())
         print(drift_message(artifact.key, record.fingerprint, artifact.fingerprint, lines), file=sys.stderr)
     change = code_change(artifact.step, record.provenance)
     if change is not None:
@@ -48,7 +56,7 @@ def report(
     for upstream, how in rebuilt_upstreams(artifact, record, recorded):
         print(
             f"{artifact.key}: upstream {upstream} was rebuilt since this artifact was built "
-            f"({printable(how)}); serving the cached output (--forcerun {rebuild_hint} rebuilds it).",
+            f"({how}); serving the cached output (--forcerun {rebuild_hint} rebuilds it).",
             file=sys.stderr,
         )
 
@@ -57,38 +65,13 @@ def rebuilt_upstreams(
     artifact: Artifact, record: Record, recorded: Callable[[str], Record | None]
 ) -> list[tuple[str, str]]:
     """(upstream key, how it differs) for each upstream whose record now is not the one
-    `record` was built on: another fingerprint, or the same recipe built at another time."""
-    out = []
+    `record` was built on (`builds.rebuilt_upstreams`): another fingerprint, or the same
+    recipe built at another time."""
+    now = {}
     for upstream in artifact.upstream_keys():
-        seen = recorded_dep(record.deps, upstream)
-        now = recorded(upstream)
-        if now is None:
-            continue
-        if seen.get("fingerprint") and seen["fingerprint"] != now.fingerprint:
-            out.append((upstream, f"fingerprint {seen['fingerprint']} then, {now.fingerprint} now"))
-        elif seen.get("built") and now.built and seen["built"] != now.built:
-            out.append((upstream, f"same recipe, built {seen['built']} then, {now.built} now"))  # a forced rebuild
-    return out
-
-
-def dep_keys(recorded_deps: dict) -> dict:
-    """Recorded deps (role -> {name, version, ...} or list) as in a fingerprint payload."""
-    out: dict[str, Any] = {}
-    for role, dep in recorded_deps.items():
-        if isinstance(dep, list):
-            out[role] = {f"{d['name']}@{d['version']}": d.get("weight") for d in dep if isinstance(d, dict)}
-        elif isinstance(dep, dict):
-            out[role] = f"{dep.get('name')}@{dep.get('version')}"
-    return out
-
-
-def recorded_dep(recorded_deps: dict, key: str) -> dict:
-    """The entry a record keeps for upstream `key` (empty if none)."""
-    for dep in recorded_deps.values():
-        for d in dep if isinstance(dep, list) else [dep]:
-            if isinstance(d, dict) and f"{d.get('name')}@{d.get('version')}" == key:
-                return d
-    return {}
+        current = recorded(upstream)
+        now[upstream] = None if current is None else build_of(current)
+    return builds.rebuilt_upstreams(record.deps, now)
 
 
 def print_plan(experiment: Experiment, prefix: str, keys: list[str]) -> None:

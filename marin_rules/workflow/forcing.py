@@ -2,8 +2,9 @@
 
 Model: Snakemake decides which jobs are forced (`--forcerun RULE|RECORD`, `-R`, `-f`
 on a target record, `-F`), and forcing cascades to consumers as in plain Snakemake;
-`forced_directly` reads the same settings so the glue knows it too. The main process
-saves a forced job's success record as the marker `{location}/.history/.forced-record`
+`forced_directly` reads the same settings so the glue knows it too, and `left_out`
+which planned jobs `--until`/`--omit-from` keep from running. The main process saves a
+forced job's success record as the marker `{location}/.history/.forced-record`
 (`mark_forced`, real runs only), which tells the job to rebuild although a record is
 there. The job process, once it holds the lease, sees the marker and moves everything
 the old build left (data, checkpoints, the saved record) into `.history/<UTC time>/`
@@ -34,7 +35,7 @@ the job serves nothing before the restore (`session.Session._rebuild_unended`).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE
@@ -66,6 +67,33 @@ def forced_directly(dag_settings: Any, rule: str, records: set[str]) -> bool:
         or bool(records & forcerun)
         or (bool(dag_settings.forcetargets) and bool(records & targets))
     )
+
+
+def left_out(
+    upstreams: Mapping[str, list[str]], named: Callable[[str, set[str]], str | None], until: set[str], omit: set[str]
+) -> set[str]:
+    """The artifacts (keys of `upstreams`: key -> its upstream keys) whose own job
+    Snakemake plans but does not run: with `--until`, all but the ones whose job it names
+    and their upstreams (a named shard rule runs the shards' upstreams, not the
+    artifact's own job); with `--omit-from`, the named ones and everything downstream.
+    `named(key, names)`: which of key's jobs `names` names ("artifact", "shards" or None)."""
+    out: set[str] = set()
+    if until:
+        runs: set[str] = set()
+        todo = [u for k in upstreams if (n := named(k, until)) for u in ([k] if n == "artifact" else upstreams[k])]
+        while todo:
+            key = todo.pop()
+            if key not in runs:
+                runs.add(key)
+                todo.extend(upstreams[key])
+        out |= set(upstreams) - runs
+    if omit:
+        omitted = {k for k in upstreams if named(k, omit)}
+        for key in upstreams:  # in dependency order: an upstream is decided before its consumers
+            if key in omitted or any(u in omitted for u in upstreams[key]):
+                omitted.add(key)
+        out |= omitted
+    return out
 
 
 def marker_of(location: str) -> str:

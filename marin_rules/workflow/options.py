@@ -222,16 +222,18 @@ PROJECT_SNAKEFILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname
 
 def rerun_flags(experiment_path: str, prefix: str, workflow_dir: str, snakefile: str = "", workdir: str = "") -> str:
     """What a command a message suggests (`snakemake -f RECORD`) needs besides its target
-    to plan this experiment on this prefix, shell-quoted: `-s SNAKEFILE -d WORKDIR`
-    (absolute) when the run's Snakefile is not `Snakefile` in its working directory (it
-    ran with -s or -d: the command then runs from anywhere, its target and a relative
-    prefix read in WORKDIR), `--configfile EXPERIMENT` unless it is the default one,
-    `--config prefix=PREFIX` unless it is the default."""
+    to plan this experiment on this prefix, shell-quoted (`shlex`: a path may hold
+    spaces, quotes or `$(...)`): `-s SNAKEFILE -d WORKDIR` (absolute) whenever both are
+    known, so that the command runs as printed from any folder, its target and a
+    relative prefix read in WORKDIR, as in the run (a target stays as Snakemake saw it:
+    an absolute one would not match its relative output pattern); `--configfile
+    EXPERIMENT` (absolute) unless it is the default one; `--config prefix=PREFIX` unless
+    it is the default."""
     flags = []
-    if snakefile and workdir and os.path.abspath(snakefile) != os.path.join(os.path.abspath(workdir), "Snakefile"):
+    if snakefile and workdir:
         flags += ["-s", os.path.abspath(snakefile), "-d", os.path.abspath(workdir)]
     if os.path.abspath(experiment_path) != os.path.abspath(os.path.join(workflow_dir, DEFAULT_EXPERIMENT)):
-        flags += ["--configfile", experiment_path]
+        flags += ["--configfile", os.path.abspath(experiment_path)]
     if prefix != DEFAULT_PREFIX:
         flags += ["--config", f"prefix={prefix}"]
     return shlex.join(flags)

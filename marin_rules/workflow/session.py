@@ -28,6 +28,10 @@ Dev versions (`name@dev`, `*-dev`) count as forced on every run: they are never 
 checked, and in the main process each gets the input `.snakemake/marin-run/stamp`,
 rewritten once per invocation, so Snakemake's mtime trigger rebuilds them (and shows them in `-n`).
 A retry (`--retries`) of a forced job is forced again (`attempt_resource`).
+`--until` and `--omit-from` leave jobs out that Snakemake still plans (`left_out`): a
+forced artifact left out is not rebuilt by this run, so nothing of it is moved or
+marked, but for a cascade this run owes it (an upstream it rebuilds), which is marked
+for the next run to finish, as below.
 A forced run that was stopped after rebuilding an upstream but before rebuilding its
 consumer left the consumer's marker (`forcing.MARKER`): the next run counts that
 consumer as forced and gives it the stamp too, so the cascade is finished (`_left_pending`).
@@ -98,6 +102,7 @@ class Session:
     _marked: list[str] = field(default_factory=list)  # marked forced by this run (`forcing.mark_forced`)
     _new_cascades: list[str] = field(default_factory=list)  # of those: cascades this run began (no marker before)
     _began: str = field(default_factory=lambda: iso(utc_now()))  # when this invocation began (records' clock)
+    _left_out: set[str] | None = None  # planned but not run: `--until`, `--omit-from` (`left_out`)
     _stamped: bool = False
     succeeded: bool = False  # set by `onsuccess:`
 
@@ -216,23 +221,56 @@ class Session:
         return attempt
 
     # ---- forcing -----------------------------------------------------------------
+    def _record_names(self, key: str) -> set[str]:
+        """The normalized paths the artifact's record has on a command line (mirror and prefix)."""
+        return {forcing.normalized(self.record_path(key)), forcing.normalized(self.location(key) + "/" + RECORD_FILE)}
+
+    def _rules(self, key: str) -> tuple[str, ...]:
+        """The rules of the artifact's jobs: its step's, and `{rule}_shard` for a sharded step."""
+        artifact = self.experiment[key]
+        rule = rule_of(artifact.step)
+        return (rule, f"{rule}_shard") if artifact.step in SHARDED_STEPS else (rule,)
+
     def is_forced(self, key: str) -> bool:
         """Will Snakemake force this job, directly or through a forced upstream?"""
         if key not in self._forced:
             self._forced[key] = False  # cycles are impossible; guard recursion anyway
             artifact = self.experiment[key]
-            records = {
-                forcing.normalized(self.record_path(key)), forcing.normalized(self.location(key) + "/" + RECORD_FILE)
-            }
-            rule = rule_of(artifact.step)
+            records = self._record_names(key)
             direct = artifact.id.is_dev or any(
-                forcing.forced_directly(self.workflow.dag_settings, r, records)
-                for r in ((rule, f"{rule}_shard") if artifact.step in SHARDED_STEPS else (rule,))
+                forcing.forced_directly(self.workflow.dag_settings, r, records) for r in self._rules(key)
             )
             self._direct[key] = direct
             upstream = any(self.is_forced(u) for u in artifact.upstream_keys())
             self._forced[key] = direct or upstream or self._left_pending(key)
         return self._forced[key]
+
+    def left_out(self, key: str) -> bool:
+        """Does this invocation plan the artifact's job (its input functions run) but
+        never run it? `--until` runs only the jobs it names (by rule or record) and their
+        upstreams; `--omit-from` none of those it names nor their consumers. A forced one
+        of these is not rebuilt by this run: nothing may be marked or moved for it."""
+        if self._left_out is None:
+            settings = self.workflow.dag_settings
+            until = {str(x) for x in (getattr(settings, "until", None) or ())}
+            omit = {str(x) for x in (getattr(settings, "omit_from", None) or ())}
+            upstreams = {k: a.upstream_keys() for k, a in self.experiment.artifacts.items()}
+            self._left_out = forcing.left_out(upstreams, self._named, until, omit)
+        return key in self._left_out
+
+    def _named(self, key: str, names: set[str]) -> str | None:
+        """Which of the artifact's jobs `names` (rules or record files of `--until`,
+        `--omit-from`) names: "artifact" (its own job), "shards" (only its shard jobs), or None."""
+        rules = self._rules(key)
+        if rules[0] in names or self._record_names(key) & {forcing.normalized(n) for n in names}:
+            return "artifact"
+        return "shards" if any(r in names for r in rules[1:]) else None
+
+    def _owed(self, key: str) -> bool:
+        """Is this forced artifact, left out of this run (`left_out`), owed a rebuild by
+        it: an upstream this run rebuilds is forced (a cascade its next run finishes, as
+        Snakemake's mtime trigger would; `_left_pending`)?"""
+        return any(self.is_forced(u) and not self.left_out(u) for u in self.experiment[key].upstream_keys())
 
     def _left_pending(self, key: str) -> bool:
         """Did a forced run stop after rebuilding an upstream of this artifact but before
@@ -265,7 +303,7 @@ class Session:
             inputs["marin_run_stamp"] = self._run_stamp()  # newer than the record: Snakemake reruns it
         elif "shard" in wildcards.keys() and self.main_process and not forced and self._stale_shard(artifact, wildcards.shard):
             inputs["marin_run_stamp"] = self._run_stamp()  # its job sets the stale shard aside and builds it
-        elif "shard" in wildcards.keys() and self.main_process and forced and self.dry:
+        elif "shard" in wildcards.keys() and self.main_process and forced and self.dry and not self.left_out(artifact.key):
             inputs["marin_run_stamp"] = self._run_stamp()  # listed by -n: a real run retires the old shards first
         elif "shard" not in wildcards.keys() and self.main_process and not forced and self._rebuild_unended(artifact):
             inputs["marin_run_stamp"] = self._run_stamp()  # its job restores the old build (or waits for the rebuild)
@@ -283,28 +321,32 @@ class Session:
         return inputs
 
     def _stale_shard(self, artifact: Artifact, shard: str) -> bool:
-        """Was this finished shard of an unfinished artifact made from other upstream
-        builds than today's (its tokenizer rebuilt since, say)? Then its job runs again,
-        and sets it aside (`job/shard.py`); an unreadable shard record is left to the job."""
-        from marin_rules.artifacts.builds import build_of, upstream_change
+        """Was this finished shard of an unfinished artifact made from another recipe (changed
+        without a version bump), or from other upstream builds than today's (its tokenizer
+        rebuilt since, say)? Then its job runs again, and sets it aside under the shard's
+        lease (`job/shard.py`); an unreadable shard record is left to the job."""
+        from marin_rules.artifacts.builds import build_of
+        from marin_rules.artifacts.shards import shard_change
 
         path = f"{self.records_root}/{artifact.id.path}/{SHARDS_DIR}/{shard}/{SHARD_RECORD}"
         try:
             with open(path, encoding="utf-8") as f:
-                then = json.load(f).get("upstreams")
-        except (OSError, ValueError, AttributeError):
+                record = json.load(f)
+        except (OSError, ValueError):
             return False
-        now = {}
+        if not isinstance(record, dict):
+            return False
+        now: dict[str, Any] | None = {}
         for key in artifact.upstream_keys():
-            record = self.recorded(key)
-            if record is None:  # built in this run: Snakemake reruns the shard anyway
-                return False
-            now[key] = build_of(record)
-        change = upstream_change(then, now)
+            upstream = self.recorded(key)
+            if upstream is None:  # built in this run: Snakemake reruns the shard anyway
+                now = None
+                break
+            now[key] = build_of(upstream)
+        change = shard_change(record, artifact.fingerprint, now)
         if change is not None and (artifact.key, shard) not in self.warned:
             self.warned.add((artifact.key, shard))
-            print(f"{artifact.key}: shard {shard} was made from other upstream builds ({change}); building it again",
-                  file=sys.stderr)  # fmt: skip
+            print(f"{artifact.key}: shard {shard} {change}; building it again", file=sys.stderr)
         return change is not None
 
     def _rebuild_unended(self, artifact: Artifact) -> bool:
@@ -346,10 +388,13 @@ class Session:
             problems = source_problems(artifact, record.result)
             if problems:
                 print(f"{artifact.key}: {source_changed(artifact.config['source'], problems)}", file=sys.stderr)
-        if artifact.step == "train" and (forced or record is None):
+        if artifact.step == "train" and (forced or record is None) and not self.left_out(artifact.key):
             self.training.append(artifact.key)
             if len(self.training) == 1 and getattr(self.workflow, "dryrun", False):  # -n (not --dag: no plan asked)
                 atexit.register(self.print_plan)  # `onstart:` does not run in dry runs
+        if forced and self.left_out(artifact.key):
+            self._mark_left_out(artifact, self.dry)
+            return
         if forced:
             dry = self.dry
             if artifact.key in self._pending:
@@ -378,6 +423,18 @@ class Session:
             except MarinError as e:
                 raise stop(e) from None
 
+
+    def _mark_left_out(self, artifact: Artifact, dry: bool) -> None:
+        """A forced artifact whose job this run leaves out (`left_out`): nothing is moved
+        (its build serves until a run rebuilds it); only a cascade this run owes it
+        (`_owed`) is marked, so that the next run finishes it (`_left_pending`)."""
+        if dry or artifact.id.is_dev or not self._owed(artifact.key):
+            return
+        location = self.location(artifact.key)
+        if not storage.exists(forcing.marker_of(location)):
+            self._new_cascades.append(artifact.key)
+        forcing.mark_forced(location, by_upstream=True)
+        self._marked.append(artifact.key)
 
     def _retire_sharded(self, artifact: Artifact, dry: bool) -> None:
         """A forced sharded artifact: move its old build aside now, so its shard jobs run."""

@@ -1,4 +1,4 @@
-"""Stopping: SIGINT or SIGTERM sent to the `snakemake` process reaches the running steps.
+"""Stopping: SIGINT, SIGTERM or SIGHUP sent to the `snakemake` process reaches the running steps.
 
 Model: each step runs as its own job process (`python -m marin_rules.job`), which
 writes its pid into this invocation's registry folder
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Callable
+from typing import Any, Callable
 
 from marin_rules.artifacts.lease import process_exists
 
@@ -150,16 +150,27 @@ def forward(registry: str, signum: int) -> list[int]:
 
 def forward_signals(registry: str) -> None:
     """In the main process (from `onstart:`): forward SIGINT/SIGTERM to the job
-    processes, then run the handler that was there before."""
+    processes, then run the handler that was there before. SIGHUP (the terminal or ssh
+    session closed) is forwarded too and then stops Snakemake as SIGTERM does (its
+    default would kill it outright, leaving its lock), unless it is ignored (`nohup`)."""
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+        chain_handler(registry, signal.SIGHUP, signal.getsignal(signal.SIGTERM), as_signal=signal.SIGTERM)
     for signum in STOP_SIGNALS:
-        previous = signal.getsignal(signum)
+        chain_handler(registry, signum, signal.getsignal(signum))
 
-        def handler(sig, frame, previous=previous):
-            forward(registry, sig)
-            if callable(previous):
-                previous(sig, frame)
-            elif previous == signal.SIG_DFL:
-                signal.signal(sig, signal.SIG_DFL)
-                os.kill(os.getpid(), sig)
 
-        signal.signal(signum, handler)
+def chain_handler(registry: str, signum: int, previous: Any, as_signal: int | None = None) -> None:
+    """Handle `signum`: forward it to the job processes, then call `previous` (with
+    `as_signal` in place of `signum` when given), or die of the signal when `previous`
+    is the default action."""
+
+    def handler(sig, frame):
+        forward(registry, sig)
+        passed = sig if as_signal is None else as_signal
+        if callable(previous):
+            previous(passed, frame)
+        elif previous == signal.SIG_DFL:
+            signal.signal(passed, signal.SIG_DFL)
+            os.kill(os.getpid(), passed)
+
+    signal.signal(signum, handler)
