@@ -313,3 +313,30 @@ def test_a_non_finite_loss_gets_advice_that_fits_when_and_how_it_trained(step, o
     with pytest.raises(StepError) as e:
         check_finite(float("nan"), step, config)
     assert str(e.value) == advice
+
+
+def test_a_run_that_beats_its_measured_ceiling_measures_it_again_and_keeps_the_higher(capsys):
+    """MFU > 1 means the ceiling was measured while the machine was busier: it is measured
+    again (the higher kept, said in one line); a ceiling the user gave stays as given."""
+    from marin_rules.train.config import parse_train_config
+    from marin_rules.train.loop import Plan, raised_ceiling
+
+    config = parse_train_config(runs.tiny_config())
+    fpt = flops_per_token(config.model, config.seq_len)
+    tokens_per_s = 1e6
+    achieved = tokens_per_s * fpt
+
+    def plan(peak: float, dtype: str | None) -> Plan:
+        return Plan(config, None, "out", None, None, None, peak, True, dtype)
+
+    measured = []
+    measure = lambda dtype: measured.append(dtype) or 4 * achieved  # noqa: E731 - the quiet machine's rate
+    raised = raised_ceiling(plan(achieved / 2, "float32"), tokens_per_s, measure)
+    assert measured == ["float32"] and raised.peak_flops == 4 * achieved and raised.mfu(tokens_per_s) == 0.25
+    assert "train: MFU 2.00 against the matmul ceiling measured at the start" in capsys.readouterr().err
+    lower = raised_ceiling(plan(achieved / 2, "float32"), tokens_per_s, lambda dtype: achieved / 4)
+    assert lower.peak_flops == achieved / 2  # a lower second measure never lowers the ceiling
+    kept = plan(achieved * 2, "float32")
+    assert raised_ceiling(kept, tokens_per_s, measure) is kept and len(measured) == 1  # MFU 0.5: not measured again
+    given = plan(achieved / 2, None)
+    assert raised_ceiling(given, tokens_per_s, measure) is given and len(measured) == 1  # runtime.peak_flops stays
