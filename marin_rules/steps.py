@@ -16,7 +16,10 @@ Each built-in also declares, per dependency role, the step kinds its upstream ma
 step's `data`; a corpus may be a `download` or a `dedup` artifact (same layout). An upstream that is a user step is accepted for any role (what it
 writes is the user's business). A user step is checked at load without importing
 its module (it may import JAX): the module must be findable and its source must
-define the function (`check_user_step` reads it with `ast`).
+define the function (`check_user_step` reads it with `ast`). User step modules are
+searched as jobs import them (`use_job_path`): sys.path first, the working folder
+last; a working-folder module whose name the standard library or an installed package
+already has is refused at load, naming the file to rename (`find_user_module`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import re
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from importlib.machinery import ModuleSpec, PathFinder
 from typing import Any, Callable, Iterator, Mapping
 
 from marin_rules.artifacts.errors import ConfigError
@@ -131,18 +135,16 @@ def is_valid_step(step: Any) -> bool:
 
 
 def check_user_step(step: str) -> None:
-    """Refuse a user step whose module cannot be found, without importing it (it may
-    import JAX); `find_spec` does import its parent packages. Searched like the run
-    does: jobs run `python -m marin_rules.job` in the working directory, which puts
-    it first on their path and the Snakefile's folder second (`job.main`); here the
-    current directory comes first, then `sys.path` (which holds the Snakefile's
-    folder once Snakemake has read it, PYTHONPATH and installed packages)."""
+    """Refuse a user step whose module cannot be found, or is shadowed
+    (`find_user_module`), without importing it (it may import JAX); `find_spec` does
+    import a dotted module's parent packages."""
     module_name = step.partition(":")[0]
     try:
-        with _current_directory_on_path():
-            spec = importlib.util.find_spec(module_name)
+        spec = find_user_module(module_name, step)
     except ModuleNotFoundError as e:
         spec, reason = None, str(e)
+    except ConfigError:
+        raise
     except Exception as e:  # a parent package that fails to import
         first = (str(e).splitlines() or [""])[0]
         raise ConfigError(
@@ -157,6 +159,75 @@ def check_user_step(step: str) -> None:
             f"cannot find module {module_name!r} ({reason}); looked in the current directory "
             f"{os.getcwd()} and on sys.path (PYTHONPATH, installed packages): check the spelling, "
             "or install the package / add its folder to PYTHONPATH",
+    )
+
+
+def use_job_path(workflow_dir: str) -> None:
+    """The module search path of a job (`python -P -m marin_rules.job`, so the working
+    folder is not first): the workflow's (the Snakefile's) folder first, as Snakemake
+    puts it while planning, unless it is the working folder; the working folder last,
+    after the standard library and installed packages, so that a project file named
+    like one of them (`logging.py`, `tokenizers.py`) replaces nothing in the job.
+    `find_user_module` searches user step modules in this order everywhere."""
+    cwd = os.getcwd()
+    if workflow_dir and os.path.abspath(workflow_dir) != cwd and workflow_dir not in sys.path:
+        sys.path.insert(0, workflow_dir)
+    if cwd not in sys.path:
+        sys.path.append(cwd)
+        importlib.invalidate_caches()
+
+
+def find_user_module(module_name: str, step: str = "") -> ModuleSpec | None:
+    """The spec of a user step's module as jobs import it (`use_job_path`): from sys.path
+    (the Snakefile's folder, PYTHONPATH, the standard library, installed packages), else
+    from the working folder; None when neither has it. A module in the working folder
+    whose top-level name sys.path already provides (`./tokenize.py`, `./yaml/`) is
+    refused, since jobs would import the other: a ConfigError on the `step` field whose
+    fix names `step` (the entry's value) renamed."""
+    top = module_name.partition(".")[0]
+    cwd = os.getcwd()
+    sys.path_importer_cache.pop(cwd, None)  # a fresh look at the working folder: files come and go
+    own = PathFinder.find_spec(top, [cwd])
+    other = _found_on_path(top, [p for p in sys.path if os.path.abspath(p or os.curdir) != cwd])
+    if own is not None and other is not None and not _namespace(other) and other.origin != own.origin:
+        raise ConfigError("step", _shadowed_message(step or f"{module_name}:...", own, other))
+    if "." not in module_name:
+        return own if other is None or (_namespace(other) and own is not None) else other
+    with _working_folder_last(cwd):
+        return importlib.util.find_spec(module_name)
+
+
+def _found_on_path(top: str, path: list[str]) -> ModuleSpec | None:
+    """What Python's finders give for the top-level module `top` with `path` as sys.path
+    (built-in and frozen modules, editable installs' finders, then the path's folders),
+    not what an earlier import left in sys.modules."""
+    for finder in sys.meta_path:
+        try:
+            spec = finder.find_spec(top, path) if finder is PathFinder else finder.find_spec(top, None)
+        except Exception:  # noqa: BLE001 - a third-party finder that cannot answer has not found it
+            spec = None
+        if spec is not None:
+            return spec
+    return None
+
+
+def _namespace(spec: ModuleSpec) -> bool:
+    """A namespace package (a folder without `__init__.py`): a module or regular package of
+    the same name found anywhere else takes precedence over it."""
+    return spec.origin is None or spec.origin == "namespace"
+
+
+def _shadowed_message(step: str, own: ModuleSpec, other: ModuleSpec) -> str:
+    """The refusal of a working-folder module that a module of the same name on sys.path hides."""
+    module_name, _, function = step.partition(":")
+    top = module_name.partition(".")[0]
+    mine = "./" + (f"{top}/" if own.submodule_search_locations is not None else os.path.basename(str(own.origin)))
+    taken = f"the standard library's {top!r}" if top in sys.stdlib_module_names else f"the {top!r} found on sys.path"
+    renamed = f"my_{top}{module_name[len(top):]}:{function}"
+    return (
+        f"module {top!r} in the working folder ({mine}) has the name of {taken} ({other.origin or 'built in'}), "
+        f"which jobs import instead; rename {mine} and the step (e.g. {mine.replace(top, f'my_{top}', 1)} and "
+        f"step: {renamed})"
     )
 
 
@@ -211,11 +282,11 @@ def _top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
 
 
 @contextmanager
-def _current_directory_on_path() -> Iterator[None]:
-    cwd = os.getcwd()
+def _working_folder_last(cwd: str) -> Iterator[None]:
+    """The working folder on sys.path, where jobs have it (last: `use_job_path`), while inside."""
     added = not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path)
     if added:
-        sys.path.insert(0, cwd)
+        sys.path.append(cwd)
         importlib.invalidate_caches()
     try:
         yield

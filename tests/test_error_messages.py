@@ -6,6 +6,7 @@ recipe's fingerprint `<fingerprint>`; the experiment file is `exp.yaml`."""
 from __future__ import annotations
 
 import copy
+import sysconfig
 import re
 import sys
 
@@ -116,6 +117,7 @@ CASES: list[tuple[str, object]] = [
     ("package fails to import", user(features_x={"step": "brokenpkg_zz.steps:count"})),
     ("function not defined", user(features_x={"step": "mysteps:count_word"})),
     ("bound to a literal", user(features_x={"step": "mysteps:count"})),
+    ("a working-folder module named like a library one", user(features_x={"step": "tokenize:count"})),
     # sweeps
     ("neither grid nor cases", sweep("s/n{i}@v1", {})),
     ("grid not a mapping", sweep("s/n{i}@v1", {"grid": [1, 2]})),
@@ -181,6 +183,7 @@ def workdir(tmp_path_factory):
     (root / "brokenpkg_zz").mkdir()
     (root / "brokenpkg_zz" / "__init__.py").write_text("raise RuntimeError('boom')\n")
     (root / "brokenpkg_zz" / "steps.py").write_text("def count(ctx):\n    return {}\n")
+    (root / "tokenize.py").write_text("def count(ctx):\n    return {}\n")  # the standard library has a tokenize
     return root
 
 
@@ -203,7 +206,9 @@ def produce(case: str, data: object, root) -> str:
         unpinned = copy.deepcopy(data)
         del unpinned["artifacts"]["raw/a@v1"]["expect_fingerprint"]
         message = message.replace(build_experiment(unpinned)["raw/a@v1"].fingerprint, "<fingerprint>")
-    return message.replace(str(exp), "exp.yaml").replace(str(path), "<folder>").replace(str(root), "<folder>")
+    stdlib = sysconfig.get_paths()["stdlib"]
+    message = message.replace(str(exp), "exp.yaml").replace(str(path), "<folder>").replace(str(root), "<folder>")
+    return message.replace(stdlib, "<stdlib>")
 
 
 @pytest.fixture(scope="module")

@@ -131,6 +131,21 @@ def test_each_builtin_checker_accepts_exactly_the_roles_its_kind_table_declares(
     assert load_error(data).startswith(f"{key}: deps")
 
 
+@pytest.mark.parametrize("heldout", [None, []])
+def test_evaluate_with_local_tasks_on_a_download_that_holds_nothing_out_is_refused_at_load(heldout):
+    data = chain(**{"raw/tiny@v1": {"config": {} if heldout is None else {"heldout": heldout}}})
+    assert load_error(data) == (
+        "evaluations/x@v1: deps.data: raw/tiny@v1 holds out no documents (its config has no heldout:), and the local "
+        "tasks (marin_shakespeare_bpb, marin_shakespeare_cloze) score held-out plays; give raw/tiny@v1 a config.heldout "
+        "list of plays (under a new version once it is built), evaluate on a download that has them, or list only "
+        "lm-eval tasks in config.tasks"
+    )
+    data["artifacts"]["evaluations/x@v1"]["config"] = {"tasks": ["marin_shakespeare_cloze"]}
+    assert "the local tasks (marin_shakespeare_cloze)" in load_error(data)
+    data["artifacts"]["evaluations/x@v1"]["config"] = {"tasks": ["hellaswag"]}  # lm-eval's own data: no heldout needed
+    assert "evaluations/x@v1" in build_experiment(data).artifacts
+
+
 # ---- 2. user steps whose module cannot be found -------------------------------------
 
 

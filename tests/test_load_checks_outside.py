@@ -48,6 +48,13 @@ SWEEP = {"step": "mypkg.steps:make", "deps": {"data": {"tokenized/{a}@v1": 1, "t
 
 # docs/errors.md row -> (bad input, its message)
 CASES: dict[str, tuple[dict, str]] = {
+    "evaluation on a download that holds nothing out": (
+        chain("raw/a@v1", config__heldout=[]),
+        "evaluations/m@v1: deps.data: raw/a@v1 holds out no documents (its config has no heldout:), and the local "
+        "tasks (marin_shakespeare_bpb, marin_shakespeare_cloze) score held-out plays; give raw/a@v1 a config.heldout "
+        "list of plays (under a new version once it is built), evaluate on a download that has them, or list only "
+        "lm-eval tasks in config.tasks",
+    ),
     "train seed above 32 bits": (
         chain("checkpoints/m@v1", config__seed=2**64),
         "checkpoints/m@v1: config.seed: expected an integer in [0, 4294967295], got 18446744073709551616",
@@ -279,7 +286,9 @@ def test_an_empty_non_mapping_is_refused_like_any_other(tmp_path, field, value, 
 
 
 def test_null_config_deps_and_runtime_still_mean_none(tmp_path):
-    assert load(tmp_path, chain("raw/a@v1", config=None, deps=None, runtime=None))["raw/a@v1"].config == {}
+    data = chain("raw/a@v1", config=None, deps=None, runtime=None)
+    del data["artifacts"]["evaluations/m@v1"]  # it would refuse a corpus that holds nothing out
+    assert load(tmp_path, data)["raw/a@v1"].config == {}
 
 
 # ---- 10: sweeps -------------------------------------------------------------------------------

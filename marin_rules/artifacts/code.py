@@ -2,7 +2,8 @@
 
 Model: a step's code is a set of Python files:
   - a user step `pkg.module:function`: that module's source file, found as the job
-    finds it (the current directory first, then sys.path) without importing it;
+    imports it (sys.path, then the working folder: `steps.find_user_module`) without
+    importing it;
   - a built-in: every `.py` file of the packages it runs, `BUILTIN_PACKAGES` below
     (data steps: marin_rules/data; train: model + train; evaluate: eval + model, since
     scoring runs the model; export_hf: export + model; scaling: scaling).
@@ -18,7 +19,6 @@ is read once per invocation. Knows no JAX and no Snakemake.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 from functools import lru_cache
 from importlib import metadata
@@ -54,13 +54,14 @@ def code_files(step: str) -> list[tuple[str, str]]:
 
 
 def user_module_file(module_name: str) -> str | None:
-    """The source file of a user step's module, searched as the job searches it."""
-    from marin_rules.steps import _current_directory_on_path  # the loader's search, reused
+    """The source file of a user step's module, found as the job imports it
+    (`steps.find_user_module`); None when it cannot be found or is refused (the loader
+    says why)."""
+    from marin_rules.steps import find_user_module  # the loader's and the job's search, reused
 
     try:
-        with _current_directory_on_path():
-            spec = importlib.util.find_spec(module_name)
-    except Exception:  # noqa: BLE001 - the loader reports unfindable modules
+        spec = find_user_module(module_name)
+    except Exception:  # noqa: BLE001 - the loader reports unfindable and shadowed modules
         return None
     origin = getattr(spec, "origin", None)
     return origin if isinstance(origin, str) and origin.endswith(".py") and os.path.isfile(origin) else None

@@ -3,7 +3,9 @@
 Model: both sides are canonical JSON data (the record's `config`, `step`, `deps`).
 A diff is a list of lines `path: old -> new`, `path (added)`, `path (removed)`,
 walking mappings key by key in sorted order; lists and scalars are compared whole.
-The drift message shows at most 20 such lines, then `...and N more`. Whatever is
+The drift message shows at most 20 such lines, then `...and N more`; an artifact
+that pins its fingerprint (`expect_fingerprint:`) gets a one-line error instead
+(`drift_notice`: planning and a job serving another run's build alike). Whatever is
 shown of a record or config value goes through `printable`: control and bidi-override
 characters are escaped as `repr()` writes them, so a shared prefix's record cannot
 rewrite a terminal or forge lines.
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import json
 from typing import Any, Mapping
+
+from marin_rules.artifacts.errors import DriftError
 
 MAX_DIFF_LINES = 20
 
@@ -69,6 +73,20 @@ def drift_message(key: str, recorded_fp: str, current_fp: str, lines: list[str])
         "serving the cached output. Bump the version to build the new recipe."
     )
     return "\n".join([head, *truncated(lines, "  ")])
+
+
+def drift_notice(key: str, recorded_fp: str, current_fp: str, lines: list[str], pin: str | None = None) -> str:
+    """What is shown when the record of `key` (fingerprint `recorded_fp`) holds another
+    recipe than the one now (`current_fp`; field `lines`, `records.recipe_drift`): the
+    drift warning (`drift_message`, the cached output is served), or, when the artifact
+    pins its fingerprint (`pin`), DriftError in one line: drift is then an error."""
+    if pin is not None:
+        first = f" ({lines[0]})" if lines else ""
+        raise DriftError(
+            f"{key}: recipe drift on a pinned artifact: recorded fingerprint {printable(recorded_fp)}, "
+            f"pinned {pin}{first}; restore the recipe that was built, or bump the version"
+        )
+    return drift_message(key, recorded_fp, current_fp, lines)
 
 
 def truncated(lines: list[str], indent: str = "") -> list[str]:

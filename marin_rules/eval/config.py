@@ -182,7 +182,8 @@ def check_evaluate(config: Mapping[str, Any], deps: Mapping[str, Any]) -> None:
 
 
 def check_evaluate_upstream(config: Mapping[str, Any], upstream: Mapping[str, Any]) -> None:
-    """At load: the held-out documents scored must be held out of the model's training.
+    """At load: a `download` data artifact must hold documents out when local tasks are
+    scored (`_check_holds_out`), and the held-out documents scored must be held out of the model's training.
     The model's training corpora are the `download` artifacts up its data chain (a
     tokenizer's corpus is not training data). Scoring one of them scores its own
     held-out split; another download of the same source must not hold out a document
@@ -191,7 +192,10 @@ def check_evaluate_upstream(config: Mapping[str, Any], upstream: Mapping[str, An
     from marin_rules.data.checks import DEFAULT_SOURCE
 
     data, model = upstream.get("data"), upstream.get("model")
-    if data is None or model is None or data.step != "download":
+    if data is None or data.step != "download":
+        return
+    _check_holds_out(config, upstream, data)
+    if model is None:
         return
     corpora, seen, todo = {}, set(), list(model.upstreams("data"))
     while todo:
@@ -219,6 +223,23 @@ def check_evaluate_upstream(config: Mapping[str, Any], upstream: Mapping[str, An
                 f"not be held-out scores; evaluate on {corpus.key} (its held-out split), or hold "
                 f"{', '.join(trained_on)} out of {corpus.key} too",
             )
+
+
+def _check_holds_out(config: Mapping[str, Any], upstream: Mapping[str, Any], data: Any) -> None:
+    """The local tasks are built from the held-out plays of `data` (a `download` entry):
+    one that holds out nothing is refused at load, not after training. (Adopted data is
+    left to the step: its held-out split is known only from its files.)"""
+    if data.get("heldout"):
+        return
+    local = parse_evaluate(config, {role: entry.key for role, entry in upstream.items()}).local_tasks
+    if local:
+        raise ConfigError(
+            "deps.data",
+            f"{data.key} holds out no documents (its config has no heldout:), and the local tasks "
+            f"({', '.join(local)}) score held-out plays; give {data.key} a config.heldout list of plays (under a new "
+            "version once it is built), evaluate on a download that has them, or list only lm-eval tasks in "
+            "config.tasks",
+        )
 
 
 def parse_evaluate(config: Mapping[str, Any] | None, deps: Mapping[str, Any] | None) -> EvaluateConfig:

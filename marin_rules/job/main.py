@@ -2,14 +2,19 @@
 
 Model: a rule's `shell:` starts this with every value as its own quoted argument (the
 experiment file, prefix, the user's redacted command line, lease settings); nothing
-is read from the environment except a pod's place (`pod_process_from_env`). In order:
+is read from the environment except a pod's place (`pod_process_from_env`). It runs as
+`python -P -m marin_rules.job`: the working folder is not first on sys.path but last
+(`steps.use_job_path`), so a project file named like a library module (`logging.py`)
+replaces nothing, and user steps are found as planning found them. In order:
 1. send stdout/stderr to the job's log (`--log`), register for signal forwarding
    (`marin_rules.workflow.signals`), install the stop handlers;
 2. take the artifact's lease (`marin_rules.artifacts.lease`): a live holder is waited
    for (saying who it is, in the log and on the stderr the job was started with, where
    the user watching Snakemake sees it: `tell`), or with `lease_wait=false` refused at
    once; when the holder finishes, the artifact is served (exit 0, nothing built; on
-   a remote prefix the local mirror record is written for Snakemake), unless it was
+   a remote prefix the local mirror record is written for Snakemake; a build of
+   another recipe gets planning's drift warning, or fails a pinned artifact:
+   `check_served_recipe`), unless it was
    made from other upstream builds than today's: then it is rebuilt as a forced
    cascade would be (`finished_on_other_upstreams`); a stale lease is taken over; a
    lease file or lock that cannot be opened fails the job in one line naming it, with a
@@ -91,10 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     # would otherwise start JAX's preemption service, whose handler swallows SIGTERM until a
     # preemption sync point that no step polls: a pod training on after `timeout` or a cancel.
     os.environ.setdefault("JAX_ENABLE_PREEMPTION_SERVICE", "false")
-    if args.workflow_dir and args.workflow_dir not in sys.path:
-        # user steps are found where planning found them (steps.check_user_step): the
-        # working directory (sys.path[0] under `python -m`), then the Snakefile's folder
-        sys.path.insert(1, args.workflow_dir)
+    from marin_rules.steps import use_job_path
+
+    use_job_path(args.workflow_dir)  # user steps are found as planning found them (steps.find_user_module)
     install_stop_handlers()
     pod_stderr, log = None, None
     if args.log:
@@ -486,9 +490,29 @@ def serve(artifact: Any, location: str, args: argparse.Namespace, why: str = "",
         ended, host = str(record.provenance.get("ended") or ""), printable(str(record.provenance.get("host")))
         already = bool(since and ended and ended < since)
         why = f"built already (ended {printable(ended)} on {host})" if already else f"built meanwhile by another run ({host})"
+    check_served_recipe(artifact, record)
     tell(f"{artifact.key}: {why}; serving it")
     _mirror(record, artifact, args)
     return 0
+
+
+def check_served_recipe(artifact: Any, record: Any) -> None:
+    """Judge the build about to be served as planning judges a record it finds
+    (`workflow.advisory.report`): when its record holds another recipe than this run's
+    (`records.recipe_drift`: another run built this name@version from its own recipe),
+    tell the drift warning (`drift.drift_notice`); when the artifact pins its fingerprint
+    (`expect_fingerprint:`), raise the pinned-drift DriftError instead (the job fails in
+    one line, with no failure record: no build was attempted)."""
+    from marin_rules.artifacts.drift import drift_notice
+    from marin_rules.artifacts.records import edited_note, recipe_drift
+
+    data = record.to_json()
+    lines = recipe_drift(data, artifact.payload(), artifact.fingerprint)
+    if lines is None:
+        return
+    note = edited_note(data)
+    lines = lines + ([note] if note else [])
+    tell(drift_notice(artifact.key, record.fingerprint, artifact.fingerprint, lines, artifact.expect_fingerprint))
 
 
 def lossy_example(result: Any) -> str | None:

@@ -39,7 +39,7 @@ REGISTRY_ENV = "MARIN_SIGNAL_REGISTRY"
 DEFAULT_PREFIX = options.DEFAULT_PREFIX
 
 JOB_SHELL = (
-    "{params.python:q} -m marin_rules.job --artifact {wildcards.artifact:q} --rule {rule:q} --jobid {jobid}"
+    "{params.python:q} -P -m marin_rules.job --artifact {wildcards.artifact:q} --rule {rule:q} --jobid {jobid}"
     " --experiment {params.experiment:q} --prefix {params.prefix:q} --records {params.records:q}"
     " --lease {params.lease:q} --registry {params.registry:q} --workflow-dir {params.workflow_dir:q}"
     " --snakefile {params.snakefile:q}"
