@@ -1,6 +1,7 @@
 """The `marin` command: look at an experiment's artifacts without running anything.
 
-  marin status [EXPERIMENT] [--all] [--json]   each artifact's state, its reason, headline results
+  marin status [EXPERIMENT] [KEY ...] [--all] [--json]
+                                               each artifact's state, its reason, headline results
   marin show KEY [EXPERIMENT]                  the success record (and the last failure) as JSON
   marin path KEY [EXPERIMENT]                  the record path to give Snakemake as a target or -f
   marin verify KEY [EXPERIMENT]                are the record's files all there, at their sizes?
@@ -12,8 +13,12 @@
 Every command takes `--prefix P` (a local folder, file:// or gs:// URL, default `artifacts`),
 `--configfile X` (the experiment, spelled as for snakemake) and `-d DIR` (the working
 directory the run used, as `snakemake -d DIR`: a relative prefix, the default one
-included, is read there). As for snakemake, the default experiment lies beside the
-Snakefile: the one here, else this project's. Nothing is run or written on the prefix.
+included, is read there) and `--dev-user NAME` (whose dev versions to read, as
+`--config dev_user=NAME`; default the login name): every command finds a dev version
+in that user's folder the same way (`dev_versions.owned`). As for snakemake, the
+default experiment lies beside the Snakefile: the one here, else this project's.
+These commands only read records: they run no step and need no step module (the
+loader's `check_steps=False`). Nothing is run or written on the prefix.
 Errors are one line on stderr and a non-zero exit status.
 """
 
@@ -30,6 +35,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, ArtifactId, artifact_location
+from marin_rules.dev_versions import default_dev_user, owned
 from marin_rules.experiment import DEFAULT_EXPERIMENT, Experiment, load_experiment
 from marin_rules.inspect import reading
 from marin_rules.mirror import records_root
@@ -39,12 +45,36 @@ EXPERIMENT_COMMANDS = ("status", "show", "path", "verify", "plan", "dag")
 
 
 def _load(args, required: bool = True) -> Experiment | None:
+    if args.experiment is not None and looks_like_key(args.experiment):
+        raise MarinError(_key_as_experiment(args.command, args.experiment))
     if args.configfile and args.experiment not in (None, args.configfile):
         raise MarinError(f"two experiments given ({args.experiment} and --configfile {args.configfile}); give one")
     chosen = args.configfile or args.experiment
     if chosen is None and not required and not os.path.exists(args.default_experiment):
         return None
-    return load_experiment(chosen or args.default_experiment)
+    return read_experiment(chosen or args.default_experiment, args.dev_user)
+
+
+def read_experiment(path: str, dev_user: str | None) -> Experiment:
+    """The experiment as these commands read it: validated, its dev versions owned by
+    `dev_user` (default the login name), its user steps' modules not looked for: no
+    step runs here, so a module the run found from its working directory must not
+    refuse them (`marin status` then says "code unknown" for it)."""
+    return load_experiment(path, dev_user, check_steps=False)
+
+
+def looks_like_key(text: str) -> bool:
+    """Is a positional given where an experiment file goes a `name@version` instead?"""
+    return "@" in text and not text.endswith((".yaml", ".yml")) and not os.path.exists(text)
+
+
+def _key_as_experiment(command: str, text: str) -> str:
+    """The one line for a key given where `marin COMMAND` takes an experiment file."""
+    shown = printable(shlex.quote(text))
+    if command in ("show", "path", "verify", "history"):
+        return f"{printable(text)}: marin {command} takes one key, then an optional experiment file; give one key"
+    return (f"{printable(text)}: marin {command} takes an experiment file, not a key (name@version); "
+            f"see one artifact with marin status {shown} or marin show {shown}")  # fmt: skip
 
 
 def workflow_snakefile() -> str:
@@ -89,7 +119,24 @@ def record_path(prefix: str, artifact: ArtifactId) -> str:
 def _known_keys(experiment: Experiment | None, prefix: str, name: str) -> list[str]:
     """The experiment's keys and every version of `name` on the prefix (for suggestions)."""
     keys = list(experiment.artifacts) if experiment else []
-    return keys + [k for v in reading.versions_on_prefix(prefix, name) if (k := f"{name}@{v}") not in keys]
+    found = [a.key for a in reading.builds_on_prefix(prefix, name)]
+    return keys + [k for k in dict.fromkeys(found) if k not in keys]
+
+
+def _stored_id(text: str, experiment: Experiment | None, prefix: str, dev_user: str | None) -> ArtifactId:
+    """The artifact a key typed to history or diff names, as stored: the experiment's
+    entry (a dev version owned by the dev user, as status, show and verify read it),
+    else by the same rule (`dev_versions.owned`)."""
+    name = text.rpartition("@")[0] or text
+    artifact = reading.resolve_key(text, _known_keys(experiment, prefix, name))
+    if experiment is not None and artifact.key in experiment.artifacts:
+        return experiment[artifact.key].id
+    return owned(artifact, dev_user or default_dev_user())
+
+
+def _whose(artifact: ArtifactId) -> str:
+    """For a dev version, whose folder was read."""
+    return f" in user {artifact.owner}'s folder" if artifact.is_dev else ""
 
 
 def _experiment_key(text: str, experiment: Experiment, command: str) -> str:
@@ -103,18 +150,25 @@ def _experiment_key(text: str, experiment: Experiment, command: str) -> str:
     )
 
 
-def _prefix_key(text: str, experiment: Experiment | None, prefix: str) -> tuple[ArtifactId, dict]:
-    """An artifact found on the prefix (in the experiment or not) and its success record."""
-    name = text.rpartition("@")[0] or text
-    known = _known_keys(experiment, prefix, name)
-    artifact = reading.resolve_key(text, known)
-    record = reading.record_dict(artifact_location(prefix, artifact), artifact)
-    if record is None:
-        others = [k for k in _known_keys(experiment, prefix, artifact.name) if k != artifact.key]
-        raise MarinError(
-            f"{artifact.key}: no success record under {prefix}{reading.suggestion(artifact.key, others)}"
-        )
-    return artifact, record
+def _prefix_key(text: str, experiment: Experiment | None, prefix: str, dev_user: str | None) -> tuple[ArtifactId, dict]:
+    """An artifact found on the prefix (in the experiment or not) and its success record.
+    One of the experiment without one is "not built yet" (and why: its status reason);
+    another key gets the nearest known one."""
+    from marin_rules.inspect.status import location_status
+
+    artifact = _stored_id(text, experiment, prefix, dev_user)
+    location = artifact_location(prefix, artifact)
+    record = reading.record_dict(location, artifact)
+    if record is not None:
+        return artifact, record
+    if experiment is not None and artifact.key in experiment.artifacts:
+        status = location_status(artifact.key, location, expected=artifact)[0]
+        other = "; --dev-user NAME reads another user's" if artifact.is_dev else ""
+        why = f"{status.state}: {status.reason}"
+        raise MarinError(f"{artifact.key}: not built yet{_whose(artifact)}, nothing to compare ({why}){other}")
+    others = [k for k in _known_keys(experiment, prefix, artifact.name) if k != artifact.key]
+    hint = reading.suggestion(artifact.key, others)
+    raise MarinError(f"{artifact.key}: no success record under {prefix}{_whose(artifact)}{hint}")
 
 
 def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: str) -> int:
@@ -175,27 +229,27 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
         if args.command == "history":
             from marin_rules.inspect.history import artifact_history, format_history
 
-            name = args.key.rpartition("@")[0] or args.key
-            artifact = reading.resolve_key(args.key, _known_keys(experiment, prefix, name))
+            artifact = _stored_id(args.key, experiment, prefix, args.dev_user)
             location = artifact_location(prefix, artifact)
             events = artifact_history(location, artifact, flags)
             if not events and (experiment is None or artifact.key not in experiment.artifacts):
-                others = _known_keys(experiment, prefix, artifact.name)
+                others = [k for k in _known_keys(experiment, prefix, artifact.name) if k != artifact.key]
                 hint = reading.suggestion(artifact.key, others)
-                raise MarinError(f"{artifact.key}: nothing recorded under {prefix}{hint}")
+                raise MarinError(f"{artifact.key}: nothing recorded under {prefix}{_whose(artifact)}{hint}")
             if args.json:
                 print(json.dumps([e.to_json() for e in events], indent=2))
             else:
-                print(format_history(artifact.key, events))
+                print(format_history(artifact.key, events, "" if events else st.never_built_reason(location)))
             return 0
         from marin_rules.inspect.diff import format_diff
 
-        a, record_a = _prefix_key(args.a, experiment, prefix)
-        b, record_b = _prefix_key(args.b, experiment, prefix)
+        a, record_a = _prefix_key(args.a, experiment, prefix, args.dev_user)
+        b, record_b = _prefix_key(args.b, experiment, prefix, args.dev_user)
         print(format_diff(a.key, record_a, b.key, record_b, args.only_changed))
         return 0
     if args.command == "status":
-        rows = st.experiment_status(experiment, prefix, every_version=args.all, hint_flags=flags)
+        rows = _only(st.experiment_status(experiment, prefix, every_version=args.all, hint_flags=flags),
+                     args.keys, experiment)  # fmt: skip
         if args.json:
             print(json.dumps([r.to_json() for r in rows], indent=2))
         else:
@@ -248,6 +302,30 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
     return 0
 
 
+def _only(rows: list, keys: list[str], experiment: Experiment) -> list:
+    """`marin status KEY ...`: the rows of those keys (another user's dev version too,
+    `x@dev (user bob)`, with --all); a key with no row is one line with the nearest key."""
+    if not keys:
+        return rows
+    for key in keys:
+        if not any(row.key.partition(" (user ")[0] == key for row in rows):
+            _experiment_key(key, experiment, "status")
+    return [row for row in rows if row.key.partition(" (user ")[0] in keys]
+
+
+def _split_targets(args) -> str | None:
+    """`marin plan|status [EXPERIMENT] [KEY ...]`: the experiment file among the
+    positionals (a YAML file, or any other that is no key) into `args.experiment`, the
+    rest into `args.keys`; one line when two experiments are given, else None."""
+    if args.command == "plan":
+        files = [k for k in args.keys if k.endswith((".yaml", ".yml"))]
+    else:
+        files = [k for k in args.keys if not looks_like_key(k)]
+    args.keys = [k for k in args.keys if k not in files]
+    args.experiment = files[0] if len(files) == 1 else args.experiment
+    return f"two experiments given ({', '.join(files)}); give one" if len(files) > 1 else None
+
+
 def _fraction(text: str) -> float:
     """An MFU: a number in (0, 1] (argparse shows the message on one line)."""
     try:
@@ -280,17 +358,21 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("a", help="name@version (A)")
             p.add_argument("b", help="name@version (B)")
             p.add_argument("--only-changed", action="store_true", help="leave out results that are equal")
+        if name == "status":
+            p.add_argument("keys", nargs="*", help="[EXPERIMENT.yaml] the artifacts to show (default: all)")
         if name == "plan":
             p.add_argument("keys", nargs="*", help="[EXPERIMENT.yaml] train artifacts to price (default: not built)")
             p.add_argument("--mfu", type=_fraction, default=0.4, help="model FLOP utilisation on accelerators (0 < mfu <= 1)")
         p.add_argument("--configfile", help="the experiment YAML file, spelled as for snakemake")
-        if name not in ("plan", "diff"):
+        if name not in ("plan", "diff", "status"):
             p.add_argument("experiment", nargs="?", help=f"experiment YAML (default {DEFAULT_EXPERIMENT})")
         else:
             p.set_defaults(experiment=None)
         p.add_argument("--prefix", default=DEFAULT_PREFIX, help="artifact prefix (local path or gs:// URL)")
         p.add_argument("-d", "--directory",
                        help="the working directory of the run (snakemake -d): a relative prefix is read there")
+        p.add_argument("--dev-user", metavar="NAME",
+                       help="whose dev versions to read (as snakemake --config dev_user=NAME; default the login name)")
         if name in ("status", "history"):
             p.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "status":
@@ -302,13 +384,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.command == "plan":  # `marin plan exp.yaml [KEY ...]`: a YAML file names the experiment
-        files = [k for k in args.keys if k.endswith((".yaml", ".yml"))]
-        args.keys = [k for k in args.keys if k not in files]
-        args.experiment = files[0] if len(files) == 1 else args.experiment
-        if len(files) > 1:
-            print(f"marin: two experiments given ({', '.join(files)}); give one", file=sys.stderr)
-            return 1
+    problem = _split_targets(args) if args.command in ("plan", "status") else None
+    if problem:
+        print(f"marin: {problem}", file=sys.stderr)
+        return 1
     try:
         _anchor(args)
         code = _run(args)

@@ -10,7 +10,9 @@ A fixed version may not depend on a dev version (`refuse_fixed_on_dev`): its
 recipe would change under it with every run. A dev version keeps no history
 (`keeps_history`): each run builds it from scratch, so what its earlier builds and
 failed or stopped attempts left is deleted, not kept under `.history/` (its failure
-records stay in `.failures/`).
+records stay in `.failures/`). Every reader finds a dev version's folder the same way:
+`owned` (the experiment's entries through `owned_by`, a key typed to `marin` directly);
+`folder_identities` reads a folder found on a prefix back (`marin status --all`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from marin_rules.artifacts.errors import ConfigError
-from marin_rules.artifacts.identity import parse_key, path_safe_user
+from marin_rules.artifacts.identity import ArtifactId, is_dev_version, parse_key, path_safe_user
 
 
 def default_dev_user() -> str:
@@ -28,12 +30,31 @@ def default_dev_user() -> str:
     return path_safe_user(user())
 
 
+def owned(artifact_id: ArtifactId, dev_user: str) -> ArtifactId:
+    """The identity as stored: a dev version owned by `dev_user` (made path-safe), so
+    kept at `name/version-user`; a fixed version as it is."""
+    return replace(artifact_id, owner=path_safe_user(dev_user)) if artifact_id.is_dev else artifact_id
+
+
+def folder_identities(name: str, folder: str) -> list[ArtifactId]:
+    """Every artifact a version folder `folder` of `name` may hold, the fixed version
+    `name@folder` first, then each dev version `v` of an owner `u` with folder `v-u`
+    (`x-dev-bob-dev-ann` may be `x-dev` of bob-dev-ann or `x-dev-bob-dev` of ann: only
+    the record there tells which)."""
+    found = [ArtifactId(name, folder)]
+    for i, char in enumerate(folder):
+        version, owner = folder[:i], folder[i + 1 :]
+        if char == "-" and is_dev_version(version) and owner and path_safe_user(owner) == owner:
+            found.append(ArtifactId(name, version, owner))
+    return found
+
+
 def owned_by(experiment: Any, dev_user: str) -> Any:
     """The same experiment with its dev versions owned by `dev_user` (path-safe)."""
-    owner = path_safe_user(dev_user)
     artifacts = {
-        key: replace(a, id=replace(a.id, owner=owner)) if a.id.is_dev else a for key, a in experiment.artifacts.items()
+        key: replace(a, id=owned(a.id, dev_user)) if a.id.is_dev else a for key, a in experiment.artifacts.items()
     }
+    owner = path_safe_user(dev_user)
     by_path: dict[str, Any] = {}
     for a in artifacts.values():
         other = by_path.setdefault(a.id.path, a)

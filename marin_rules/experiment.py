@@ -133,14 +133,17 @@ class Experiment:
         return self.artifacts[key]
 
 
-def load_experiment(path: str, dev_user: str | None = None) -> Experiment:
+def load_experiment(path: str, dev_user: str | None = None, check_steps: bool = True) -> Experiment:
     """Read and validate an experiment file (raises MarinError subclasses). Duplicate
     keys and YAML errors are refused with file:line:column. `dev_user` owns the dev
-    versions (default: this login name), made path-safe."""
-    return build_experiment(load_yaml_file(path), path, dev_user)
+    versions (default: this login name), made path-safe. `check_steps=False` does not
+    look for user steps' modules (for readers that run no step: `marin`)."""
+    return build_experiment(load_yaml_file(path), path, dev_user, check_steps)
 
 
-def build_experiment(data: Any, path: str = "<experiment>", dev_user: str | None = None) -> Experiment:
+def build_experiment(
+    data: Any, path: str = "<experiment>", dev_user: str | None = None, check_steps: bool = True
+) -> Experiment:
     if not isinstance(data, Mapping):
         raise ExperimentError(f"{path}: expected a mapping with an 'artifacts:' section")
     unknown = sorted(set(data) - TOP_FIELDS, key=str)
@@ -168,7 +171,7 @@ def build_experiment(data: Any, path: str = "<experiment>", dev_user: str | None
     entries = {key: _validated_entry(key, entry, raw) for key, entry in raw.items()}
     found: set[str] = set()  # user steps whose module was found (sweeps repeat one step)
     for key, (step, *_) in entries.items():
-        if step not in BUILTIN_STEPS and step not in found:
+        if check_steps and step not in BUILTIN_STEPS and step not in found:
             try:
                 check_user_step(step)
             except ConfigError as e:

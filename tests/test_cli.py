@@ -257,3 +257,24 @@ def test_marin_reads_a_run_made_with_d_in_that_folder_and_finds_the_default_expe
         assert main(["status", "--json"]) == 0
         keys = [r["key"] for r in json.loads(capsys.readouterr().out)]
     assert keys == list(load_experiment(str(REPO / "experiments/default.yaml")).artifacts)
+
+
+def test_status_takes_keys_to_show_and_a_key_given_for_an_experiment_is_one_line(experiment_file, tmp_path, capsys):  # noqa: F811
+    prefix = str(tmp_path / "artifacts")
+    build(prefix, load_experiment(experiment_file), "raw/s@v1")
+    args = ["--configfile", experiment_file, "--prefix", prefix, "--json"]
+    assert main(["status", "raw/s@v1", "evals/nano@v1", *args]) == 0
+    assert [(r["key"], r["state"]) for r in json.loads(capsys.readouterr().out)] == [
+        ("raw/s@v1", "built"), ("evals/nano@v1", "missing"),
+    ]  # fmt: skip
+    assert main(["status", experiment_file, "raw/s@v1", "--prefix", prefix]) == 0  # the file names the experiment
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert main(["status", "raw/s@v2", *args]) == 1
+    assert capsys.readouterr().err.startswith(f"marin: raw/s@v2: not an artifact of {experiment_file} (did you mean raw/s@v1?)")
+    assert main(["dag", "raw/s@v1", "--configfile", experiment_file]) == 1
+    assert capsys.readouterr().err == ("marin: raw/s@v1: marin dag takes an experiment file, not a key (name@version); "
+                                       "see one artifact with marin status raw/s@v1 or marin show raw/s@v1\n")  # fmt: skip
+    assert main(["show", "raw/s@v1", "evals/nano@v1", "--prefix", prefix]) == 1
+    assert capsys.readouterr().err == (
+        "marin: evals/nano@v1: marin show takes one key, then an optional experiment file; give one key\n"
+    )

@@ -180,3 +180,61 @@ def test_a_fixed_version_named_like_a_users_dev_folder_is_refused():
     with pytest.raises(ConfigError, match=r"^a@dev-al: version: a@dev of user 'al' is stored at a/dev-al"):
         build_experiment({"artifacts": arts}, dev_user="al")
     assert build_experiment({"artifacts": arts}, dev_user="bo").by_path["a/dev-bo"].key == "a@dev"
+
+
+def marin(ws, capsys, *args: str) -> tuple[int, str, str]:
+    """`marin ARGS` on the workspace's run (its folder, experiment and prefix)."""
+    from marin_rules.cli import main
+
+    code = main([*args, "-d", str(ws.root), "--configfile", str(ws.root / "exp.yaml"), "--prefix", "art"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_every_marin_command_reads_a_dev_version_from_the_users_folder_and_all_lists_other_users(ws, capsys):
+    ws(experiment(text_a="bob's"), user="bob")
+    ws(experiment())  # alice's dev builds, of the recipe in exp.yaml now
+    alice = ("--dev-user", "alice")
+    code, out, err = marin(ws, capsys, "status", "--json", *alice)
+    assert code == 0, err
+    assert {r["key"]: r["state"] for r in json.loads(out)}["raw/a@dev"] == "built"
+    code, out, _ = marin(ws, capsys, "show", "raw/a@dev", *alice)
+    assert code == 0 and json.loads(out)["record"]["config"] == {"text": "a"}
+    assert marin(ws, capsys, "verify", "raw/a@dev", *alice)[0] == 0
+    code, out, _ = marin(ws, capsys, "history", "raw/a@dev", *alice)
+    assert code == 0 and out.startswith("raw/a@dev: 1 attempt\n") and "built (current)" in out
+    code, out, _ = marin(ws, capsys, "diff", "raw/a@dev", "top/b@dev", *alice)
+    assert code == 0 and out.startswith("recipe: raw/a@dev -> top/b@dev: ")
+    code, out, _ = marin(ws, capsys, "diff", "raw/a@dev", "top/b@dev", "--dev-user", "bob")
+    assert code == 0 and "text: bob's -> b" in out  # bob's own builds
+    code, out, _ = marin(ws, capsys, "status", "--json", "--dev-user", "bob")  # bob's built from another recipe
+    bob = {r["key"]: r for r in json.loads(out)}["raw/a@dev"]
+    assert bob["state"] == "drifted" and bob["reason"].endswith("; a dev version: the next run rebuilds it")
+    code, out, _ = marin(ws, capsys, "history", "raw/a@dev", "--dev-user", "carol")
+    assert code == 0 and out == "raw/a@dev: no attempts recorded (never built)\n"
+    code, _, err = marin(ws, capsys, "diff", "raw/a@dev", "top/b@dev", "--dev-user", "carol")
+    assert code == 1 and err.startswith("marin: raw/a@dev: not built yet in user carol's folder, nothing to compare")
+
+    code, out, _ = marin(ws, capsys, "status", "--all", "--json", *alice)
+    rows = {r["key"]: r for r in json.loads(out)}
+    assert {key: r["state"] for key, r in rows.items()} == {
+        "raw/a@dev": "built", "top/b@dev": "built", "side/c@v1": "built",
+        "raw/a@dev (user bob)": "built", "top/b@dev (user bob)": "built",
+    }  # fmt: skip
+    assert rows["raw/a@dev (user bob)"]["reason"] == "user bob's dev build (marin --dev-user bob reads it)"
+
+
+def test_a_dev_folder_found_on_a_prefix_is_the_version_its_record_names(tmp_path):
+    from marin_rules.artifacts.records import write_success
+    from marin_rules.dev_versions import folder_identities
+    from marin_rules.inspect.reading import builds_on_prefix
+
+    assert [(a.version, a.owner) for a in folder_identities("x", "a-dev-bo-dev-al")] == [
+        ("a-dev-bo-dev-al", ""), ("a-dev", "bo-dev-al"), ("a-dev-bo-dev", "al"),
+    ]  # fmt: skip
+    for folder, version in [("a-dev-bo-dev-al", "a-dev-bo-dev"), ("dev-al", "dev-al"), ("v1", "v1")]:
+        entry = {"name": "x", "version": version, "step": "devsteps:make", "fingerprint": "0" * 16,
+                 "config": {}, "deps": {}, "runtime": {}}  # fmt: skip
+        write_success(str(tmp_path / "x" / folder), entry, {}, {})
+    found = {a.path: (a.key, a.owner) for a in builds_on_prefix(str(tmp_path), "x")}
+    assert found == {"x/a-dev-bo-dev-al": ("x@a-dev-bo-dev", "al"), "x/dev-al": ("x@dev-al", ""), "x/v1": ("x@v1", "")}

@@ -107,9 +107,11 @@ def _unreadable(error: reading.UnreadableRecord, replaced: bool) -> Event:
     return Event("?", "?", REPLACED_UNREADABLE, "?", "?", None, "-", text)
 
 
-def format_history(key: str, events: list[Event]) -> str:
+def format_history(key: str, events: list[Event], unbuilt: str = "never built") -> str:
+    """The events as lines under a headline; `unbuilt`: why there are none
+    (`status.never_built_reason`: a folder whose record was deleted still holds data)."""
     if not events:
-        return f"{key}: no attempts recorded (never built)"
+        return f"{key}: no attempts recorded ({unbuilt})"
     unreadable = sum(e.outcome == UNREADABLE for e in events)
     replaced = sum(e.outcome == REPLACED_UNREADABLE for e in events)
     notes = [f"{unreadable} with an unreadable record"] if unreadable else []

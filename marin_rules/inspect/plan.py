@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from marin_rules.artifacts.errors import MarinError
-from marin_rules.artifacts.identity import ArtifactId, artifact_location
+from marin_rules.artifacts.identity import artifact_location
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.inspect import reading
 from marin_rules.model.flops import active_params, flops_per_token, total_params
@@ -80,6 +80,16 @@ class JobPrice:
     accelerator_s: float | None
     cpu_s: float | None
     note: str = ""
+    named: str = ""  # the accelerator the runtime names, known or not
+
+    def accelerator_text(self) -> str:
+        """What the plan line says of the accelerator: its time, or why there is none."""
+        if self.accelerator:
+            return f"{self.accelerator.name} ({self.accelerator.chips} chip(s)): {human(self.accelerator_s)}"
+        if self.named:
+            return (f"accelerator {self.named!r} unknown: no peak FLOP/s known (known: {', '.join(PEAK_FLOPS)}), "
+                    "time unknown")  # fmt: skip
+        return "no accelerator named in runtime"
 
 
 def _vocab_size(experiment: Experiment, artifact: Artifact) -> int | None:
@@ -108,11 +118,9 @@ def price_job(
     named = artifact.runtime.get("accelerator") or artifact.runtime.get("tpu")
     accelerator = parse_accelerator(named)
     accelerator_s = flops / (accelerator.peak * mfu) if accelerator else None
-    if named and accelerator is None:
-        note = ", ".join(filter(None, [note, f"no peak FLOP/s known for {named!r} (known: {', '.join(PEAK_FLOPS)})"]))
     cpu_s = flops / cpu.flops_per_s + cpu.overhead_s if cpu else None
     params = total_params(model), active_params(model)
-    return JobPrice(key, *params, tokens, flops, accelerator, accelerator_s, cpu_s, note)
+    return JobPrice(key, *params, tokens, flops, accelerator, accelerator_s, cpu_s, note, str(named or ""))
 
 
 def cpu_speed(records: Iterable[Mapping[str, Any]], host: str | None = None) -> CpuSpeed | None:
@@ -141,13 +149,13 @@ def cpu_speed(records: Iterable[Mapping[str, Any]], host: str | None = None) -> 
 
 
 def past_train_records(experiment: Experiment, prefix: str) -> list[dict]:
-    """Success records of every version on the prefix of the experiment's train names."""
+    """Success records of every version on the prefix of the experiment's train names
+    (every user's dev versions among them: `reading.builds_on_prefix`)."""
     out = []
     names = sorted({a.id.name for a in experiment.artifacts.values() if a.step == "train"})
     for name in names:
-        for version in reading.versions_on_prefix(prefix, name):
+        for found in reading.builds_on_prefix(prefix, name):
             try:
-                found = ArtifactId(name, version)
                 record = reading.record_dict(artifact_location(prefix, found), found)
             except MarinError:
                 continue
@@ -215,12 +223,9 @@ def plan_lines(
         f"params x tokens + attention); accelerators at {mfu:.0%} MFU of peak bf16; {cpu_text}"
     ]
     for p in prices:
-        acc = "no accelerator named in runtime"
-        if p.accelerator:
-            acc = f"{p.accelerator.name} ({p.accelerator.chips} chip(s)): {human(p.accelerator_s)}"
         lines.append(
             f"  {p.key}: params {count(p.total_params)} total, {count(p.active_params)} active; "
-            f"tokens {count(p.tokens)}; FLOPs {p.flops:.3g}; {acc}; this CPU: {human(p.cpu_s)}"
+            f"tokens {count(p.tokens)}; FLOPs {p.flops:.3g}; {p.accelerator_text()}; this CPU: {human(p.cpu_s)}"
             + (f" ({p.note})" if p.note else "")
         )
     flops = sum(p.flops for p in prices)

@@ -8,8 +8,10 @@ one-line `MarinError` (`CorruptRecord`). Failure records (`failure_files`,
 `history_failure_files`) are read by `read_json_file`, which raises `UnreadableRecord`
 (one line naming the file) for a file that is not a JSON object or whose `error` or
 `provenance` is not a mapping (`records.lenient_problem`): no attempt is left out
-unsaid. `versions_on_prefix` lists every version of
-a name found on the prefix (a folder holding a record, failures or history), and
+unsaid. `versions_on_prefix` lists every version folder of
+a name found on the prefix (a folder holding a record, failures or history),
+`builds_on_prefix` the artifact each holds (a dev version's `version-user` folder is
+that user's dev version: `dev_versions.folder_identities`), and
 `resolve_key` turns what a user typed into a key, or one line with the nearest
 known key ("did you mean checkpoints/nano-moe@v1?").
 """
@@ -26,8 +28,8 @@ from marin_rules.artifacts.errors import ConfigError, MarinError, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, VERSION, ArtifactId, parse_key
 from marin_rules.artifacts.files import FORCED_MARKER, HISTORY_DIR, REBUILDING
 from marin_rules.artifacts.records import failures_location, lenient_problem, read_record
+from marin_rules.dev_versions import folder_identities
 from marin_rules.validation import suggest_key
-
 
 
 def record_dict(location: str, expected: ArtifactId | None = None) -> dict[str, Any] | None:
@@ -162,6 +164,33 @@ def versions_on_prefix(prefix: str, name: str) -> list[str]:
         if any(fs.exists(f"{folder}/{marker}") for marker in (RECORD_FILE, FAILURES_DIR, HISTORY_DIR)):
             found.append(version)
     return sorted(found)
+
+
+def builds_on_prefix(prefix: str, name: str) -> list[ArtifactId]:
+    """The artifact in each version folder of `name` on the prefix (`versions_on_prefix`):
+    a fixed version, or a dev version with its owner (`dev_versions.folder_identities`;
+    where a folder may hold either, the version its record names decides). Sorted by folder."""
+    found = []
+    for folder in versions_on_prefix(prefix, name):
+        candidates = folder_identities(name, folder)
+        if len(candidates) > 1:
+            said = _recorded_version(f"{prefix.rstrip('/')}/{name}/{folder}")
+            candidates = [c for c in candidates if c.version == said] or candidates
+        found.append(candidates[0])
+    return found
+
+
+def _recorded_version(location: str) -> str | None:
+    """The version the success record at `location` names, else its newest failure
+    record; None when neither can be read or says."""
+    for path in [storage.join(location, RECORD_FILE), *failure_files(location)[-1:]]:
+        try:
+            version = storage.read_json(path).get("version")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(version, str):
+            return version
+    return None
 
 
 def suggestion(text: str, keys: Iterable[str]) -> str:

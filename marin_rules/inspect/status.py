@@ -28,8 +28,12 @@ recipe and its upstreams' records:
                    (`marin_rules.artifacts.code`; added to the reason of the states above)
   corrupt          the record cannot be read (the records module's one line)
 
+A `missing` artifact whose folder still holds data says so (its record was deleted,
+as `snakemake --delete-all-output` does). A built user step whose module cannot be
+found from here (the code advisory needs it) says "code unknown" instead of nothing.
 A version found on the prefix that the experiment does not name (`--all`) gets
-`built`/`failed`/`corrupt` from its files alone. Headline columns: the final
+`built`/`failed`/`corrupt` from its files alone; another user's dev version is
+shown as `name@dev (user NAME)` (`reading.builds_on_prefix`). Headline columns: the final
 validation loss of a train result and the main score of an evaluate result (the
 first of SCORE_METRICS, in that order, that any task reports: accuracy before bits
 per byte). A bits per byte or perplexity figure of a task whose result records
@@ -39,15 +43,16 @@ per byte). A bits per byte or perplexity figure of a task whose result records
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
 from marin_rules.adopt import recorded_source, recorded_source_problems, source_changed
 from marin_rules.artifacts import storage
-from marin_rules.artifacts.code import code_change
+from marin_rules.artifacts.code import code_change, code_hash
 from marin_rules.artifacts.builds import build_of, rebuilt_upstreams
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.files import list_data_files
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
 from marin_rules.artifacts.lease import STALE_S, LeaseHolder, holder_gone, read_lease
 from marin_rules.artifacts.records import edited_note, recipe_drift
@@ -56,6 +61,7 @@ from marin_rules.experiment import Artifact, Experiment
 from marin_rules.inspect import reading
 
 VAL_LOSS_KEYS = ("final_val_loss", "val_loss")
+NOT_IN_EXPERIMENT = "not in this experiment"  # the reason of a built version the experiment does not name
 SCORE_METRICS = ("acc", "acc_norm", "exact_match", "f1", "bits_per_byte", "byte_perplexity", "word_perplexity")
 
 
@@ -146,6 +152,23 @@ def _killed_rebuild(location: str) -> str | None:
             f"previous build is kept in {unended}, and the next run puts it back")  # fmt: skip
 
 
+def never_built_reason(location: str) -> str:
+    """The reason of an artifact with no record of any kind: "never built", unless its
+    folder still holds data (its record was deleted, as `snakemake --delete-all-output` does)."""
+    files = list_data_files(location)
+    if not files:
+        return "never built"
+    return (f"record deleted, data still there: no success record, yet its folder holds {len(files)} data "
+            "file(s) (snakemake --delete-all-output?); the next run builds it")  # fmt: skip
+
+
+def _code_unknown(step: str, provenance: Any) -> bool:
+    """Was the step's code hashed when this was built, but cannot be read now (a user
+    step whose module is not found from here: `code.user_module_file`)?"""
+    recorded = provenance.get("code") if isinstance(provenance, Mapping) else None
+    return isinstance(recorded, Mapping) and isinstance(recorded.get("hash"), str) and code_hash(step) is None
+
+
 def _gone(builder: str) -> str:
     """A lease whose holder is gone: an attempt that ended without a record of any kind."""
     return f"{builder} is gone: killed? (no failure record)"
@@ -208,7 +231,7 @@ def location_status(
         elif last_failure is not None:
             state, reason, failed = "failed", "", f"last attempt failed at {_failure_line(last_failure)}"
         else:
-            state, reason = "missing", "never built"
+            state, reason = "missing", "never built" if done is not None else never_built_reason(location)
         if reading.history_files(location):  # a forced rebuild that has not (or not yet) succeeded
             if state == "missing" and not reading.forced_rebuild_owed(location):
                 reason = "no record: a forced rebuild not finished, or the record was deleted"
@@ -222,11 +245,11 @@ def location_status(
     step = str(record.get("step") or step)
     fingerprint = str(record.get("fingerprint"))
     built, took = _times(record)
-    state, reason = "built", "matches the recipe" if artifact is not None else "not in this experiment"
+    state, reason = "built", "matches the recipe" if artifact is not None else NOT_IN_EXPERIMENT
     rebuilt = _rebuilt_upstreams(record, upstream_records) if artifact is not None and upstream_records else []
     drift = None if artifact is None else recipe_drift(record, artifact.payload(), artifact.fingerprint)
     if drift is not None:
-        state, reason = "drifted", _drift_reason(drift, edited_note(record))
+        state, reason = "drifted", _drift_reason(drift, edited_note(record), artifact.id.is_dev)
     elif rebuilt:
         state, reason = "upstream rebuilt", f"{rebuilt[0]}{' (and more)' if len(rebuilt) > 1 else ''}"
     adopted = recorded_source_problems(step, record.get("result"))  # data adopted in place: its source now
@@ -246,6 +269,10 @@ def location_status(
             state, reason = "code changed", f"{text}; served as built, --forcerun rebuilds it"
         else:
             reason += f"; {text}"
+    elif artifact is not None and _code_unknown(artifact.step, record.get("provenance")):
+        module = artifact.step.partition(":")[0]
+        reason += (f"; code unknown (module {module!r} not importable from here: run marin in the run's working "
+                   "directory, or give it with -d DIR)")  # fmt: skip
     if unreadable:  # the newest failure record: its time is unknown, it may be newer than the build
         reason += f"; {unreadable}"
     if holder:
@@ -261,15 +288,17 @@ def location_status(
     return status, record
 
 
-def _drift_reason(lines: list[str], edited: str | None) -> str:
-    """The reason of a drifted record (`recipe_drift`'s lines; `edited`: `edited_note`)."""
+def _drift_reason(lines: list[str], edited: str | None, dev: bool = False) -> str:
+    """The reason of a drifted record (`recipe_drift`'s lines; `edited`: `edited_note`);
+    a `dev` version is rebuilt by every run, so no version bump is asked for."""
     n = len(lines)
     if lines:
         fields = f"{n} field{'s differ' if n != 1 else ' differs'}"
         differ = f"{fields} from the recipe ({lines[0]}{', ...' if n > 1 else ''})"
     else:
         differ = "its recorded fingerprint is not the recipe's, yet no recorded field differs"
-    return f"{differ}{f'; {edited}' if edited else ''}; served as built, bump the version to build the new recipe"
+    then = "a dev version: the next run rebuilds it" if dev else "served as built, bump the version to build the new recipe"
+    return f"{differ}{f'; {edited}' if edited else ''}; {then}"
 
 
 def _rebuilt_upstreams(record: Mapping[str, Any], upstream_records: Mapping[str, dict | None]) -> list[str]:
@@ -294,15 +323,26 @@ def experiment_status(
         records[key] = record
         rows.append(status)
     if every_version:
-        named = {a.id.name for a in experiment.artifacts.values()}
-        for name in sorted(named):
-            for version in reading.versions_on_prefix(prefix, name):
-                key = f"{name}@{version}"
-                if key not in experiment.artifacts:
-                    found = ArtifactId(name, version)
-                    rows.append(location_status(key, artifact_location(prefix, found), expected=found,
-                                                hint_flags=hint_flags)[0])  # fmt: skip
+        paths = {a.id.path for a in experiment.artifacts.values()}
+        for name in sorted({a.id.name for a in experiment.artifacts.values()}):
+            for found in reading.builds_on_prefix(prefix, name):
+                if found.path not in paths:
+                    status = location_status(shown_key(found), artifact_location(prefix, found), expected=found,
+                                             hint_flags=hint_flags)[0]  # fmt: skip
+                    rows.append(_owned_by_another(status, found))
     return rows
+
+
+def _owned_by_another(status: Status, found: ArtifactId) -> Status:
+    """A row of another user's dev version says so instead of "not in this experiment"."""
+    if not (found.is_dev and found.owner) or status.reason != NOT_IN_EXPERIMENT:
+        return status
+    return replace(status, reason=f"user {found.owner}'s dev build (marin --dev-user {found.owner} reads it)")
+
+
+def shown_key(artifact: ArtifactId) -> str:
+    """`name@version`, and for a dev version the user whose folder holds it: `x@dev (user bob)`."""
+    return f"{artifact.key} (user {artifact.owner})" if artifact.is_dev and artifact.owner else artifact.key
 
 
 COLUMNS = (
