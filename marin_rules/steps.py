@@ -188,13 +188,24 @@ def find_user_module(module_name: str, step: str = "") -> ModuleSpec | None:
     cwd = os.getcwd()
     sys.path_importer_cache.pop(cwd, None)  # a fresh look at the working folder: files come and go
     own = PathFinder.find_spec(top, [cwd])
-    other = _found_on_path(top, [p for p in sys.path if os.path.abspath(p or os.curdir) != cwd])
-    if own is not None and other is not None and not _namespace(other) and other.origin != own.origin:
+    real_cwd = os.path.realpath(cwd)  # the same folder reached through a symlink is not another one
+    other = _found_on_path(top, [p for p in sys.path if os.path.realpath(p or os.curdir) != real_cwd])
+    if own is not None and other is not None and not _namespace(other) and not _same_file(own, other):
         raise ConfigError("step", _shadowed_message(step or f"{module_name}:...", own, other))
     if "." not in module_name:
         return own if other is None or (_namespace(other) and own is not None) else other
     with _working_folder_last(cwd):
         return importlib.util.find_spec(module_name)
+
+
+def _same_file(a: ModuleSpec, b: ModuleSpec) -> bool:
+    """Do two specs load the same file (through symlinks or not)?"""
+    if a.origin == b.origin:
+        return True
+    try:
+        return bool(a.origin and b.origin) and os.path.samefile(a.origin, b.origin)
+    except OSError:  # "built-in", "frozen" or a file gone: not a file both name
+        return False
 
 
 def _found_on_path(top: str, path: list[str]) -> ModuleSpec | None:

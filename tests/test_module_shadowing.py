@@ -7,13 +7,15 @@ a job, while user step modules in the working folder are still found. A step mod
 whose name the standard library or an installed package already has
 (`./tokenize.py`, `step: tokenize:count`) would be the other module in a job, so it is
 refused at load, in one line naming the artifact, the `step` field and the file to
-rename, in `snakemake -n` and `marin status` alike; the step-code hash reads the file
-the job would run (`artifacts.code.user_module_file`)."""
+rename, in `snakemake -n`; the step-code hash reads the file the job would run
+(`artifacts.code.user_module_file`). Jobs import the `marin_rules` the plan was made
+with (the Snakefile's checkout), not another installed copy."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tokenize
@@ -109,3 +111,35 @@ def test_working_folder_modules_are_found_and_hashed_where_jobs_import_them(tmp_
     assert user_module_file("countsteps") == str(tmp_path / "countsteps.py")
     monkeypatch.chdir(REPO)  # the package's own checkout, installed editable: one module, not two
     assert user_module_file("marin_rules.steps") == str(REPO / "marin_rules/steps.py")
+
+
+def test_jobs_import_the_marin_rules_the_plan_was_made_with(tmp_path):
+    """A second checkout run with this one's virtual environment (which has this
+    checkout installed): planning imports the second checkout's package (Snakemake puts
+    the Snakefile's folder first), and so must every job, though `-P` keeps the working
+    folder off the front of its path."""
+    copy = tmp_path / "checkout"
+    keep = shutil.ignore_patterns(".git", ".venv", "tests", "benchmarks", "docs", "*.egg-info", "__pycache__")
+    shutil.copytree(REPO, copy, ignore=keep)
+    (tmp_path / "wheresteps.py").write_text(
+        "import marin_rules\n\ndef where(ctx):\n    return {'marin_rules': marin_rules.__file__}\n"
+    )
+    (tmp_path / "exp.yaml").write_text("artifacts:\n  feat/w@v1:\n    step: wheresteps:where\n")
+    snakemake = os.path.join(os.path.dirname(sys.executable), "snakemake")
+    run = subprocess.run([snakemake, "-s", str(copy / "Snakefile"), "--configfile", "exp.yaml", "-c1"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    record = json.loads((tmp_path / "artifacts/feat/w/v1/.artifact.json").read_text())
+    assert record["result"]["marin_rules"] == str(copy / "marin_rules" / "__init__.py")
+
+
+def test_a_working_folder_reached_through_a_symlink_is_not_another_module(tmp_path, monkeypatch):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "mysteps_link.py").write_text("def count(ctx):\n    return {}\n")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.chdir(link)
+    monkeypatch.syspath_prepend(str(link))  # PYTHONPATH=$PWD in a symlinked folder: the same file
+    (real / "exp.yaml").write_text("artifacts:\n  feat/a@v1: {step: 'mysteps_link:count'}\n")
+    assert load_experiment(str(link / "exp.yaml"))["feat/a@v1"].step == "mysteps_link:count"

@@ -319,6 +319,8 @@ def test_a_run_that_beats_its_measured_ceiling_measures_it_again_and_keeps_the_h
     """MFU > 1 means the ceiling was measured while the machine was busier: it is measured
     again (the higher kept, said in one line); a ceiling the user gave stays as given."""
     from marin_rules.train.config import parse_train_config
+    from dataclasses import replace
+
     from marin_rules.train.loop import Plan, raised_ceiling
 
     config = parse_train_config(runs.tiny_config())
@@ -334,6 +336,8 @@ def test_a_run_that_beats_its_measured_ceiling_measures_it_again_and_keeps_the_h
     raised = raised_ceiling(plan(achieved / 2, "float32"), tokens_per_s, measure)
     assert measured == ["float32"] and raised.peak_flops == 4 * achieved and raised.mfu(tokens_per_s) == 0.25
     assert "train: MFU 2.00 against the matmul ceiling measured at the start" in capsys.readouterr().err
+    again = raised_ceiling(replace(raised, peak_flops=achieved / 2), tokens_per_s, measure)
+    assert again.peak_flops == achieved / 2 and measured == ["float32"]  # measured once per run, not every log step
     lower = raised_ceiling(plan(achieved / 2, "float32"), tokens_per_s, lambda dtype: achieved / 4)
     assert lower.peak_flops == achieved / 2  # a lower second measure never lowers the ceiling
     kept = plan(achieved * 2, "float32")

@@ -490,7 +490,8 @@ def serve(artifact: Any, location: str, args: argparse.Namespace, why: str = "",
         ended, host = str(record.provenance.get("ended") or ""), printable(str(record.provenance.get("host")))
         already = bool(since and ended and ended < since)
         why = f"built already (ended {printable(ended)} on {host})" if already else f"built meanwhile by another run ({host})"
-    check_served_recipe(artifact, record)
+        if not already:  # planning judged a record that was there all along: warn once
+            check_served_recipe(artifact, record)
     tell(f"{artifact.key}: {why}; serving it")
     _mirror(record, artifact, args)
     return 0

@@ -97,16 +97,18 @@ def raised_ceiling(plan: Plan, tokens_per_s: float | None, measure: Any = run_pe
     """`plan`, or, when the run just beat its MFU ceiling (MFU > 1: the ceiling was
     measured while the machine was busier, as a shared CPU often is), `plan` with the
     ceiling measured again (`measure(dtype)`) and the higher of the two kept, said in one
-    line. A ceiling given as `runtime.peak_flops` is the user's and stays."""
+    line, once per run (each log step would pay for it while MFU stays above 1). A
+    ceiling given as `runtime.peak_flops` is the user's and stays."""
     mfu = plan.mfu(tokens_per_s)
     if mfu is None or mfu <= 1 or plan.peak_dtype is None:
         return plan
     again = measure(plan.peak_dtype)
     peak = max(plan.peak_flops, again)
-    print(f"train: MFU {mfu:.2f} against the matmul ceiling measured at the start ({plan.peak_flops / 1e9:,.1f} "
-          f"GFLOP/s): measured again, {again / 1e9:,.1f} GFLOP/s; MFU from now on is against "
-          f"{peak / 1e9:,.1f} GFLOP/s", file=sys.stderr, flush=True)  # fmt: skip
-    return replace(plan, peak_flops=peak)
+    if plan.writer:
+        print(f"train: MFU {mfu:.2f} against the matmul ceiling measured at the start ({plan.peak_flops / 1e9:,.1f} "
+              f"GFLOP/s): measured again, {again / 1e9:,.1f} GFLOP/s; MFU from now on is against "
+              f"{peak / 1e9:,.1f} GFLOP/s", file=sys.stderr, flush=True)  # fmt: skip
+    return replace(plan, peak_flops=peak, peak_dtype=None)  # once: a second measure would cost every log step
 
 
 def mesh_shape(config: TrainConfig) -> tuple[int, int]:

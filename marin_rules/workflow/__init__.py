@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import os
 import shlex
+import site
 import sys
 from typing import Any
 
@@ -38,7 +39,23 @@ COMMAND_ENV = "MARIN_USER_COMMAND"
 REGISTRY_ENV = "MARIN_SIGNAL_REGISTRY"
 DEFAULT_PREFIX = options.DEFAULT_PREFIX
 
-JOB_SHELL = (
+
+
+def _job_pythonpath() -> str:
+    """The shell prefix that makes a job import this very `marin_rules` (the checkout
+    the plan was made with; `-P` keeps the working folder off the front of its sys.path):
+    its parent folder first on PYTHONPATH, unless that is an installed-packages folder,
+    which the job has anyway, and which must not go before the standard library."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if root in {*site.getsitepackages(), site.getusersitepackages()}:
+        return ""
+    quoted = shlex.quote(root).replace("{", "{{").replace("}", "}}")  # a format string for Snakemake
+    return f"PYTHONPATH={quoted}${{{{PYTHONPATH:+:$PYTHONPATH}}}} "
+
+
+# `-P`: the working folder is not put first on the job's sys.path (a project's `logging.py`
+# must not replace the library's; `steps.use_job_path` appends it last).
+JOB_SHELL = _job_pythonpath() + (
     "{params.python:q} -P -m marin_rules.job --artifact {wildcards.artifact:q} --rule {rule:q} --jobid {jobid}"
     " --experiment {params.experiment:q} --prefix {params.prefix:q} --records {params.records:q}"
     " --lease {params.lease:q} --registry {params.registry:q} --workflow-dir {params.workflow_dir:q}"
