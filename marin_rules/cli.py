@@ -47,6 +47,9 @@ EXPERIMENT_COMMANDS = ("status", "show", "path", "verify", "plan", "dag")
 def _load(args, required: bool = True) -> Experiment | None:
     if args.experiment is not None and looks_like_key(args.experiment):
         raise MarinError(_key_as_experiment(args.command, args.experiment))
+    if args.experiment is not None and looks_like_unversioned_key(args.experiment):
+        text = printable(args.experiment)
+        raise MarinError(f"{text}: no such experiment file; an artifact key is name@version ({text}@v1, say)")
     if args.configfile and args.experiment not in (None, args.configfile):
         raise MarinError(f"two experiments given ({args.experiment} and --configfile {args.configfile}); give one")
     chosen = args.configfile or args.experiment
@@ -61,6 +64,12 @@ def read_experiment(path: str, dev_user: str | None) -> Experiment:
     step runs here, so a module the run found from its working directory must not
     refuse them (`marin status` then says "code unknown" for it)."""
     return load_experiment(path, dev_user, check_steps=False)
+
+
+def looks_like_unversioned_key(text: str) -> bool:
+    """Is a positional given where an experiment file goes a key without its `@version`
+    (`checkpoints/nano-moe`): no such file, no YAML suffix, no `@`?"""
+    return "@" not in text and not text.endswith((".yaml", ".yml")) and not os.path.exists(text)
 
 
 def looks_like_key(text: str) -> bool:

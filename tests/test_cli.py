@@ -278,3 +278,7 @@ def test_status_takes_keys_to_show_and_a_key_given_for_an_experiment_is_one_line
     assert capsys.readouterr().err == (
         "marin: evals/nano@v1: marin show takes one key, then an optional experiment file; give one key\n"
     )
+    assert main(["status", "raw/s", "--prefix", prefix]) == 1  # a key without its version: not a missing file
+    assert capsys.readouterr().err == (
+        "marin: raw/s: no such experiment file; an artifact key is name@version (raw/s@v1, say)\n"
+    )
