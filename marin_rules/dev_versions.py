@@ -79,6 +79,9 @@ def dev_user_in_path(experiment: Any, path: str) -> str | None:
     return None if best is None else best[1]
 
 
+DISCARDED = "discarded (a dev version keeps no history)"  # said where what is set aside is deleted instead
+
+
 def keeps_history(artifact_id: Any) -> bool:
     """Is what the artifact's earlier builds and attempts left kept under `.history/`?
     Not for a dev version: rebuilt from scratch on every run, its copies would only pile up."""

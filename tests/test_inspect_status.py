@@ -327,6 +327,31 @@ def test_a_record_whose_fingerprint_was_edited_is_not_reported_as_zero_fields_of
     assert row["reason"].startswith("its recorded fingerprint is not the recipe's, yet no recorded field differs")
 
 
+def test_a_record_edited_under_the_recipes_fingerprint_is_told_to_restore_or_force_not_to_bump(experiment_file, tmp_path, capsys):
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    record = build(prefix, experiment, "raw/s@v1")
+    location = artifact_location(prefix, experiment["raw/s@v1"].id)
+    edited = {**record, "config": {**record["config"], "heldout": []}}  # its fingerprint still the recipe's
+    storage.write_json_atomic(f"{location}/.artifact.json", edited)
+    row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
+    assert row["state"] == "drifted" and "bump" not in row["reason"]
+    assert row["reason"].startswith('1 field differs from the recipe (heldout: [] -> ["hamlet"]); served as built; ')
+    assert row["reason"].endswith("was the record edited? (restore it, or force a rebuild)")
+
+
+def test_an_upstream_record_without_an_end_time_is_not_called_rebuilt(experiment_file, tmp_path, capsys):
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    raw = build(prefix, experiment, "raw/s@v1")
+    build(prefix, experiment, "tokenizers/bpe@v1")  # built on raw's build of 10:00
+    location = artifact_location(prefix, experiment["raw/s@v1"].id)
+    provenance = {k: v for k, v in raw["provenance"].items() if k != "ended"}  # its time unknown now
+    storage.write_json_atomic(f"{location}/.artifact.json", {**raw, "provenance": provenance})
+    row = status_json(experiment_file, prefix, capsys)["tokenizers/bpe@v1"]
+    assert (row["state"], row["reason"]) == ("built", "matches the recipe")
+
+
 def test_a_bits_per_byte_score_of_a_lossy_tokenizer_is_marked_not_meaningful(experiment_file, tmp_path, capsys):
     # the evaluate step records `lossless` per rolling task (eval/step.py); its bits per byte
     # divides by bytes the tokens do not describe, so the SCORE column must not show it bare

@@ -195,6 +195,32 @@ def test_history_lists_unreadable_failure_and_history_records_naming_each_file(e
     assert [e["outcome"] for e in events].count("replaced, its record unreadable") == 1
 
 
+def test_history_calls_a_pending_forced_rebuilds_saved_record_pending_not_replaced(experiment_file, tmp_path, capsys):  # noqa: F811
+    # `.history/.forced-record` is a forced rebuild that has not run: no build was replaced,
+    # and a rebuild that fails puts this content back as the current record
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    key = "checkpoints/nano@v1"
+    location = artifact_location(prefix, experiment[key].id)
+    record = build(prefix, experiment, key, ended="2026-12-01T10:00:00.000Z")
+    marker = f"{location}/.history/.forced-record"
+    storage.write_bytes_atomic(marker, b'{"schema": ')
+    assert main(["history", key, "--prefix", prefix, "--configfile", experiment_file]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{key}: 2 attempts (a pending forced rebuild whose saved record is unreadable, listed last)"
+    assert lines[-1].startswith(
+        f"  pending forced rebuild, its saved record unreadable: {marker} (not valid JSON (Expecting value at line 1, "
+        "column 12)): saved by a forced rebuild that has not run yet, and put back as the current record if that "
+        f"rebuild fails; rebuild it with: snakemake -f {location}/.artifact.json "
+    ) and "--configfile" in lines[-1] and "replaced" not in lines[-1]  # the command runs as printed  # fmt: skip
+    storage.write_json_atomic(marker, {**record, "result": {"final_val_loss": 9.0}})  # not the current record
+    assert main(["history", key, "--prefix", prefix, "--configfile", experiment_file, "--json"]) == 0
+    import json
+
+    outcomes = sorted(e["outcome"] for e in json.loads(capsys.readouterr().out))
+    assert outcomes == ["built (current)", "built (pending forced rebuild)"]
+
+
 @pytest.mark.parametrize("data,problem", [
     ({"error": "RuntimeError: boom"}, 'field error should be a mapping, got "RuntimeError: boom"'),
     ({"error": 5}, "field error should be a mapping, got 5"),

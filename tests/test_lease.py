@@ -397,6 +397,53 @@ def test_a_lease_file_that_cannot_be_opened_is_one_line_naming_it_and_no_lease_i
     assert sorted(p.name for p in location.iterdir()) == [broken]  # no lease nobody could release
 
 
+@pytest.mark.parametrize("code", ["EIO", "ESTALE"])
+def test_a_storage_error_reading_a_lease_passes_on_as_the_storages_not_as_a_file_to_fix(tmp_path, monkeypatch, code):
+    # an NFS server's EIO or ESTALE is no file this user can fix: the job names it as the prefix's storage error
+    import errno
+
+    from marin_rules.artifacts import lease_stores
+
+    def failing_open(path, *args, **kwargs):  # the edge: the network filesystem
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)), path)
+
+    monkeypatch.setattr(lease_stores, "open", failing_open, raising=False)
+    with pytest.raises(OSError) as e:
+        lease_stores.LocalStore(str(tmp_path / ".lease.json")).read()
+    assert not isinstance(e.value, lease_stores.LeaseFileUnusable) and e.value.errno == getattr(errno, code)
+
+
+def test_a_lease_file_below_a_file_is_one_line_naming_it(tmp_path):
+    from marin_rules.artifacts.lease_stores import LeaseFileUnusable, LocalStore
+
+    (tmp_path / "v1").write_text("")  # a file where the artifact folder belongs
+    path = tmp_path / "v1" / ".lease.json"
+    with pytest.raises(LeaseFileUnusable) as e:
+        LocalStore(str(path)).read()
+    assert str(e.value) == (f"{path}: the lease's file cannot be opened (NotADirectoryError: Not a directory); "
+                            "a file is in place of a folder above it: move it away")  # fmt: skip
+
+
+def test_a_lease_that_cannot_be_staged_in_its_folder_is_one_line_and_leaves_nothing(tmp_path):
+    # the lock opens, the new lease's temporary file does not: its path is over the
+    # system's limit (PATH_MAX 4096), as real as a read-only folder and reachable as root
+    from marin_rules.artifacts.lease_stores import LeaseFileUnusable
+
+    tmp = "/.lease.json.tmp-12345678"
+    location = str(tmp_path)
+    while len(location) + 101 + len(tmp) + 50 < 4096:
+        location = os.path.join(location, "d" * 100)
+    location = os.path.join(location, "e" * (4096 - len(tmp) - len(location) - 1))  # 50 to 150 characters
+    os.makedirs(location)
+    assert len(f"{location}/.lease.json.lock") < 4096 == len(location + tmp)  # PATH_MAX counts the NUL: too long
+    with pytest.raises(LeaseFileUnusable) as e:
+        acquire(location, is_done=lambda: False)
+    assert str(e.value) == (f"{location}/.lease.json.tmp-*: the lease's temporary file cannot be opened (OSError: "
+                            "File name too long); its folder must take a new file (writable, with free space, the "
+                            "path within the system's limit)")  # fmt: skip
+    assert os.listdir(location) == [".lease.json.lock"]  # no lease nobody could release, no temporary file
+
+
 def test_a_job_whose_lease_lock_cannot_be_opened_fails_in_one_line_with_a_failure_record(tmp_path, snakemake_cmd):
     (tmp_path / "exp.yaml").write_text('artifacts:\n  raw/a@v1: {step: "json:dumps"}\n')
     lock = tmp_path / "art/raw/a/v1/.lease.json.lock"

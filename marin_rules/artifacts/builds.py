@@ -66,17 +66,18 @@ def rebuilt_upstreams(deps: Mapping[str, Any], now: Mapping[str, Any]) -> list[t
     differs) for each upstream whose build now (`now`: key -> `build_of` its record, None
     when unbuilt: left out) is not the one a record's `deps` name: rebuilt since that
     record was built. An upstream the deps do not name (the
-    recipe changed: drift says so) is left out; a field they lack (a record of before
-    builds were kept) is unknown, taken as the same."""
+    recipe changed: drift says so) is left out; a field missing on either side (a record
+    of before builds were kept, an upstream record without an end time) is unknown,
+    taken as the same."""
     then = builds_in_deps(deps)
     out = []
     for key, build in now.items():
         seen = then.get(key)
         if build is None or seen is None:
             continue
-        known = {field: None if seen.get(field) is None else build.get(field) for field in ("fingerprint", "built")}
-        how = build_change(seen, known)
+        fields = [f for f in ("fingerprint", "built") if seen.get(f) is not None and build.get(f) is not None]
+        how = build_change({f: seen[f] for f in fields}, {f: build[f] for f in fields})
         if how is not None:
-            same = seen.get("fingerprint") is not None and seen["fingerprint"] == known["fingerprint"]  # forced alone
+            same = "fingerprint" in fields and seen["fingerprint"] == build["fingerprint"]  # forced alone
             out.append((key, printable(f"same recipe, {how}" if same else how)))
     return out

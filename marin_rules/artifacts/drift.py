@@ -5,7 +5,10 @@ A diff is a list of lines `path: old -> new`, `path (added)`, `path (removed)`,
 walking mappings key by key in sorted order; lists and scalars are compared whole.
 The drift message shows at most 20 such lines, then `...and N more`; an artifact
 that pins its fingerprint (`expect_fingerprint:`) gets a one-line error instead
-(`drift_notice`: planning and a job serving another run's build alike). Whatever is
+(`drift_notice`: planning and a job serving another run's build alike). A record whose
+fingerprint is the recipe's yet whose own step, config or deps differ was edited by
+hand: there is no new recipe to build, so both end with `EDITED_FIX`, as the record's
+note (`records.edited_note`) does, not with "bump the version". Whatever is
 shown of a record or config value goes through `printable`: control and bidi-override
 characters are escaped as `repr()` writes them, so a shared prefix's record cannot
 rewrite a terminal or forge lines.
@@ -19,6 +22,7 @@ from typing import Any, Mapping
 from marin_rules.artifacts.errors import DriftError
 
 MAX_DIFF_LINES = 20
+EDITED_FIX = "restore it, or force a rebuild"  # a record edited by hand (`records.edited_note`)
 
 
 def printable(text: str) -> str:
@@ -68,20 +72,42 @@ def recipe_diff(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list
 
 
 def drift_message(key: str, recorded_fp: str, current_fp: str, lines: list[str]) -> str:
-    head = (
-        f"{key}: recipe drift: recorded fingerprint {printable(recorded_fp)}, now {current_fp};\n"
-        "serving the cached output. Bump the version to build the new recipe."
-    )
+    """The drift warning: a head saying the cached output is served and how to build the
+    recipe now (bump the version; restore or force when the record was edited by hand:
+    its fingerprint is the recipe's, `edited_record`), then the field `lines` (`truncated`)."""
+    if edited_record(recorded_fp, current_fp):
+        head = (
+            f"{key}: recipe drift: its recorded fields disagree with its fingerprint {current_fp}, the recipe's now;\n"
+            f"serving the cached output. The record was edited: {EDITED_FIX}."
+        )
+    else:
+        head = (
+            f"{key}: recipe drift: recorded fingerprint {printable(recorded_fp)}, now {current_fp};\n"
+            "serving the cached output. Bump the version to build the new recipe."
+        )
     return "\n".join([head, *truncated(lines, "  ")])
+
+
+def edited_record(recorded_fp: str, current_fp: str) -> bool:
+    """Is drift with these fingerprints a record edited by hand: its fingerprint is the
+    recipe's now, so only its own step, config or deps can differ (`records.recipe_drift`)?"""
+    return recorded_fp == current_fp
 
 
 def drift_notice(key: str, recorded_fp: str, current_fp: str, lines: list[str], pin: str | None = None) -> str:
     """What is shown when the record of `key` (fingerprint `recorded_fp`) holds another
     recipe than the one now (`current_fp`; field `lines`, `records.recipe_drift`): the
     drift warning (`drift_message`, the cached output is served), or, when the artifact
-    pins its fingerprint (`pin`), DriftError in one line: drift is then an error."""
+    pins its fingerprint (`pin`), DriftError in one line: drift is then an error.
+    `records.drift_warning` gives it for a record and an artifact: one wording for
+    planning (`workflow.advisory.report`) and for a job serving another run's build."""
     if pin is not None:
         first = f" ({lines[0]})" if lines else ""
+        if edited_record(recorded_fp, current_fp):
+            raise DriftError(
+                f"{key}: recipe drift on a pinned artifact: its recorded fields disagree with its fingerprint "
+                f"{current_fp}{first}; the record was edited: {EDITED_FIX}"
+            )
         raise DriftError(
             f"{key}: recipe drift on a pinned artifact: recorded fingerprint {printable(recorded_fp)}, "
             f"pinned {pin}{first}; restore the recipe that was built, or bump the version"

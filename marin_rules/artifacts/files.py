@@ -6,6 +6,12 @@ success record (and its temporary siblings), `.failures/`, `.history/`, `.attemp
 (`shards/*/`, which hold their own lease and `.failures/`). The success record lists them with
 their sizes (one listing, local or remote); `file_problems` compares a listing made now
 against that list.
+
+What an artifact keeps but does not serve (old builds, stale leftovers, damaged
+checkpoints) goes under `.history/<UTC time>[-why]/`, at the place it had in the artifact
+folder: `history_stamp` names the entry (failure records are named by the same
+stamp), `move_into_history` moves one file or folder there; an artifact that keeps no
+history (a dev version, `dev_versions.keeps_history`) has it deleted instead (`discard`).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE
 from marin_rules.artifacts.lease import LEASE_FILE
+from marin_rules.artifacts.provenance import iso, utc_now
 
 HISTORY_DIR = ".history"
 # in HISTORY_DIR, written by the workflow glue (`workflow/forcing.py`), read by inspection and the mirror:
@@ -65,3 +72,37 @@ def file_problems(location: str, expected: dict[str, int]) -> list[str]:
         elif found[rel] != size:
             problems.append(f"changed {rel}: {found[rel]} bytes, recorded {size}")
     return problems
+
+
+def history_stamp(why: str = "", when: str | None = None) -> str:
+    """The name of a new entry under `.history/` (and of a failure record): the UTC time
+    `when` (ISO, as `provenance.iso` writes it; now by default) without `-` and `:`
+    (`20261204T231341.123Z`), then `-why` where given (`stale`, `damaged`)."""
+    stamp = (when or iso(utc_now())).replace(":", "").replace("-", "")
+    return f"{stamp}-{why}" if why else stamp
+
+
+def move_into_history(location: str, part: str, why: str) -> str:
+    """Move `part` (a file or folder inside the artifact folder `location`, such as
+    `checkpoints/12`) to the same place under a new `.history/<history_stamp(why)>/`;
+    returns where it went."""
+    target = storage.join(location, HISTORY_DIR, history_stamp(why), part)
+    storage.makedirs(storage.parent(target))
+    storage.move(storage.join(location, part), target)
+    return target
+
+
+def history_entry(moved: str) -> str:
+    """The `.history/<stamp>` folder that `moved` (a path under it) lies in: what to
+    `discard` whole when an artifact keeps no history, so no emptied folder stays behind."""
+    head, sep, rest = moved.rpartition(f"/{HISTORY_DIR}/")
+    return f"{head}{sep}{rest.split('/', 1)[0]}" if sep else moved
+
+
+def discard(location: str) -> None:
+    """Delete a file or folder (recursively); nothing when it is gone already."""
+    fs, path = storage.filesystem(location)
+    try:
+        fs.rm(path, recursive=True)
+    except FileNotFoundError:
+        pass

@@ -6,8 +6,11 @@ Model: a `LeaseStore` holds one file and offers compare-and-set on it. `read()` 
 version, or None (False for delete) when someone else moved first. The version is the
 file's bytes locally and the object generation on gs://. See lease.py for why each
 operation is race-free. A local lease file or lock that cannot be opened (a folder in
-its place, no permission) raises `LeaseFileUnusable`: one line naming the file and the
-fix, before any lease is written (creation, too, holds the lock).
+its place, a file in place of a folder above it, no permission: `UNUSABLE`) raises
+`LeaseFileUnusable`: one line naming the file and the fix, before any lease is written
+(creation, too, holds the lock); so does a lease file that cannot be staged in its
+folder (a read-only folder). Other errors of the storage (an NFS EIO or ESTALE) pass on
+as they are: the job names them as the prefix's storage errors.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import fcntl
 import os
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import lru_cache
 from typing import Any, Iterator, Protocol
 
@@ -34,15 +37,23 @@ class LeaseFileUnusable(MarinError):
     """A local lease file or its lock that this process cannot open (`unusable`)."""
 
 
+# what stops a lease file or lock from being opened that its user can fix (`unusable`); any
+# other OSError is the storage's (EIO, ESTALE) and passes on as it is
+UNUSABLE = (IsADirectoryError, NotADirectoryError, PermissionError)
+
+
 def unusable(path: str, error: OSError) -> LeaseFileUnusable:
-    """One line naming the lease file (or lock) at `path` that could not be opened, and the fix."""
-    what = "lock file" if path.endswith(".lock") else "file"
+    """One line naming the lease file (or lock, or the temporary file a new lease is
+    staged in) at `path` that could not be opened, and the fix."""
+    what = "lock file" if path.endswith(".lock") else "temporary file" if ".tmp-" in path else "file"
     if isinstance(error, IsADirectoryError):
         fix = f"a folder is in its place: remove it (the lease's {what} is a plain file, made again when absent)"
+    elif isinstance(error, NotADirectoryError):
+        fix = "a file is in place of a folder above it: move it away"
     elif isinstance(error, PermissionError):
         fix = "give this user read and write access to it and to its folder"
-    else:
-        fix = "make it a plain file this user can read and write"
+    else:  # staging a new lease (`LocalStore.create`): its folder takes no new file
+        fix = "its folder must take a new file (writable, with free space, the path within the system's limit)"
     return LeaseFileUnusable(f"{path}: the lease's {what} cannot be opened ({type(error).__name__}: "
                              f"{error.strerror or error}); {fix}")  # fmt: skip
 
@@ -60,21 +71,30 @@ class LocalStore:
                 data = f.read()
         except FileNotFoundError:
             return None, None
-        except OSError as e:
+        except UNUSABLE as e:
             raise unusable(self.path, e) from None
         return data, data
 
     def _staged(self, data: bytes) -> str:
+        """A new temporary file beside the lease file holding `data`; none is left when writing it fails."""
         tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            with suppress(OSError):
+                os.unlink(tmp)
+            raise
         return tmp
 
     def create(self, data: bytes) -> Any | None:
         with self._locked():  # (not needed for the link: a lock that cannot be opened stops us before it)
-            tmp = self._staged(data)
+            try:
+                tmp = self._staged(data)
+            except OSError as e:  # a read-only folder: no lease can be created here
+                raise unusable(f"{self.path}.tmp-*", e) from None
             try:
                 os.link(tmp, self.path)
             except FileExistsError:
@@ -88,7 +108,7 @@ class LocalStore:
         lock = self.path + ".lock"
         try:
             fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
-        except OSError as e:
+        except UNUSABLE as e:
             raise unusable(lock, e) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

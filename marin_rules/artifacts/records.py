@@ -20,7 +20,9 @@ the line says to restore the files or adopt a good copy instead.
 A record is judged against the recipe now by its fingerprint and by its own recipe
 fields (`recipe_drift`): a record whose `step`, `config` or `deps` were edited by hand
 (they no longer make its fingerprint, `edited_note`) is drift as an edited
-fingerprint is, never served as if built from today's recipe.
+fingerprint is, never served as if built from today's recipe. Serving a record says so
+in one wording wherever it happens (`drift_warning`: planning, and a job that serves
+another run's build).
 
 A failed attempt writes `{location}/.failures/<UTC time>.json` with the same identity
 and recipe plus the error and its traceback; failures are history, never deleted and
@@ -40,10 +42,10 @@ from typing import Any, Mapping
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.canonical import fingerprint
-from marin_rules.artifacts.drift import printable, recipe_diff
+from marin_rules.artifacts.drift import EDITED_FIX, drift_notice, printable, recipe_diff
 from marin_rules.artifacts.errors import ConfigError, MarinError, StepError, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, ArtifactId
-from marin_rules.artifacts.files import file_problems, is_inside, list_data_files
+from marin_rules.artifacts.files import file_problems, history_stamp, is_inside, list_data_files
 from marin_rules.artifacts.provenance import Provenance, iso, utc_now
 
 __all__ = [
@@ -97,6 +99,10 @@ class CorruptRecord(MarinError):
             f"{stored}: {printable(problem)}; delete it and rebuild the artifact with: "
             f"{rebuild_command(record_file, flags)}"
         )
+        self.flags = flags
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable (a worker process may raise it), flags kept
+        return (CorruptRecord, (self.record_file, self.problem, self.flags))
 
     def with_flags(self, flags: str) -> CorruptRecord:
         """The same line, its `snakemake -f RECORD` followed by `flags`
@@ -241,7 +247,7 @@ def edited_note(record: Mapping[str, Any]) -> str | None:
     if made == record.get("fingerprint"):
         return None
     return printable(f"its step, config and deps are not those its fingerprint {record.get('fingerprint')} was "
-                     "made from: was the record edited? (restore it, or force a rebuild)")  # fmt: skip
+                     f"made from: was the record edited? ({EDITED_FIX})")  # fmt: skip
 
 
 def recipe_drift(record: Mapping[str, Any], payload: Mapping[str, Any], fingerprint_now: str) -> list[str] | None:
@@ -254,6 +260,21 @@ def recipe_drift(record: Mapping[str, Any], payload: Mapping[str, Any], fingerpr
     if record.get("fingerprint") == fingerprint_now and not lines:
         return None
     return lines
+
+
+def drift_warning(record: Record, artifact: Any) -> str | None:
+    """What serving `record` as `artifact` (an `experiment.Artifact`: its `key`,
+    `payload()`, `fingerprint` and `expect_fingerprint`) tells: None when the record holds
+    the recipe now; else the drift warning of its `recipe_drift` lines and `edited_note`
+    (`drift.drift_notice`), or DriftError when the artifact pins its fingerprint. One
+    wording for planning and for a job serving another run's build."""
+    data = record.to_json()
+    lines = recipe_drift(data, artifact.payload(), artifact.fingerprint)
+    if lines is None:
+        return None
+    note = edited_note(data)
+    lines = lines + ([note] if note else [])
+    return drift_notice(artifact.key, record.fingerprint, artifact.fingerprint, lines, artifact.expect_fingerprint)
 
 
 def identity_fields(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -306,6 +327,7 @@ class UnreadableFile(StepError):
 
     def __init__(self, field: str, path: str, location: str, reason: str, built: bool = True, flags: str = ""):
         self.field, self.path, self.location, self.reason, self.built = field, path, location, reason, built
+        self.flags = flags
         if built:
             fix = f"the artifact is damaged; {rebuild_hint(location, flags)}"
         else:  # data adopted in place (`adopt`, copy false): no step of this workflow writes them
@@ -313,8 +335,8 @@ class UnreadableFile(StepError):
                    "an adopted source?); restore its files there, or adopt a good copy under a new version")
         super().__init__(f"{field}: {path} is unreadable ({reason}): {fix}")
 
-    def __reduce__(self) -> tuple[Any, ...]:  # picklable (a worker process may raise it)
-        return (UnreadableFile, (self.field, self.path, self.location, self.reason, self.built))
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable (a worker process may raise it), flags kept
+        return (UnreadableFile, (self.field, self.path, self.location, self.reason, self.built, self.flags))
 
     def with_flags(self, flags: str) -> UnreadableFile:
         """The same line, its `snakemake -f RECORD` followed by `flags`
@@ -351,8 +373,7 @@ def write_failure(
     """Write one failure record; returns its location. On a pod every process that
     fails writes its own (`process` is its index; the file name ends `-p<index>`
     except for process 0), so the cause is recorded even where it was not process 0."""
-    when = provenance.get("ended") or iso(utc_now())
-    stamp = when.replace(":", "").replace("-", "")
+    stamp = history_stamp(when=provenance.get("ended") or None)
     record = {
         **identity_fields(entry),
         **({} if process is None else {"process": process}),

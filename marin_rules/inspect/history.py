@@ -9,10 +9,14 @@ failure, the error's first line (said last, after its exit status: a command it 
 with is followed by nothing). Events that appear twice (a failure copied into a
 history folder) are shown once. A failure record (or the current record) that cannot
 be read is an `unreadable` event naming the file (`reading.UnreadableRecord`), listed
-last: an attempt is never left out unsaid. A record a forced rebuild kept that cannot
-be read is a `REPLACED_UNREADABLE` event: usually the corrupt record that was the
-reason to force the rebuild, now history that nothing reads, so nothing to repair.
-The text form shows each value `printable`.
+last: an attempt is never left out unsaid. A record a forced rebuild kept
+(`.history/<time>/...`) that cannot be read is a `REPLACED_UNREADABLE` event: usually
+the corrupt record that was the reason to force the rebuild, now history that nothing
+reads, so nothing to repair. The record a forced rebuild saved before it runs
+(`.history/.forced-record`, `files.FORCED_MARKER`) is no replaced build: its rebuild is
+pending, and a rebuild that fails puts it back as the current record. It is shown as
+`PENDING` (when it is not the current record itself), or `PENDING_UNREADABLE` with its
+rebuild command. The text form shows each value `printable`.
 """
 
 from __future__ import annotations
@@ -22,19 +26,24 @@ from typing import Any, Mapping
 
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.files import FORCED_MARKER
 from marin_rules.artifacts.identity import ArtifactId
+from marin_rules.artifacts.records import rebuild_hint
 from marin_rules.inspect import reading
 from marin_rules.inspect.status import first_line
 
 UNREADABLE = "unreadable"
 REPLACED_UNREADABLE = "replaced, its record unreadable"  # a build a forced rebuild replaced
+REPLACED = "built (replaced by a forced rebuild)"
+PENDING = "built (pending forced rebuild)"  # the record `.history/.forced-record` saved
+PENDING_UNREADABLE = "pending forced rebuild, its saved record unreadable"
 
 
 @dataclass(frozen=True)
 class Event:
     started: str
     ended: str
-    outcome: str  # "built (current)", "built (replaced by a forced rebuild)", "failed", UNREADABLE, REPLACED_UNREADABLE
+    outcome: str  # "built (current)", REPLACED, PENDING, "failed", UNREADABLE, REPLACED_UNREADABLE, PENDING_UNREADABLE
     host: str
     user: str
     duration_s: float | None
@@ -81,14 +90,14 @@ def artifact_history(location: str, expected: ArtifactId | None = None, hint_fla
         events.append(_event(current, "built (current)"))
     kept = [
         *((path, "failed") for path in reading.failure_files(location)),
-        *((path, "built (replaced by a forced rebuild)") for path in reading.history_files(location)),
+        *((path, _kept_outcome(path)) for path in reading.history_files(location)),
         *((path, "failed") for path in reading.history_failure_files(location)),
     ]
     for path, outcome in kept:
         try:
             old = reading.read_json_file(path)
         except reading.UnreadableRecord as e:
-            events.append(_unreadable(e, replaced=outcome != "failed"))
+            events.append(_unreadable(e, outcome, rebuild_hint(location, hint_flags)))
             continue
         if old is not None and not (outcome != "failed" and old == current):  # a forced build's marker
             events.append(_event(old, outcome))  # holding the record still in place is not another attempt
@@ -96,15 +105,27 @@ def artifact_history(location: str, expected: ArtifactId | None = None, hint_fla
     return sorted(unique.values(), key=lambda e: (e.started, e.ended))  # unreadable ("?") last
 
 
-def _unreadable(error: reading.UnreadableRecord, replaced: bool) -> Event:
-    """The event of a failure record that cannot be read, or (`replaced`) of a record a
-    forced rebuild kept under `.history/`: that build is history, so its line says
-    what it is and that nothing needs it, instead of asking for a repair."""
-    if not replaced:
-        return Event("?", "?", UNREADABLE, "?", "?", None, "-", str(error))
-    text = (f"{error.path} ({error.problem}): kept as found when a forced rebuild replaced that build (likely "
-            "because this record was corrupt); nothing reads it, nothing to repair")  # fmt: skip
-    return Event("?", "?", REPLACED_UNREADABLE, "?", "?", None, "-", text)
+def _kept_outcome(path: str) -> str:
+    """The outcome of a record under `.history/` (`reading.history_files`): a build a
+    forced rebuild replaced, or the record a pending forced rebuild saved (the marker)."""
+    return PENDING if path.rsplit("/", 1)[-1] == FORCED_MARKER else REPLACED
+
+
+def _unreadable(error: reading.UnreadableRecord, outcome: str, hint: str) -> Event:
+    """The event of a failure record (`outcome` "failed") that cannot be read; of a record
+    a forced rebuild kept under `.history/<time>/` (REPLACED): that build is history, so
+    its line says what it is and that nothing needs it, instead of asking for a repair;
+    or of the record a pending forced rebuild saved (PENDING): put back as the current
+    record if that rebuild fails, so its line ends with the rebuild (`hint`)."""
+    if outcome == REPLACED:
+        text = (f"{error.path} ({error.problem}): kept as found when a forced rebuild replaced that build (likely "
+                "because this record was corrupt); nothing reads it, nothing to repair")  # fmt: skip
+        return Event("?", "?", REPLACED_UNREADABLE, "?", "?", None, "-", text)
+    if outcome == PENDING:
+        text = (f"{error.path} ({error.problem}): saved by a forced rebuild that has not run yet, and put back as "
+                f"the current record if that rebuild fails; {hint}")  # fmt: skip
+        return Event("?", "?", PENDING_UNREADABLE, "?", "?", None, "-", text)
+    return Event("?", "?", UNREADABLE, "?", "?", None, "-", str(error))
 
 
 def format_history(key: str, events: list[Event], unbuilt: str = "never built") -> str:
@@ -117,10 +138,12 @@ def format_history(key: str, events: list[Event], unbuilt: str = "never built") 
     notes = [f"{unreadable} with an unreadable record"] if unreadable else []
     if replaced:
         notes.append(f"{replaced} replaced build{'s' if replaced != 1 else ''} whose record is unreadable")
+    if any(e.outcome == PENDING_UNREADABLE for e in events):
+        notes.append("a pending forced rebuild whose saved record is unreadable")
     lines = [f"{key}: {len(events)} attempt{'s' if len(events) != 1 else ''}"
              + (f" ({', '.join(notes)}, listed last)" if notes else "")]  # fmt: skip
     for e in events:
-        if e.outcome in (UNREADABLE, REPLACED_UNREADABLE):
+        if e.outcome in (UNREADABLE, REPLACED_UNREADABLE, PENDING_UNREADABLE):
             lines.append(f"  {e.outcome}: {printable(e.error)}")
             continue
         took = "-" if e.duration_s is None else f"{e.duration_s:.1f}s"

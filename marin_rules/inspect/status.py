@@ -18,7 +18,8 @@ recipe and its upstreams' records:
   built            the record matches the recipe ("; last retry failed: ..." when a
                    newer failure exists)
   drifted          the record was built from another recipe (how many fields differ), or
-                   its step, config or deps were edited since (`records.recipe_drift`)
+                   its step, config or deps were edited since (`records.recipe_drift`;
+                   its fingerprint still the recipe's: restore it, or force a rebuild)
   upstream rebuilt an upstream's record differs from the one this was built on
                    (and, when a forced run stopped before rebuilding this one too,
                    that the next run rebuilds it)
@@ -50,7 +51,7 @@ from marin_rules.adopt import recorded_source, recorded_source_problems, source_
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.code import code_change, code_hash
 from marin_rules.artifacts.builds import build_of, rebuilt_upstreams
-from marin_rules.artifacts.drift import printable
+from marin_rules.artifacts.drift import EDITED_FIX, edited_record, printable
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.files import list_data_files
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
@@ -249,7 +250,8 @@ def location_status(
     rebuilt = _rebuilt_upstreams(record, upstream_records) if artifact is not None and upstream_records else []
     drift = None if artifact is None else recipe_drift(record, artifact.payload(), artifact.fingerprint)
     if drift is not None:
-        state, reason = "drifted", _drift_reason(drift, edited_note(record), artifact.id.is_dev)
+        edited = edited_record(str(record.get("fingerprint")), artifact.fingerprint)
+        state, reason = "drifted", _drift_reason(drift, edited_note(record), artifact.id.is_dev, edited)
     elif rebuilt:
         state, reason = "upstream rebuilt", f"{rebuilt[0]}{' (and more)' if len(rebuilt) > 1 else ''}"
     adopted = recorded_source_problems(step, record.get("result"))  # data adopted in place: its source now
@@ -288,17 +290,23 @@ def location_status(
     return status, record
 
 
-def _drift_reason(lines: list[str], edited: str | None, dev: bool = False) -> str:
+def _drift_reason(lines: list[str], edited: str | None, dev: bool = False, same_fingerprint: bool = False) -> str:
     """The reason of a drifted record (`recipe_drift`'s lines; `edited`: `edited_note`);
-    a `dev` version is rebuilt by every run, so no version bump is asked for."""
+    a `dev` version is rebuilt by every run, so no version bump is asked for; a record
+    whose fingerprint is the recipe's (`same_fingerprint`: its own fields were edited,
+    `drift.edited_record`) has no new recipe to build: the reason ends with the note's
+    fix (restore it, or force a rebuild), as the drift warning does."""
     n = len(lines)
     if lines:
         fields = f"{n} field{'s differ' if n != 1 else ' differs'}"
         differ = f"{fields} from the recipe ({lines[0]}{', ...' if n > 1 else ''})"
     else:
         differ = "its recorded fingerprint is not the recipe's, yet no recorded field differs"
-    then = "a dev version: the next run rebuilds it" if dev else "served as built, bump the version to build the new recipe"
-    return f"{differ}{f'; {edited}' if edited else ''}; {then}"
+    if dev:
+        return f"{differ}{f'; {edited}' if edited else ''}; a dev version: the next run rebuilds it"
+    if same_fingerprint:
+        return f"{differ}; served as built; {edited or f'the record was edited: {EDITED_FIX}'}"
+    return f"{differ}{f'; {edited}' if edited else ''}; served as built, bump the version to build the new recipe"
 
 
 def _rebuilt_upstreams(record: Mapping[str, Any], upstream_records: Mapping[str, dict | None]) -> list[str]:

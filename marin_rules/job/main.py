@@ -51,6 +51,7 @@ from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.provenance import iso, utc_now
 from marin_rules.artifacts.records import error_message, read_record
+from marin_rules.dev_versions import DISCARDED
 from marin_rules.job.run import JobTerminated, install_stop_handlers, run_step, stop_for_lost_lease
 
 
@@ -295,20 +296,17 @@ def retire_forced_build(
     return moved, owed
 
 
-DISCARDED = "discarded (a dev version keeps no history)"
-
-
 def kept_or_discarded(artifact: Any, moved: str) -> str:
     """What was set aside under `.history/` at `moved` (an old build, or what an attempt
     left): kept there (returns `moved`), or, for an artifact that keeps no history (a dev
     version: `dev_versions.keeps_history`), deleted (returns `DISCARDED`). Failure
     records stay either way."""
+    from marin_rules.artifacts.files import discard, history_entry
     from marin_rules.dev_versions import keeps_history
-    from marin_rules.workflow.forcing import discard_old_build
 
     if keeps_history(artifact.id):
         return moved
-    discard_old_build(moved)
+    discard(history_entry(moved))  # the whole .history/<stamp>/, not only a shard's folder in it
     return DISCARDED
 
 
@@ -504,16 +502,11 @@ def check_served_recipe(artifact: Any, record: Any) -> None:
     tell the drift warning (`drift.drift_notice`); when the artifact pins its fingerprint
     (`expect_fingerprint:`), raise the pinned-drift DriftError instead (the job fails in
     one line, with no failure record: no build was attempted)."""
-    from marin_rules.artifacts.drift import drift_notice
-    from marin_rules.artifacts.records import edited_note, recipe_drift
+    from marin_rules.artifacts.records import drift_warning
 
-    data = record.to_json()
-    lines = recipe_drift(data, artifact.payload(), artifact.fingerprint)
-    if lines is None:
-        return
-    note = edited_note(data)
-    lines = lines + ([note] if note else [])
-    tell(drift_notice(artifact.key, record.fingerprint, artifact.fingerprint, lines, artifact.expect_fingerprint))
+    notice = drift_warning(record, artifact)
+    if notice is not None:
+        tell(notice)
 
 
 def lossy_example(result: Any) -> str | None:

@@ -25,7 +25,9 @@ set aside: moved to `.history/<UTC time>-damaged/checkpoints/<step>/` of the art
 where everything an artifact keeps but does not serve goes (old builds, stale
 leftovers): kept for a look, not among the data files its success record lists, out of
 orbax's sight and out of the way of the next save of that step (orbax refuses to save
-onto an existing step, even with `force=True`). When none
+onto an existing step, even with `force=True`). A run that keeps no history (a dev
+version, `dev_versions.keeps_history`: its caller says so) deletes them instead, and
+says so in the same line. When none
 restores, the cause may as well be the code or the storage as the files, so nothing is
 moved and the run stops with one line naming the folder and the fix (train from
 scratch) instead of silently throwing the training away. On a multi-process run the
@@ -52,9 +54,9 @@ import orbax.checkpoint as ocp
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import StepError
-from marin_rules.artifacts.files import HISTORY_DIR
+from marin_rules.artifacts.files import discard, move_into_history
 from marin_rules.artifacts.records import rebuild_hint
-from marin_rules.artifacts.provenance import iso, utc_now
+from marin_rules.dev_versions import DISCARDED
 
 
 def checkpoint_dir(output: str) -> str:
@@ -161,23 +163,24 @@ def _everywhere(ok: bool) -> bool:
     return bool(np.all(multihost_utils.process_allgather(np.array([ok]))))
 
 
-def set_aside(output: str, step: int) -> str:
+def set_aside(output: str, step: int, keep_history: bool = True) -> str:
     """Move checkpoint `step` of the run at `output` under the artifact's `.history/`
     (`<UTC time>-damaged/checkpoints/<step>`), out of orbax's sight and out of the data
-    files; returns where it went."""
-    source = storage.join(checkpoint_dir(output), str(step))
-    stamp = iso(utc_now()).replace(":", "").replace("-", "")
-    target = storage.join(_absolute(output), HISTORY_DIR, f"{stamp}-{DAMAGED}", "checkpoints", str(step))
-    storage.makedirs(storage.parent(target))
-    storage.move(source, target)
-    return target
+    files; returns where it went. Without `keep_history` (a dev version) it is deleted
+    instead; returns DISCARDED."""
+    if not keep_history:
+        discard(storage.join(checkpoint_dir(output), str(step)))
+        return DISCARDED
+    return move_into_history(_absolute(output), f"checkpoints/{step}", DAMAGED)
 
 
-def restore_latest(manager: ocp.CheckpointManager, output: str, model: Any, optimizer: Any) -> tuple[int, Any, Any]:
+def restore_latest(
+    manager: ocp.CheckpointManager, output: str, model: Any, optimizer: Any, keep_history: bool = True
+) -> tuple[int, Any, Any]:
     """(step, model, optimizer) of the newest checkpoint of the run at `output` that
     restores, laid out like `model` and `optimizer`; (0, None, None) when there is none.
-    Checkpoints newer than it are named on stderr and set aside; StepError when some
-    exist but none restores."""
+    Checkpoints newer than it are named on stderr and set aside (deleted without
+    `keep_history`: `set_aside`); StepError when some exist but none restores."""
     folder = checkpoint_dir(output)
     failed: list[tuple[int, str]] = []
     for step in sorted(manager.all_steps(), reverse=True):
@@ -196,8 +199,10 @@ def restore_latest(manager: ocp.CheckpointManager, output: str, model: Any, opti
         if failed:
             if jax.process_index() == 0:
                 for bad, _ in failed:
-                    print(f"{storage.join(folder, str(bad))}: set aside as {set_aside(output, bad)}; "
-                          f"resuming from checkpoint {step}", file=sys.stderr, flush=True)  # fmt: skip
+                    left = set_aside(output, bad, keep_history)
+                    where = left if left == DISCARDED else f"set aside as {left}"
+                    print(f"{storage.join(folder, str(bad))}: {where}; resuming from checkpoint {step}",
+                          file=sys.stderr, flush=True)  # fmt: skip
             if jax.process_count() > 1:
                 from jax.experimental import multihost_utils
 

@@ -149,13 +149,18 @@ def open_checkpoints(output: str, recipe: Mapping[str, Any] | None, writer: bool
     return manager, start
 
 
-def start_state(config: TrainConfig, mesh: Any, manager: Any, output: str) -> tuple[Any, Any, TrainState, int]:
+def start_state(
+    config: TrainConfig, mesh: Any, manager: Any, output: str, keep_history: bool = True
+) -> tuple[Any, Any, TrainState, int]:
     """(graphdef, optimizer, state, step): fresh weights at step 0, or those of the newest
-    checkpoint that restores (`checkpoint.restore_latest`: damaged newer ones are set aside)."""
+    checkpoint that restores (`checkpoint.restore_latest`: damaged newer ones are set
+    aside, or deleted without `keep_history`)."""
     graphdef, params, state = init_model(config.model, config.seed, mesh)
     tx = make_optimizer(config.optimizer, config.num_train_steps)
     opt_state = jax.jit(tx.init)(params)
-    start, weights, restored = checkpoint.restore_latest(manager, output, {"params": params, "state": state}, opt_state)
+    start, weights, restored = checkpoint.restore_latest(
+        manager, output, {"params": params, "state": state}, opt_state, keep_history
+    )
     if start:
         params, state, opt_state = weights["params"], weights["state"], restored
     return graphdef, tx, TrainState(params, state, opt_state), start
@@ -236,12 +241,14 @@ def train_steps(
 
 
 def run(
-    config: TrainConfig, data: Data, output: str, runtime: Mapping[str, Any], recipe: Mapping[str, Any] | None = None
+    config: TrainConfig, data: Data, output: str, runtime: Mapping[str, Any], recipe: Mapping[str, Any] | None = None,
+    keep_history: bool = True,
 ) -> dict:
     """Train (or resume) the run at `output`; returns the result summary. `recipe`
     (`recipe.make_recipe` of the step's config and deps) is recorded with fresh
     checkpoints and must match the stored one to resume. `runtime.peak_flops` (FLOP/s
-    of all devices of the run) skips measuring the MFU ceiling."""
+    of all devices of the run) skips measuring the MFU ceiling. Without `keep_history`
+    (a dev version) a checkpoint that does not restore is deleted, not set aside."""
     writer = distributed.is_writer()
     data_size, expert_size = mesh_shape(config)
     check_divisible(config, data_size * expert_size)
@@ -251,7 +258,7 @@ def run(
     peak = float(given or run_peak_flops(config.model.compute_dtype))
     with jax.set_mesh(mesh):
         try:
-            graphdef, tx, ts, start = start_state(config, mesh, manager, output)  # may fall back to an earlier step
+            graphdef, tx, ts, start = start_state(config, mesh, manager, output, keep_history)  # may fall back to an earlier step
         except BaseException:
             manager.close()
             raise

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.identity import parse_key
+from marin_rules.dev_versions import keeps_history
 from marin_rules.train import distributed
 from marin_rules.train.config import parse_train_config
 from marin_rules.train.recipe import make_recipe
@@ -53,5 +55,6 @@ def train(ctx: StepContext) -> dict:
         tokenizer=train_loader.tokenizer,
         eos_id=getattr(train_loader, "eos_id", None),
     )
-    return run(config, data, ctx.output, ctx.runtime, recipe=recipe)
+    keep_history = keeps_history(parse_key(ctx.key))  # a dev version's damaged checkpoints are deleted
+    return run(config, data, ctx.output, ctx.runtime, recipe=recipe, keep_history=keep_history)
 
