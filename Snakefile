@@ -10,14 +10,13 @@
 # Each job runs `python -m marin_rules.job` (marin.JOB_SHELL, every value quoted by `:q`);
 # its output goes to the rule's log, shown by --show-failed-logs.
 import marin_rules.workflow as marin
-from marin_rules.cluster.pod import refuse_unreachable_prefix
 
 M = marin.begin(workflow, config)
 
 
 onstart:
-    # one onstart: a second one would replace this one
-    refuse_unreachable_prefix(workflow.executor_plugin.name, workflow.executor_settings, M.prefix)
+    # one onstart: a second one would replace this one. Snakemake has locked the working
+    # directory: forced builds are set aside now, not while planning (Session.start).
     marin.on_start()
 
 
@@ -42,3 +41,6 @@ include: "rules/export.smk"
 include: "rules/scaling.smk"
 include: "rules/custom.smk"
 include: "rules/report.smk"
+
+# Our rules' names as Snakemake registered them (prefixed when used as a module).
+M.name_rules(rules)

@@ -94,6 +94,22 @@ def test_gcloud_backend_refuses_a_local_prefix_before_running_anything(tmp_path)
         timeout=60,
     )  # fmt: skip
     assert proc.returncode != 0
-    assert "TPU workers cannot see the local prefix 'artifacts'" in proc.stderr
-    assert "--config prefix=gs://BUCKET/PATH" in proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if "TPU workers cannot see the local prefix 'artifacts'" in line]
+    assert line.startswith("marin-rules: pods/where@v1: its job goes to TPU workers: ")  # one line, no frames
+    assert "--config prefix=gs://BUCKET/PATH" in line
+    assert "MarinError" not in proc.stderr and "Traceback" not in proc.stderr
     assert not (wf / "artifacts").exists() and gcloud_calls(cloud) == []
+
+
+def test_gcloud_backend_runs_a_plan_without_pod_jobs_on_a_local_prefix(tmp_path):
+    # no planned job asks for a TPU: every job runs on this host, which sees the local prefix
+    wf = _workflow_checkout(tmp_path / "wf")
+    cloud = tmp_path / "cloud"
+    env = {**os.environ, **install_fake_cloud(tmp_path / "bin", cloud), "PYTHONPATH": HELPERS}
+    proc = subprocess.run(
+        [SNAKEMAKE, "--profile", "tpu", "--configfile", "exp.yaml", "--config", "target=raw/numbers@v1"],
+        cwd=wf, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "cannot see the local prefix" not in proc.stderr
+    assert storage.exists(str(wf / "artifacts/raw/numbers/v1/.artifact.json")) and gcloud_calls(cloud) == []

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -165,16 +164,14 @@ def test_finished_shards_of_an_ungathered_artifact_made_from_an_old_tokenizer_ar
     assert len(sorted((prefix / TOKENS / ".history").glob("*-stale/shards/*/shard.json"))) == 2  # set aside
 
 
-def test_shards_of_an_older_recipe_are_never_gathered_and_a_forced_build_as_printed_replaces_them(
-    tmp_path, snakemake_cmd
-):
+def test_shards_of_an_older_recipe_are_set_aside_by_their_own_jobs_and_built_again_in_one_run(tmp_path, snakemake_cmd):
     # the run stopped between the shards and the gather (the record removed here), then
-    # the recipe changed without a version bump. Snakemake takes the finished shards as
-    # done, so the gather meets them: it refused with "delete .../shards", which could
-    # also delete shards another run of today's recipe had just written. It names the
-    # forced build instead, which sets every old shard aside (refused while any shard's
-    # lease is live) and builds them all; the command runs as printed. (Where each shard's
-    # own job sets its old shard aside under its lease, the first run builds it.)
+    # the recipe changed without a version bump. Snakemake took the finished shards as
+    # done, so the gather met them and refused with "delete .../shards", which could also
+    # delete shards another run of today's recipe had just written. Planning now reruns
+    # each such shard's job, which sets its old shard aside under its lease and builds it
+    # anew; the gather then finds only today's recipe. (The gather's own refusal, for a
+    # shard planning did not see, is `test_a_shard_record_is_judged_by_recipe_then_by_upstream_builds`.)
     exp = experiment(tmp_path, tokenize_shards=2, dedup_shards=1)
     prefix = tmp_path / "art"
     base = ["--configfile", str(exp), "--cores", "2", "--config", f"prefix={prefix}"]
@@ -184,19 +181,55 @@ def test_shards_of_an_older_recipe_are_never_gathered_and_a_forced_build_as_prin
     exp.write_text(exp.read_text().replace("validation_fraction: 0.2", "validation_fraction: 0.25"))
     first = snakemake_cmd(*base, cwd=tmp_path, check=False)
     out = first.stdout + first.stderr
+    assert first.returncode == 0, out[-4000:]
     assert f"was made from another recipe (fingerprint {old} then, " in out
-    if first.returncode != 0:  # the gather refused them: the command it prints rebuilds it
-        command = out.split("rebuild it with: ", 1)[1].split(" (what the old recipe left moves to .history/, kept)")[0]
-        assert shlex.split(command)[:3] == ["snakemake", "-f", str(prefix / TOKENS / ".artifact.json")]
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-        forced = subprocess.run([*shlex.split(command), "--cores", "2"], cwd=tmp_path, env=env, capture_output=True,
-                                text=True, timeout=300)  # fmt: skip
-        assert forced.returncode == 0, forced.stderr[-4000:]
-        assert "forced: what an unfinished attempt left moved to" in forced.stderr
     assert json.loads((prefix / TOKENS / ".artifact.json").read_text())["config"] == {"validation_fraction": 0.25}
     kept = [json.loads(p.read_text()) for p in (prefix / TOKENS / ".history").glob("*/shards/*/shard.json")]
     assert [r["fingerprint"] for r in kept] == [old, old]  # both old shards set aside, not lost
     assert json.loads((prefix / TOKENS / "index.json").read_text())["validation_fraction"] == 0.25
+
+
+def test_changing_runtime_shards_of_an_unfinished_artifact_sets_the_old_count_aside(tmp_path, snakemake_cmd):
+    # the run stopped between the shards and the gather (the record removed here), then
+    # runtime.shards changed from 2 to 3: the gather of 3 once deleted the 2 finished shards
+    exp = experiment(tmp_path, tokenize_shards=2, dedup_shards=1)
+    prefix = tmp_path / "art"
+    base = ["--configfile", str(exp), "--cores", "2", "--config", f"prefix={prefix}"]
+    snakemake_cmd(*base, cwd=tmp_path)
+    old = {k: (prefix / TOKENS / f"shards/0000{k}-of-00002/shard.json").read_bytes() for k in (0, 1)}
+    (prefix / TOKENS / ".artifact.json").unlink()
+    experiment(tmp_path, tokenize_shards=3, dedup_shards=1)
+    snakemake_cmd(*base, cwd=tmp_path)
+    assert json.loads((prefix / TOKENS / ".artifact.json").read_text())["result"]["shards"] == 3
+    assert sorted(p.name for p in (prefix / TOKENS / "shards").iterdir()) == [f"0000{k}-of-00003" for k in range(3)]
+    (stale,) = (prefix / TOKENS / ".history").glob("*-stale")
+    assert {k: (stale / f"shards/0000{k}-of-00002/shard.json").read_bytes() for k in (0, 1)} == old  # kept
+    log = (tmp_path / ".snakemake/marin-logs" / TOKENS / "job.log").read_text()
+    assert f"{prefix / TOKENS}: runtime.shards is 3 now: what the shards of another count left (00000-of-00002, " \
+           f"00001-of-00002) moved to {stale} (kept, not gathered)" in log
+
+
+def test_a_shard_of_another_count_that_another_run_builds_is_not_set_aside(tmp_path):
+    from marin_rules.artifacts import lease as leases
+    from marin_rules.artifacts.shards import set_aside_other_counts
+
+    location = str(tmp_path / "t")
+    other = tmp_path / "t/shards/00001-of-00002"
+    (other / "train").mkdir(parents=True)
+    (other / "train/tokens-00000.npy").write_bytes(b"being written")
+    held = leases.acquire(str(other), is_done=lambda: False)  # another run's shard job, alive
+    try:
+        with pytest.raises(StepError, match=r"^runtime.shards: shard 00001-of-00002 of another count is being built by "):
+            set_aside_other_counts(location, 3)
+    finally:
+        held.release()
+    assert (other / "train/tokens-00000.npy").read_bytes() == b"being written"
+    assert not (tmp_path / "t/.history").exists()
+    assert set_aside_other_counts(location, 2)[1] == []  # its own count: nothing to do
+    folder, moved = set_aside_other_counts(location, 3)  # that run has ended: now it goes, whole
+    assert moved == ["00001-of-00002"] and not other.exists()
+    assert (Path(folder) / "shards/00001-of-00002/train/tokens-00000.npy").read_bytes() == b"being written"
+    assert Path(folder).name.endswith("-stale") and Path(folder).parent == tmp_path / "t/.history"
 
 
 def test_a_shard_record_is_judged_by_recipe_then_by_upstream_builds(tmp_path):

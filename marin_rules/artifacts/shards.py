@@ -18,13 +18,18 @@ artifact's fingerprint (`OtherRecipeShard`), naming that forced build. The gathe
 (the artifact's own job) reads every shard record of the current count, refusing a
 missing one or one of another recipe, and writes the artifact's success record: once,
 last, and only when every shard is done. Shard folders of another count (the user
-changed `runtime.shards` between attempts) are removed by the gather before it lists
-the artifact's files.
+changed `runtime.shards` between attempts) are set aside by the gather before it lists
+the artifact's files, each under its own lease, to `.history/<UTC time>-stale/shards/`
+as other leftovers are (kept, never gathered), with one line in the job's log
+(`set_aside_other_counts`); one another run is building is refused. (A dev version,
+which keeps no history, never has them here: each of its runs sets its whole old build
+aside, and deletes it, before its shard jobs run.)
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -32,7 +37,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.builds import builds_in_deps, upstream_change
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import StepError
-from marin_rules.artifacts.files import HISTORY_DIR
+from marin_rules.artifacts.files import HISTORY_DIR, history_stamp
 from marin_rules.artifacts.records import rebuild_hint
 
 SHARDS_DIR = "shards"
@@ -147,7 +152,7 @@ class OtherRecipeShard(StepError):
     completes that command as `records.UnreadableFile` does."""
 
     def __init__(self, shard: str, path: str, location: str, change: str, flags: str = ""):
-        self.shard, self.path, self.location, self.change = shard, path, location, change
+        self.shard, self.path, self.location, self.change, self.flags = shard, path, location, change, flags
         super().__init__(
             f"shard {shard}: {path} {change}: the recipe changed without a version bump while this artifact was "
             f"unfinished; {rebuild_hint(location, flags)} (what the old recipe left moves to {HISTORY_DIR}/, kept), "
@@ -155,7 +160,7 @@ class OtherRecipeShard(StepError):
         )
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable, as every step error
-        return (OtherRecipeShard, (self.shard, self.path, self.location, self.change))
+        return (OtherRecipeShard, (self.shard, self.path, self.location, self.change, self.flags))
 
     def with_flags(self, flags: str) -> OtherRecipeShard:
         """The same line, its `snakemake -f RECORD` followed by `flags`
@@ -189,17 +194,76 @@ def gathered_results(
         if problems:
             raise StepError(f"shard {shard.name}: {problems[0]}; delete {shard.location(artifact_location)} and run again")
         results.append(record["result"])
-    remove_other_counts(artifact_location, count)
+    folder, moved = set_aside_other_counts(artifact_location, count)
+    if moved:
+        print(f"{artifact_location}: runtime.shards is {count} now: what the shards of another count left "
+              f"({', '.join(moved)}) moved to {folder} (kept, not gathered)", file=sys.stderr, flush=True)  # fmt: skip
     return results
 
 
-def remove_other_counts(artifact_location: str, count: int) -> None:
-    """Delete shard folders of another shard count (an earlier attempt's)."""
+def other_counts(artifact_location: str, count: int) -> list[str]:
+    """The names of the shard folders of another shard count than `count` (an earlier attempt's)."""
     folder = storage.join(artifact_location, SHARDS_DIR)
-    if not storage.exists(folder):
-        return
     fs, root = storage.filesystem(folder)
-    for entry in fs.ls(root.rstrip("/"), detail=False):
-        found = SHARD_NAME.fullmatch(entry.rstrip("/").rsplit("/", 1)[-1])
-        if found and int(found.group(2)) != count:
-            fs.rm(entry, recursive=True)
+    try:
+        entries = fs.ls(root.rstrip("/"), detail=False)
+    except FileNotFoundError:
+        return []
+    names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries]
+    return sorted(n for n in names if (found := SHARD_NAME.fullmatch(n)) and int(found.group(2)) != count)
+
+
+def set_aside_other_counts(artifact_location: str, count: int) -> tuple[str, list[str]]:
+    """Move what the shards of another count than `count` left into one folder
+    `.history/<UTC time>-stale/` (as `shards/<name>/`), each under that shard's lease
+    (taken without waiting: a live holder is another run building it with the other
+    count, refused in one line); returns that folder and the names of the shards that
+    left anything. An emptied folder is removed (a run that took its lease meanwhile loses it)."""
+    from marin_rules.artifacts import lease as leases
+
+    folder = storage.join(artifact_location, HISTORY_DIR, history_stamp("stale"))
+    moved: list[str] = []
+    for name in other_counts(artifact_location, count):
+        source = storage.join(artifact_location, SHARDS_DIR, name)
+        try:
+            held = leases.acquire(source, is_done=lambda: False, wait=False)
+        except leases.LeaseHeld as e:
+            raise StepError(
+                f"runtime.shards: shard {name} of another count is being built by {e.holder.describe()}: another run "
+                f"plans this artifact with other runtime.shards; give both the same runtime.shards, or run again once "
+                "that run has finished"
+            ) from None
+        try:
+            if _move_contents(source, storage.join(folder, SHARDS_DIR, name)):
+                moved.append(name)
+        finally:
+            held.release()
+        _remove_emptied(source)
+    return folder, moved
+
+
+def _move_contents(source: str, target: str) -> bool:
+    """Move every entry of the folder `source` but its lease files into `target`; False when there were none."""
+    from marin_rules.artifacts.lease import LEASE_FILE
+
+    fs, root = storage.filesystem(source)
+    entries = [e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(root.rstrip("/"), detail=False)]
+    entries = [e for e in entries if not e.startswith(LEASE_FILE)]
+    if entries:
+        storage.makedirs(target)
+    for entry in entries:
+        storage.move(storage.join(source, entry), storage.join(target, entry))
+    return bool(entries)
+
+
+def _remove_emptied(folder: str) -> None:
+    """Remove a shard folder `_move_contents` emptied, unless something but its lease's lock came meanwhile."""
+    from marin_rules.artifacts.lease import LEASE_FILE
+
+    fs, root = storage.filesystem(folder)
+    try:
+        left = [e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(root.rstrip("/"), detail=False)]
+        if all(e == LEASE_FILE + ".lock" for e in left):
+            fs.rm(root.rstrip("/"), recursive=True)
+    except FileNotFoundError:  # on GCS an emptied folder is gone already
+        pass

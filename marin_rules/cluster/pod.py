@@ -61,7 +61,7 @@ def pod_process_from_env(environ: Mapping[str, str]) -> PodProcess | None:
 
 def refuse_unreachable_prefix(executor: str | None, executor_settings: Any, prefix: str) -> None:
     """Raise when jobs go to Cloud TPU workers (executor `tpu`, backend `gcloud`), which
-    cannot see a local prefix. Called by the Snakefile's `onstart` (main process, real
+    cannot see a local prefix. Called by `Session.start` (main process, real
     runs only: the executor is known only after the Snakefile is parsed)."""
     if executor != "tpu" or getattr(executor_settings, "backend", None) != "gcloud" or storage.is_remote(prefix):
         return

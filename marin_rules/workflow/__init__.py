@@ -149,13 +149,16 @@ def report_inputs() -> list[str]:
 
 
 def on_start() -> None:
-    """From the Snakefile's `onstart:` (main process, scheduler running): forward
-    SIGINT/SIGTERM to the job processes; print the priced plan of the training jobs."""
+    """From the Snakefile's `onstart:` (main process, Snakemake has locked the working
+    directory, no job has run): refuse pod jobs that cannot see a local prefix, set aside
+    and mark forced builds (`Session.start`); forward SIGINT/SIGTERM/SIGHUP to the job
+    processes; print the priced plan of the training jobs. A Snakefile that uses ours as
+    a module calls it from its own `onstart:` (Snakemake runs the main Snakefile's only)."""
     if _session is not None:
+        _session.start()
         signals.forward_signals(_session.registry)
         if _session.main_process:
             _session.print_plan()
-
 
 
 def on_success() -> None:

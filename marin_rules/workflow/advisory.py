@@ -15,19 +15,27 @@ The priced plan (`marin_rules.inspect.plan.plan_lines`) of the training jobs tha
 run (missing, failed or forced, as the input functions saw them) is printed once on
 stderr by the main process: from `onstart:` in real runs, at exit in dry runs (where
 `onstart:` does not run); `--dag`, `--rulegraph` and runs with nothing to train print none.
+
+What the semantics need from Snakemake's own settings (`profiles/default`: only a missing
+record builds; a failed job never deletes a record another run wrote) is applied by the
+workflow profile, which Snakemake finds beside the main Snakefile or in the working
+directory only: a user's Snakefile that includes ours, or uses it as a `module`, runs
+without it. The main process then says once, while planning, which keys are missing and
+how to add them (`settings_warning`).
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 from marin_rules.artifacts import builds
 from marin_rules.artifacts.builds import build_of
 from marin_rules.artifacts.code import change_message, code_change
-from marin_rules.artifacts.drift import drift_message, printable
-from marin_rules.artifacts.errors import DriftError, MarinError
-from marin_rules.artifacts.records import Record, edited_note, recipe_drift
+from marin_rules.artifacts.drift import printable
+from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.records import Record, drift_warning
 from marin_rules.experiment import Artifact, Experiment
 
 
@@ -38,18 +46,9 @@ def report(
     DriftError on pinned drift. `recorded(key)` reads an upstream's record. Drift is
     judged by the record's fingerprint and by its own recipe fields (`recipe_drift`):
     a record edited by hand is drift too, and says so (`edited_note`)."""
-    data = record.to_json()
-    lines = recipe_drift(data, artifact.payload(), artifact.fingerprint)
-    if lines is not None:
-        note = edited_note(data)
-        lines = lines + ([note] if note else [])
-        if artifact.expect_fingerprint is not None:
-            first = f" ({lines[0]})" if lines else ""
-            raise DriftError(
-                f"{artifact.key}: recipe drift on a pinned artifact: recorded fingerprint {printable(record.fingerprint)}, "
-                f"pinned {artifact.expect_fingerprint}{first}; restore the recipe that was built, or bump the version"
-            )
-        print(drift_message(artifact.key, record.fingerprint, artifact.fingerprint, lines), file=sys.stderr)
+    notice = drift_warning(record, artifact)  # raises DriftError on pinned drift
+    if notice is not None:
+        print(notice, file=sys.stderr)
     change = code_change(artifact.step, record.provenance)
     if change is not None:
         print(printable(change_message(artifact.key, change, rebuild_hint)), file=sys.stderr)
@@ -85,3 +84,38 @@ def print_plan(experiment: Experiment, prefix: str, keys: list[str]) -> None:
     except (MarinError, ValueError, KeyError) as e:  # pricing is advice: never stop a run for it
         lines = [f"plan: not priced ({type(e).__name__}: {e})"]
     print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "default"  # the workflow profile beside our Snakefile
+
+
+def missing_settings(workflow: Any) -> list[str]:
+    """The keys of `profiles/default` that marin-rules' semantics need and this
+    invocation's settings (`workflow.dag_settings`, `workflow.execution_settings`, set
+    once the Snakefile is parsed) lack, as profile lines; [] when all are there."""
+    from snakemake.settings.enums import RerunTrigger
+
+    missing = []
+    dag = getattr(workflow, "dag_settings", None)
+    if dag is not None and set(dag.rerun_triggers or ()) != {RerunTrigger.MTIME}:
+        missing.append("rerun-triggers: mtime")
+    execution = getattr(workflow, "execution_settings", None)
+    for key in ("keep_incomplete", "ignore_incomplete"):
+        if execution is not None and not getattr(execution, key, False):
+            missing.append(f"{key.replace('_', '-')}: true")
+    return missing
+
+
+def settings_warning(missing: list[str]) -> str:
+    """One line naming the `missing_settings`, what goes wrong without them, and the fix."""
+    where = str(PROFILE) if PROFILE.is_dir() else "marin-rules' profiles/default"
+    harm = []
+    if any(m.startswith("rerun-triggers") for m in missing):
+        harm.append("the jobs of finished artifacts, and rules that use their records, run again when params or "
+                    "code change (\"Params have changed\")")
+    if any(m.endswith("incomplete: true") for m in missing):
+        harm.append("a failed job may delete a record another run on the prefix just wrote")
+    return (
+        f"marin-rules: warning: this run lacks settings of marin-rules' workflow profile ({'; '.join(missing)}): "
+        f"{'; '.join(harm)}; add --workflow-profile {where}, or copy those keys into your own profile"
+    )

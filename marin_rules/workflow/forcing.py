@@ -5,8 +5,9 @@ on a target record, `-F`), and forcing cascades to consumers as in plain Snakema
 `forced_directly` reads the same settings so the glue knows it too, and `left_out`
 which planned jobs `--until`/`--omit-from` keep from running. The main process saves a
 forced job's success record as the marker `{location}/.history/.forced-record`
-(`mark_forced`, real runs only), which tells the job to rebuild although a record is
-there. The job process, once it holds the lease, sees the marker and moves everything
+(`mark_forced`, real runs only, once Snakemake has locked the working directory and
+before any job runs: `session.Session.start`), which tells the job to rebuild although
+a record is there. The job process, once it holds the lease, sees the marker and moves everything
 the old build left (data, checkpoints, the saved record) into `.history/<UTC time>/`
 (`move_old_build`): the new build starts from an empty folder with the current recipe,
 and nothing is lost. If the rebuild fails (or is stopped), the old build goes back in
@@ -40,7 +41,7 @@ from typing import Any, Callable, Mapping
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE
 from marin_rules.artifacts.lease import LEASE_FILE
-from marin_rules.artifacts.files import FORCED_MARKER, HISTORY_DIR, REBUILDING, list_data_files
+from marin_rules.artifacts.files import FORCED_MARKER, HISTORY_DIR, REBUILDING, history_stamp, list_data_files
 from marin_rules.artifacts.provenance import iso, utc_now
 
 MARKER = FORCED_MARKER  # not *.json: not an earlier record for readers of .history/
@@ -55,7 +56,9 @@ def normalized(path: str) -> str:
 
 def forced_directly(dag_settings: Any, rule: str, records: set[str]) -> bool:
     """Does the command line force this job itself (not through an upstream)?
-    `records` are the normalized paths its record has (mirror and prefix)."""
+    `rule` is the job's rule as Snakemake names it (prefixed under a `module` import,
+    as `--forcerun` then names it); `records` are the normalized paths its record has
+    (mirror and prefix)."""
     if dag_settings is None:
         return False
     names = {str(f) for f in dag_settings.forcerun or ()}
@@ -182,8 +185,7 @@ def set_aside(location: str, why: str = "", part: str = "") -> str:
     """Move everything in the artifact folder `location` (or in its subfolder `part`, a
     shard's `shards/<name>`) but `.history/`, `.failures/` and the lease into
     `.history/<UTC time>[-why][/part]/`; returns that folder."""
-    stamp = iso(utc_now()).replace(":", "").replace("-", "") + (f"-{why}" if why else "")
-    target = storage.join(location, HISTORY_DIR, stamp, *([part] if part else []))
+    target = storage.join(location, HISTORY_DIR, history_stamp(why), *([part] if part else []))
     storage.makedirs(target)
     _move_entries(storage.join(location, part) if part else location, target)
     return target
@@ -314,10 +316,11 @@ def _move_entries(source: str, target: str) -> None:
 
 
 def retire_now(location: str, keep: bool = True, stale_s: float | None = None) -> str | None:
-    """A forced sharded artifact, from the main process while planning (real runs):
-    its shard jobs run before its own job, so the old build moves to `.history/` now,
-    under the artifact's lease. A live holder of it or of one of its shards (another
-    run building it) is refused: forcing a build in progress would wreck it."""
+    """A forced sharded artifact, from the main process at the start of a real run
+    (`session.Session.start`, after Snakemake's lock): its shard jobs run before its own
+    job, so the old build moves to `.history/` before any job runs, under the artifact's
+    lease. A live holder of it or of one of its shards (another run building it) is
+    refused: forcing a build in progress would wreck it."""
     from marin_rules.artifacts import lease as leases
     from marin_rules.artifacts.shards import SHARDS_DIR
 

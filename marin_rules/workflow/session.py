@@ -8,18 +8,33 @@ prefix its local mirror. Input functions (`inputs`) run on the submitting host f
 every job reachable from the targets, in real runs, `-n`, `--dag` and `--rulegraph`:
 records are read there through the one validating reader (a corrupt record stops the
 invocation with its one-line message, never served), drift is reported, forced jobs
-get their old record saved (`forcing.mark_forced`), and edges are `ancient()` unless
-their upstream is forced, so newer upstream files never rebuild a finished artifact.
-The job command itself gets every value it needs as a quoted parameter (`job_params`).
+are noted, and edges are `ancient()` unless their upstream is forced, so newer upstream
+files never rebuild a finished artifact. The job command itself gets every value it
+needs as a quoted parameter (`job_params`).
+
+Planning changes nothing on the prefix: input functions run before Snakemake locks the
+working directory, and a run that then meets another run's lock ends without running
+anything. What planning decided for forced artifacts (their old record saved,
+`forcing.mark_forced`; a sharded one's old build moved aside, below) is done by `start`,
+once Snakemake holds the lock and before any job runs: from the Snakefile's `onstart:`,
+or, where that handler does not run (our Snakefile used as a Snakemake `module`, or a
+user's own `onstart:` replacing ours), at the first evaluation of a job's resources
+(`attempt_resource`), which comes after the lock too. `start` also refuses a local
+prefix when a planned job runs on Cloud TPU workers (`refuse_unreachable_prefix`).
+Used as a module (`use rule * from marin as marin_*`), our rules carry the prefixed
+names: the Snakefile hands them to `name_rules`, and `--forcerun`, `--until` and
+`--omit-from` are read with those names.
 
 A sharded step (`tokenize`, `dedup`: `marin_rules.artifacts.shards`) has a second rule,
 `{step}_shard`, whose jobs build `{records_root}/{artifact}/shards/{shard}/shard.json`
 (`shard_pattern`), one per shard of the artifact's `runtime.shards`; the artifact's
 own job gathers them. Its record asks for the shard records only while it is unbuilt
 or forced (a finished artifact is served even where the shard records are not
-mirrored). A forced sharded artifact has its old build moved to `.history/` while
-planning (`forcing.retire_now`, under its lease), since its shard jobs run before
-its own job does; `--forcerun tokenize_shard` forces it as `--forcerun tokenize` does.
+mirrored). A forced sharded artifact has its old build moved to `.history/` by
+`start` (`forcing.retire_now`, under its lease), since its shard jobs run before its
+own job does; its shard jobs get the run stamp below, so Snakemake plans them (and
+`-n` lists them) although their old records are still there while planning;
+`--forcerun tokenize_shard` forces it as `--forcerun tokenize` does.
 A finished shard of an unfinished artifact that was made from other upstream builds
 than today's (its tokenizer rebuilt since) gets the run stamp below, so its job runs
 again and sets it aside (`_stale_shard`).
@@ -64,10 +79,12 @@ from marin_rules.artifacts.shards import SHARD_RECORD, SHARDS_DIR, all_shards, s
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.steps import SHARDED_STEPS
 from marin_rules.workflow import advisory, forcing
-from marin_rules.workflow.options import rerun_flags, rule_of, target_keys
+from marin_rules.workflow.options import CUSTOM_RULE, rerun_flags, rule_of, target_keys
 
 LOG_ROOT = ".snakemake/marin-logs"
 RUN_STAMP = ".snakemake/marin-run/stamp"  # rewritten once per invocation: newer than every record
+SETTINGS = ("settings",)  # in `warned`: Snakemake's settings were checked (`advisory.missing_settings`)
+TPU_RULES = ("train", CUSTOM_RULE)  # the rules whose `resources:` declare `tpu` (rules/train.smk, custom.smk)
 
 
 class Stop(SystemExit):
@@ -103,6 +120,11 @@ class Session:
     _new_cascades: list[str] = field(default_factory=list)  # of those: cascades this run began (no marker before)
     _began: str = field(default_factory=lambda: iso(utc_now()))  # when this invocation began (records' clock)
     _left_out: set[str] | None = None  # planned but not run: `--until`, `--omit-from` (`left_out`)
+    _to_retire: list[str] = field(default_factory=list)  # forced sharded artifacts, for `start`
+    _to_mark: list[tuple[str, bool]] = field(default_factory=list)  # (key, cascade) forced ones, for `start`
+    _pod_jobs: list[str] = field(default_factory=list)  # planned jobs that ask for a TPU (`tpu` resource)
+    _rule_names: dict[str, str] = field(default_factory=dict)  # our rule -> its name in Snakemake (`name_rules`)
+    _started: bool = False
     _stamped: bool = False
     succeeded: bool = False  # set by `onsuccess:`
 
@@ -196,11 +218,8 @@ class Session:
         }  # fmt: skip
 
     def tpu(self, wildcards) -> str:
-        """The `tpu` resource: the artifact's runtime.tpu (its form checked at load:
-        `experiment.Runtime`); "default" for training jobs that name none (the
-        executor's --tpu-type), "" (this host) for other steps."""
-        artifact = self.experiment.by_path[wildcards.artifact]
-        return artifact.runtime.get("tpu") or ("default" if artifact.step == "train" else "")
+        """The `tpu` resource of the rules that declare it (`TPU_RULES`)."""
+        return tpu_of(self.experiment.by_path[wildcards.artifact])
 
     def tpu_zone(self, wildcards) -> str:
         """The `tpu_zone` resource: the artifact's runtime.zone, or "" (the executor's)."""
@@ -211,7 +230,11 @@ class Session:
         Snakemake evaluates it again, in this process, before each retry (`--retries`).
         A forced rebuild that failed put the old build back and used up its mark; its
         retry is still that forced rebuild, so the mark is saved again here (else the
-        retry would find the old build and serve it as done)."""
+        retry would find the old build and serve it as done). Its first evaluation in a
+        real run (after Snakemake's lock, before the job runs) also makes sure `start`
+        has run: where the Snakefile's `onstart:` does not (used as a module)."""
+        if self.main_process and not self.dry:
+            self.start()
         if attempt > 1 and self.main_process and not self.dry:
             artifact = self.experiment.by_path.get(wildcards.artifact)
             if artifact is not None and artifact.key in self._marked:
@@ -220,16 +243,68 @@ class Session:
                     forcing.mark_forced(location, by_upstream=not self._direct.get(artifact.key))
         return attempt
 
+    # ---- the start of a real run --------------------------------------------------
+    def start(self) -> None:
+        """Once per real run, in the main process, after Snakemake locked the working
+        directory and before any job runs (see the module docstring): refuse pod jobs
+        that could not see a local prefix, then move and mark what planning decided for
+        forced artifacts. A run that Snakemake's lock refuses never gets here."""
+        if self._started or not self.main_process or self.dry:
+            return
+        self._started = True
+        self._refuse_unreachable_prefix()
+        for key in self._to_retire:  # may be refused (a live lease): before anything is marked
+            self._retire_sharded(self.experiment[key])
+        for key, cascade in self._to_mark:
+            self._mark(key, cascade)
+        self._to_retire, self._to_mark = [], []
+
+    def _refuse_unreachable_prefix(self) -> None:
+        """Cloud TPU workers (executor `tpu`, backend `gcloud`) cannot see a local prefix:
+        refused in one line, but only when a planned job goes to them (`_pod_jobs`)."""
+        from marin_rules.cluster.pod import refuse_unreachable_prefix
+
+        if not self._pod_jobs:
+            return
+        plugin = getattr(self.workflow, "executor_plugin", None)
+        try:
+            refuse_unreachable_prefix(getattr(plugin, "name", None), self.workflow.executor_settings, self.prefix)
+        except MarinError as e:
+            raise stop(MarinError(f"{self._pod_jobs[0]}: its job goes to TPU workers: {e}")) from None
+
+    def _mark(self, key: str, cascade: bool) -> None:
+        """Save a forced artifact's record as its marker (`forcing.mark_forced`); a cascade
+        this run begins (no marker before) may be taken back at exit (`drop_unbegun_cascades`)."""
+        location = self.location(key)
+        if cascade and key not in self._pending and not storage.exists(forcing.marker_of(location)):
+            self._new_cascades.append(key)
+        forcing.mark_forced(location, by_upstream=cascade)
+        self._marked.append(key)
+
     # ---- forcing -----------------------------------------------------------------
+    def name_rules(self, rules: Any) -> None:
+        """From the end of the Snakefile, with its `rules` namespace (our rules under the
+        names rules/*.smk give them): the names Snakemake registered them with, which a
+        `module` import renames (`use rule * from marin as marin_*` -> `marin_custom`).
+        The command line (`--forcerun`, `--until`, `--omit-from`) names those."""
+        for rule in {r for a in self.experiment.artifacts.values() for r in self._own_rules(a.step)}:
+            if rules.has(rule):
+                self._rule_names[rule] = getattr(rules, rule).rule.name
+
     def _record_names(self, key: str) -> set[str]:
         """The normalized paths the artifact's record has on a command line (mirror and prefix)."""
         return {forcing.normalized(self.record_path(key)), forcing.normalized(self.location(key) + "/" + RECORD_FILE)}
 
+    @staticmethod
+    def _own_rules(step: str) -> tuple[str, ...]:
+        """The rules (as rules/*.smk names them) of a step's jobs: its own, and
+        `{rule}_shard` for a sharded step."""
+        rule = rule_of(step)
+        return (rule, f"{rule}_shard") if step in SHARDED_STEPS else (rule,)
+
     def _rules(self, key: str) -> tuple[str, ...]:
-        """The rules of the artifact's jobs: its step's, and `{rule}_shard` for a sharded step."""
-        artifact = self.experiment[key]
-        rule = rule_of(artifact.step)
-        return (rule, f"{rule}_shard") if artifact.step in SHARDED_STEPS else (rule,)
+        """The rules of the artifact's jobs, as Snakemake names them (`name_rules`)."""
+        return tuple(self._rule_names.get(r, r) for r in self._own_rules(self.experiment[key].step))
 
     def is_forced(self, key: str) -> bool:
         """Will Snakemake force this job, directly or through a forced upstream?"""
@@ -293,6 +368,11 @@ class Session:
         from snakemake.io import ancient
 
         artifact = self.experiment.by_path[wildcards.artifact]
+        if self.main_process and SETTINGS not in self.warned:
+            self.warned.add(SETTINGS)
+            missing = advisory.missing_settings(self.workflow)
+            if missing:
+                print(advisory.settings_warning(missing), file=sys.stderr)
         forced = self.is_forced(artifact.key)
         record = None if forced else self.recorded(artifact.key)  # a forced one is replaced: even if corrupt
         if self.main_process and artifact.key not in self.warned:
@@ -303,8 +383,8 @@ class Session:
             inputs["marin_run_stamp"] = self._run_stamp()  # newer than the record: Snakemake reruns it
         elif "shard" in wildcards.keys() and self.main_process and not forced and self._stale_shard(artifact, wildcards.shard):
             inputs["marin_run_stamp"] = self._run_stamp()  # its job sets the stale shard aside and builds it
-        elif "shard" in wildcards.keys() and self.main_process and forced and self.dry and not self.left_out(artifact.key):
-            inputs["marin_run_stamp"] = self._run_stamp()  # listed by -n: a real run retires the old shards first
+        elif "shard" in wildcards.keys() and self.main_process and forced and not self.left_out(artifact.key):
+            inputs["marin_run_stamp"] = self._run_stamp()  # planned (and listed by -n): `start` retires the old shards
         elif "shard" not in wildcards.keys() and self.main_process and not forced and self._rebuild_unended(artifact):
             inputs["marin_run_stamp"] = self._run_stamp()  # its job restores the old build (or waits for the rebuild)
         for role, dep in artifact.deps.items():
@@ -393,28 +473,28 @@ class Session:
             if len(self.training) == 1 and getattr(self.workflow, "dryrun", False):  # -n (not --dag: no plan asked)
                 atexit.register(self.print_plan)  # `onstart:` does not run in dry runs
         if forced and self.left_out(artifact.key):
-            self._mark_left_out(artifact, self.dry)
+            self._mark_left_out(artifact)
             return
+        unended = not forced and record is not None and self._rebuild_unended(artifact)
+        if (forced or record is None or unended) and tpu_of(artifact) and not self.left_out(artifact.key):
+            self._pod_jobs.append(artifact.key)
         if forced:
-            dry = self.dry
             if artifact.key in self._pending:
                 print(
                     f"{artifact.key}: a forced run stopped {self._pending[artifact.key]} "
-                    f"but before rebuilding it: rebuilding it now (to keep this build instead, delete "
+                    f"but before rebuilding it: {'a real run rebuilds it' if self.dry else 'rebuilding it now'} "
+                    f"(to keep this build instead, delete "
                     f"{forcing.marker_of(self.location(artifact.key))})",
                     file=sys.stderr,
                 )
+            if self.dry:  # -n lists the jobs (shard jobs by the run stamp); nothing is moved or marked
+                return
             if artifact.step in SHARDED_STEPS:
-                self._retire_sharded(artifact, dry)
-            elif not dry:
-                location = self.location(artifact.key)
-                cascade = not self._direct.get(artifact.key)
-                if cascade and artifact.key not in self._pending and not storage.exists(forcing.marker_of(location)):
-                    self._new_cascades.append(artifact.key)
-                forcing.mark_forced(location, by_upstream=cascade)
-                self._marked.append(artifact.key)
+                self._to_retire.append(artifact.key)
+            else:
+                self._to_mark.append((artifact.key, not self._direct.get(artifact.key)))
             return
-        if record is not None and self._rebuild_unended(artifact):
+        if unended:
             print(f"{artifact.key}: a forced rebuild of it did not end (killed, or another run is rebuilding it): "
                   "its job restores the previous build, or waits for that run", file=sys.stderr)  # fmt: skip
         if record is not None:
@@ -424,22 +504,16 @@ class Session:
                 raise stop(e) from None
 
 
-    def _mark_left_out(self, artifact: Artifact, dry: bool) -> None:
+    def _mark_left_out(self, artifact: Artifact) -> None:
         """A forced artifact whose job this run leaves out (`left_out`): nothing is moved
         (its build serves until a run rebuilds it); only a cascade this run owes it
-        (`_owed`) is marked, so that the next run finishes it (`_left_pending`)."""
-        if dry or artifact.id.is_dev or not self._owed(artifact.key):
+        (`_owed`) is marked by `start`, so that the next run finishes it (`_left_pending`)."""
+        if self.dry or artifact.id.is_dev or not self._owed(artifact.key):
             return
-        location = self.location(artifact.key)
-        if not storage.exists(forcing.marker_of(location)):
-            self._new_cascades.append(artifact.key)
-        forcing.mark_forced(location, by_upstream=True)
-        self._marked.append(artifact.key)
+        self._to_mark.append((artifact.key, True))
 
-    def _retire_sharded(self, artifact: Artifact, dry: bool) -> None:
-        """A forced sharded artifact: move its old build aside now, so its shard jobs run."""
-        if dry:  # its shard jobs get the run stamp (`inputs`): -n lists them
-            return
+    def _retire_sharded(self, artifact: Artifact) -> None:
+        """A forced sharded artifact, from `start`: move its old build aside before its shard jobs run."""
         try:
             from marin_rules.job.main import lease_settings
 
@@ -524,6 +598,15 @@ class Session:
         """The priced plan of the training jobs that will run, once (main process)."""
         keys, self.training = self.training, []
         advisory.print_plan(self.experiment, self.prefix, keys)
+
+
+def tpu_of(artifact: Artifact) -> str:
+    """The `tpu` resource of an artifact's job: its runtime.tpu (its form checked at load:
+    `experiment.Runtime`); "default" for training jobs that name none (the executor's
+    --tpu-type); "" (this host) for other steps, and for rules that declare no `tpu`."""
+    if rule_of(artifact.step) not in TPU_RULES:
+        return ""
+    return artifact.runtime.get("tpu") or ("default" if artifact.step == "train" else "")
 
 
 def trie_regex(words: list[str]) -> str:

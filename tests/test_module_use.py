@@ -1,0 +1,78 @@
+"""marin-rules from a user's own Snakefile: as a Snakemake `module`, or by `include:`.
+
+Real `snakemake` runs of a user's Snakefile in a throwaway folder. Under
+`use rule * from marin as marin_*` our rules carry the prefixed names, and the command
+line names them so (`-R marin_custom`): forcing by that name rebuilds. Snakemake
+finds the workflow profile (`profiles/default`: `rerun-triggers: mtime` and the
+incomplete-file settings) beside the main Snakefile or in the working directory only,
+so a user's Snakefile runs without it: one warning line says which keys are missing
+and how to add them, and `--workflow-profile <marin-rules>/profiles/default` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from conftest import REPO, SNAKEMAKE
+
+PROFILE = REPO / "profiles" / "default"
+WARNING = "marin-rules: warning: this run lacks settings of marin-rules' workflow profile"
+
+
+def _user_workflow(root: Path, snakefile: str) -> dict:
+    """A user's folder: their Snakefile, a step, an experiment; returns the environment."""
+    (root / "Snakefile").write_text(snakefile)
+    (root / "mysteps.py").write_text("def fast(ctx):\n    return {'ok': True}\n")
+    (root / "exp.yaml").write_text(yaml.safe_dump({"artifacts": {"feat/a@v1": {"step": "mysteps:fast"}}}))
+    return {**os.environ, "PYTHONPATH": str(root)}
+
+
+def _snakemake(root: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([SNAKEMAKE, "--configfile", "exp.yaml", "--cores", "1", *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+MODULE = f'module marin:\n    snakefile: "{REPO / "Snakefile"}"\n    config: config\n\nuse rule * from marin as marin_*\n'
+
+
+def test_forcing_a_rule_by_its_module_prefixed_name_rebuilds_the_artifact(tmp_path):
+    env = _user_workflow(tmp_path, MODULE)
+    profile = ["--workflow-profile", str(PROFILE)]
+    _snakemake(tmp_path, env, *profile)
+    folder = tmp_path / "artifacts/feat/a/v1"
+    old = json.loads((folder / ".artifact.json").read_text())
+    forced = _snakemake(tmp_path, env, *profile, "-R", "marin_custom")
+    out = forced.stdout + forced.stderr
+    assert "built already" not in out, out[-4000:]
+    (moved,) = [p for p in (folder / ".history").iterdir() if p.is_dir()]
+    assert json.loads((moved / ".artifact.json").read_text())["provenance"] == old["provenance"]  # kept
+    assert json.loads((folder / ".artifact.json").read_text())["provenance"]["started"] > old["provenance"]["started"]
+    assert not (folder / ".history/.forced-record").exists()
+
+
+def test_a_run_without_the_workflow_profile_says_once_which_settings_it_lacks(tmp_path):
+    env = _user_workflow(tmp_path, MODULE)
+    bare = _snakemake(tmp_path, env, "-n")
+    lines = [line for line in bare.stderr.splitlines() if line.startswith(WARNING)]
+    assert lines == [
+        f"{WARNING} (rerun-triggers: mtime; keep-incomplete: true; ignore-incomplete: true): the jobs of finished "
+        "artifacts, and rules that use their records, run again when params or code change (\"Params have "
+        "changed\"); a failed job may delete a record another run on the prefix just wrote; add --workflow-profile "
+        f"{PROFILE}, or copy those keys into your own profile"
+    ]
+    with_profile = _snakemake(tmp_path, env, "-n", "--workflow-profile", str(PROFILE))
+    assert WARNING not in with_profile.stderr
+    included = tmp_path / "included"
+    included.mkdir()
+    env = _user_workflow(included, f'include: "{REPO / "Snakefile"}"\n')
+    profile = ["--workflow-profile", str(PROFILE)]
+    triggers = _snakemake(included, env, "all", "-n", *profile, "--rerun-triggers", "mtime", "params")
+    (line,) = [line for line in triggers.stderr.splitlines() if line.startswith(WARNING)]
+    assert line.startswith(f"{WARNING} (rerun-triggers: mtime): the jobs of finished artifacts")
