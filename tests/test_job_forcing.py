@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from marin_rules.workflow import forcing
 from test_workflow import Workspace
 
 TRAIN = '''
@@ -477,3 +478,30 @@ def test_a_forced_artifact_that_until_leaves_out_is_not_marked_forced(tmp_path, 
     assert ws.record("ck/t@v1") == first
     assert not (Path(ws.prefix) / "ck/t/v1/.history").exists()  # no marker: a later run owes it nothing
     assert "ck/t/v1" not in ws.snakemake("-n").stdout
+
+
+def test_until_a_name_that_names_no_artifact_job_still_rebuilds_what_is_forced(tmp_path, snakemake_cmd):
+    # `--until all` (or a rule of the user's own Snakefile) may need every job: a forced
+    # artifact must be rebuilt as without --until, not served silently as left out
+    exp = _dedup_experiment(tmp_path)
+    prefix = tmp_path / "art"
+    base = ["--configfile", str(exp), "--cores", "2", "--config", f"prefix={prefix}"]
+    snakemake_cmd(*base, cwd=tmp_path)
+    folder = prefix / "dedup/s/v1"
+    first = json.loads((folder / ".artifact.json").read_text())
+    out = (lambda p: p.stdout + p.stderr)(snakemake_cmd(*base, "-R", "dedup", "--until", "all", cwd=tmp_path))
+    assert "dedup/s@v1: forced: the old build moved to" in out, out[-3000:]
+    assert json.loads((folder / ".artifact.json").read_text())["provenance"]["started"] > first["provenance"]["started"]
+    assert list((folder / ".history").glob("*/.artifact.json"))  # the old build kept
+
+
+def test_left_out_counts_only_names_it_understands():
+    upstreams = {"a": [], "b": ["a"]}
+    rules = {"a": "rule_a", "b": "rule_b"}
+    named = lambda key, names: "artifact" if rules[key] in names else None  # noqa: E731
+    assert forcing.left_out(upstreams, named, {"rule_a"}, set()) == {"b"}
+    assert forcing.left_out(upstreams, named, {"rule_b"}, set()) == set()
+    assert forcing.left_out(upstreams, named, {"all"}, set()) == set()  # not understood: anything may run
+    assert forcing.left_out(upstreams, named, {"rule_a", "all"}, set()) == set()
+    assert forcing.left_out(upstreams, named, set(), {"rule_a"}) == {"a", "b"}
+    assert forcing.left_out(upstreams, named, set(), {"user_rule"}) == set()

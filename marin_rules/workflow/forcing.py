@@ -79,8 +79,14 @@ def left_out(
     Snakemake plans but does not run: with `--until`, all but the ones whose job it names
     and their upstreams (a named shard rule runs the shards' upstreams, not the
     artifact's own job); with `--omit-from`, the named ones and everything downstream.
-    `named(key, names)`: which of key's jobs `names` names ("artifact", "shards" or None)."""
+    `named(key, names)`: which of key's jobs `names` names ("artifact", "shards" or None).
+    An `--until` name that names none of these jobs (`all`, a rule of the user's own
+    Snakefile, a shard's record) may need any of them: then nothing counts as left out
+    (a forced artifact is marked and rebuilt, as without `--until`); such an
+    `--omit-from` name leaves none of them out."""
     out: set[str] = set()
+    if until and any(not any(named(k, {name}) for k in upstreams) for name in until):
+        until = set()  # a name not understood: whatever it needs may run
     if until:
         runs: set[str] = set()
         todo = [u for k in upstreams if (n := named(k, until)) for u in ([k] if n == "artifact" else upstreams[k])]
