@@ -89,11 +89,14 @@ def test_session_resources_are_the_checked_runtime_values():
     experiment = build_experiment(with_runtime("data/x@v1", runtime))
     session = SimpleNamespace(experiment=experiment)
     wildcards = SimpleNamespace(artifact="data/x/v1")
-    assert Session.tpu(session, wildcards) == "v6e-8"
+    assert Session.tpu(session, wildcards) == ""  # a tokenize job runs here: its rules declare no `tpu`
     assert Session.tpu_zone(session, wildcards) == "us-east5-a"
     assert Session.shard_threads(session, wildcards) == 3
     plain = SimpleNamespace(artifact="raw/a/v1")
     assert (Session.tpu(session, plain), Session.tpu_zone(session, plain), Session.shard_threads(session, plain)) == ("", "", 1)
+    pods = {"artifacts": {"pods/p@v1": {"step": "podsteps_zz:run", "runtime": {"tpu": "v6e-8"}}}}
+    custom = SimpleNamespace(experiment=build_experiment(pods, check_steps=False))  # a user step: its rule declares `tpu`
+    assert Session.tpu(custom, SimpleNamespace(artifact="pods/p/v1")) == "v6e-8"
 
 
 def test_schema_and_loader_agree_on_runtime():

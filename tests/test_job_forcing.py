@@ -449,15 +449,20 @@ def _dedup_experiment(root: Path) -> Path:
     return path
 
 
-def test_a_forced_sharded_artifact_that_until_or_omit_from_leaves_out_keeps_its_build(tmp_path, snakemake_cmd):
-    # its old build moved to .history/ while planning (so that its shard jobs run), though
-    # --until or --omit-from then ran none of its jobs: the artifact was left unbuilt
+def _built_dedup(tmp_path, snakemake_cmd) -> tuple[list[str], Path, dict]:
+    """The dedup experiment built once: (the run's flags, the dedup artifact's folder, its record)."""
     exp = _dedup_experiment(tmp_path)
     prefix = tmp_path / "art"
     base = ["--configfile", str(exp), "--cores", "2", "--config", f"prefix={prefix}"]
     snakemake_cmd(*base, cwd=tmp_path)
     folder = prefix / "dedup/s/v1"
-    first = json.loads((folder / ".artifact.json").read_text())
+    return base, folder, json.loads((folder / ".artifact.json").read_text())
+
+
+def test_a_forced_sharded_artifact_that_until_or_omit_from_leaves_out_keeps_its_build(tmp_path, snakemake_cmd):
+    # its old build moved to .history/ while planning (so that its shard jobs run), though
+    # --until or --omit-from then ran none of its jobs: the artifact was left unbuilt
+    base, folder, first = _built_dedup(tmp_path, snakemake_cmd)
     for left_out in (["--until", "download"], ["--omit-from", "dedup_shard"], ["--omit-from", "dedup"]):
         snakemake_cmd(*base, "-R", "dedup", *left_out, cwd=tmp_path)
         assert json.loads((folder / ".artifact.json").read_text()) == first, left_out
@@ -483,12 +488,7 @@ def test_a_forced_artifact_that_until_leaves_out_is_not_marked_forced(tmp_path, 
 def test_until_a_name_that_names_no_artifact_job_still_rebuilds_what_is_forced(tmp_path, snakemake_cmd):
     # `--until all` (or a rule of the user's own Snakefile) may need every job: a forced
     # artifact must be rebuilt as without --until, not served silently as left out
-    exp = _dedup_experiment(tmp_path)
-    prefix = tmp_path / "art"
-    base = ["--configfile", str(exp), "--cores", "2", "--config", f"prefix={prefix}"]
-    snakemake_cmd(*base, cwd=tmp_path)
-    folder = prefix / "dedup/s/v1"
-    first = json.loads((folder / ".artifact.json").read_text())
+    base, folder, first = _built_dedup(tmp_path, snakemake_cmd)
     out = (lambda p: p.stdout + p.stderr)(snakemake_cmd(*base, "-R", "dedup", "--until", "all", cwd=tmp_path))
     assert "dedup/s@v1: forced: the old build moved to" in out, out[-3000:]
     assert json.loads((folder / ".artifact.json").read_text())["provenance"]["started"] > first["provenance"]["started"]
