@@ -126,3 +126,24 @@ def test_a_job_rerun_on_a_record_planning_already_judged_warns_once(tmp_path):
     out = again.stdout + again.stderr
     assert again.returncode == 0 and "feat/s@v1: built already" in out, out[-3000:]  # the job ran and served it
     assert out.count("recipe drift") == 1, out[-3000:]
+
+
+def test_a_dev_version_served_from_another_run_is_not_drift_checked(capsys):
+    """A dev version is rebuilt on every run and never drift-checked: serving another
+    run's build of it tells no 'bump the version'; a fixed version's does."""
+    from types import SimpleNamespace
+
+    from marin_rules.job.main import check_served_recipe
+
+    record = SimpleNamespace(fingerprint=_fingerprint(10), to_json=lambda: {
+        "fingerprint": _fingerprint(10), "step": STEP_NAME, "config": {"n": 10}, "deps": {}})  # fmt: skip
+
+    def artifact(is_dev: bool) -> SimpleNamespace:
+        payload = {"step": STEP_NAME, "config": {"n": 12}, "deps": {}}
+        return SimpleNamespace(key="feat/s@dev" if is_dev else "feat/s@v1", id=SimpleNamespace(is_dev=is_dev),
+                               payload=lambda: payload, fingerprint=_fingerprint(12), expect_fingerprint=None)  # fmt: skip
+
+    check_served_recipe(artifact(True), record)
+    assert "recipe drift" not in capsys.readouterr().err
+    check_served_recipe(artifact(False), record)
+    assert "feat/s@v1: recipe drift" in capsys.readouterr().err

@@ -501,9 +501,12 @@ def check_served_recipe(artifact: Any, record: Any) -> None:
     (`records.recipe_drift`: another run built this name@version from its own recipe),
     tell the drift warning (`drift.drift_notice`); when the artifact pins its fingerprint
     (`expect_fingerprint:`), raise the pinned-drift DriftError instead (the job fails in
-    one line, with no failure record: no build was attempted)."""
+    one line, with no failure record: no build was attempted). A dev version is never
+    drift-checked (it is rebuilt on every run): nothing to tell."""
     from marin_rules.artifacts.records import drift_warning
 
+    if artifact.id.is_dev:
+        return
     notice = drift_warning(record, artifact)
     if notice is not None:
         tell(notice)
