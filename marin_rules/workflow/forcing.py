@@ -18,7 +18,7 @@ job's record back, which then describes the build that is there again. A job wit
 the marker is a first build, or a stopped one that resumes from what it left (its
 checkpoints). `.failures/`, `.history/` and the lease stay where they are. A dev
 version (rebuilt on every run) keeps no history: once its rebuild succeeded the old
-build is deleted (`discard_old_build`), so iterating does not pile up copies.
+build is deleted (`files.discard`), so iterating does not pile up copies.
 
 A rebuild whose process is killed outright (SIGKILL, the OOM killer) cannot restore
 anything itself, and Snakemake then puts its backup of the old record back on top of
@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE
 from marin_rules.artifacts.lease import LEASE_FILE
-from marin_rules.artifacts.files import FORCED_MARKER, HISTORY_DIR, REBUILDING, history_stamp, list_data_files
+from marin_rules.artifacts.files import FORCED_MARKER, HISTORY_DIR, REBUILDING, discard, history_stamp, list_data_files
 from marin_rules.artifacts.provenance import iso, utc_now
 
 MARKER = FORCED_MARKER  # not *.json: not an earlier record for readers of .history/
@@ -163,7 +163,7 @@ def move_old_build(location: str) -> str | None:
     _remove(marker)
     _remove(storage.join(location, HISTORY_DIR, CASCADE))
     if not holds_build(target) and not list_data_files(target):  # an unfinished attempt that left no data
-        discard_old_build(target)  # (at most its .attempt.json)
+        discard(target)  # (at most its .attempt.json)
         return None
     return target
 
@@ -288,22 +288,11 @@ def restore_old_build(location: str, moved: str, owed: bool = False) -> str:
     storage.makedirs(failed)
     _move_entries(location, failed)
     _move_entries(moved, location)
-    discard_old_build(moved)
+    discard(moved)
     if owed:
         mark_forced(location, by_upstream=True)
     end_rebuild(location)
     return failed
-
-
-def discard_old_build(moved: str) -> None:
-    """Delete an old build `move_old_build` set aside (a dev version's, once rebuilt), or
-    the folder it was moved back out of (on GCS, where folders exist only while they
-    hold objects, that one is gone already)."""
-    fs, path = storage.filesystem(moved)
-    try:
-        fs.rm(path, recursive=True)
-    except FileNotFoundError:
-        pass
 
 
 def _move_entries(source: str, target: str) -> None:
@@ -345,7 +334,7 @@ def retire_now(location: str, keep: bool = True, stale_s: float | None = None) -
         mark_forced(location)
         moved = move_old_build(location)
         if moved and not keep:
-            discard_old_build(moved)
+            discard(moved)
         return moved if keep else None
     finally:
         held.release()
