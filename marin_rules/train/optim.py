@@ -6,7 +6,8 @@ pattern, so a new weight without a role is refused instead of silently switching
 optimizer:
 - `muon` (only with `name: muon`): role `matrix`, i.e. hidden projections [in, out]
   and stacked expert weights [E, in, out] (the leading axes are batch axes,
-  orthogonalised one matrix at a time);
+  orthogonalised one matrix at a time; `train/muon.py`: optax's Muon update, written
+  without copies), then decoupled weight decay and the `muon_lr` schedule;
 - `adamw`: roles `embedding`, `head`, `norm`, `router` (and, with `name: adamw`,
   everything).
 Weight decay is decoupled and applies to roles `matrix`, `embedding` and `head` (not
@@ -35,6 +36,7 @@ import optax
 
 from marin_rules.model.roles import EMBEDDING, HEAD, MATRIX, param_roles
 from marin_rules.train.config import OptimizerConfig
+from marin_rules.train.muon import scale_by_muon
 
 MUON_ROLES = (MATRIX,)
 DECAY_ROLES = (MATRIX, EMBEDDING, HEAD)
@@ -67,13 +69,6 @@ def schedule(peak: float, config: OptimizerConfig, num_train_steps: int) -> Call
     return lr
 
 
-def _muon_dims(params: Any) -> Any:
-    from optax.contrib import MuonDimensionNumbers
-
-    # the last two axes are [in, out]; any leading axes (experts) are batch axes
-    return jax.tree.map(lambda x: MuonDimensionNumbers(x.ndim - 2, x.ndim - 1), params)
-
-
 def make_optimizer(config: OptimizerConfig, num_train_steps: int) -> optax.GradientTransformation:
     """The gradient transformation for a parameter pytree (an `nnx.State` or dict)."""
     b1, b2 = config.betas
@@ -86,11 +81,10 @@ def make_optimizer(config: OptimizerConfig, num_train_steps: int) -> optax.Gradi
         mask=decay_mask,
     )
     if config.name == "muon":
-        muon = optax.contrib.muon(
-            schedule(config.muon_lr, config, num_train_steps),
-            beta=b1,
-            weight_decay=config.weight_decay,
-            muon_weight_dimension_numbers=_muon_dims,
+        muon = optax.chain(
+            scale_by_muon(beta=b1),
+            optax.add_decayed_weights(config.weight_decay),
+            optax.scale_by_learning_rate(schedule(config.muon_lr, config, num_train_steps)),
         )
         inner = optax.partition({"adamw": adamw, "muon": muon}, lambda params: param_groups(params, "muon"))
     else:
