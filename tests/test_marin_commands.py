@@ -94,6 +94,23 @@ def test_status_of_a_user_step_whose_module_is_not_found_from_here_says_its_code
     )
 
 
+def test_status_of_a_user_step_whose_module_another_of_its_name_now_hides_says_why(run, tmp_path, monkeypatch):
+    """The run's module is in its working folder; a module of the same name that came
+    onto sys.path since is what jobs would import: status gives the loader's refusal."""
+    run()
+    with contextlib.chdir(run.root):
+        experiment = load_experiment("exp.yaml")
+    (tmp_path / "installed").mkdir()
+    (tmp_path / "installed" / f"{run.module}.py").write_text("def other(ctx):\n    return {}\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "installed"))
+    with contextlib.chdir(run.root):
+        reason = {r.key: r for r in experiment_status(experiment, str(run.root / "art"))}["feat/a@v1"].reason
+    assert reason.startswith(
+        f"matches the recipe; code unknown (module {run.module!r} in the working folder (./{run.module}.py) has the "
+        f"name of the {run.module!r} found on sys.path ({tmp_path / 'installed' / run.module}.py), which jobs import"
+    ), reason
+
+
 def test_reading_commands_need_no_step_module_importable_from_where_marin_runs(run, tmp_path, capsys):
     run()
     (tmp_path / "elsewhere").mkdir()

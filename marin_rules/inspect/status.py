@@ -31,7 +31,9 @@ recipe and its upstreams' records:
 
 A `missing` artifact whose folder still holds data says so (its record was deleted,
 as `snakemake --delete-all-output` does). A built user step whose module cannot be
-found from here (the code advisory needs it) says "code unknown" instead of nothing.
+found from here (the code advisory needs it) says "code unknown" instead of nothing,
+and why: not found, or the loader's refusal of a working-folder module that another
+of the same name hides (`steps.find_user_module`).
 A version found on the prefix that the experiment does not name (`--all`) gets
 `built`/`failed`/`corrupt` from its files alone; another user's dev version is
 shown as `name@dev (user NAME)` (`reading.builds_on_prefix`). Headline columns: the final
@@ -52,7 +54,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.code import code_change, code_hash
 from marin_rules.artifacts.builds import build_of, rebuilt_upstreams
 from marin_rules.artifacts.drift import EDITED_FIX, edited_record, printable
-from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.errors import ConfigError, MarinError
 from marin_rules.artifacts.files import list_data_files
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
 from marin_rules.artifacts.lease import STALE_S, LeaseHolder, holder_gone, read_lease
@@ -60,6 +62,7 @@ from marin_rules.artifacts.records import edited_note, recipe_drift
 from marin_rules.eval.report import LOSSY_LABEL, RATIO_METRICS  # (no JAX, no lm-eval)
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.inspect import reading
+from marin_rules.steps import find_user_module
 
 VAL_LOSS_KEYS = ("final_val_loss", "val_loss")
 NOT_IN_EXPERIMENT = "not in this experiment"  # the reason of a built version the experiment does not name
@@ -170,6 +173,18 @@ def _code_unknown(step: str, provenance: Any) -> bool:
     return isinstance(recorded, Mapping) and isinstance(recorded.get("hash"), str) and code_hash(step) is None
 
 
+def _why_code_unknown(step: str) -> str:
+    """Why a user step's module cannot be read from here: the loader's refusal (a module
+    of the working folder that another of the same name hides) or not found."""
+    module = step.partition(":")[0]
+    try:
+        find_user_module(module, step)
+    except ConfigError as refused:
+        return refused.message
+    return (f"module {module!r} not importable from here: run marin in the run's working directory, "
+            "or give it with -d DIR")  # fmt: skip
+
+
 def _gone(builder: str) -> str:
     """A lease whose holder is gone: an attempt that ended without a record of any kind."""
     return f"{builder} is gone: killed? (no failure record)"
@@ -272,9 +287,7 @@ def location_status(
         else:
             reason += f"; {text}"
     elif artifact is not None and _code_unknown(artifact.step, record.get("provenance")):
-        module = artifact.step.partition(":")[0]
-        reason += (f"; code unknown (module {module!r} not importable from here: run marin in the run's working "
-                   "directory, or give it with -d DIR)")  # fmt: skip
+        reason += f"; code unknown ({_why_code_unknown(artifact.step)})"
     if unreadable:  # the newest failure record: its time is unknown, it may be newer than the build
         reason += f"; {unreadable}"
     if holder:
