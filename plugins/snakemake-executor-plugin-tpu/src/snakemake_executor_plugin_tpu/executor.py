@@ -275,7 +275,9 @@ class Executor(RemoteExecutor):
                     f"{group.log_tail()}\n",
                 )
                 if not getattr(self.workflow.execution_settings, "keep_going", False):
-                    self._drop_waiting_host_jobs(f"not started: job {info.job.jobid} failed (no --keep-going)")
+                    # a job that failed because SIGTERM stopped it: the signal is the reason
+                    why = self._stop_reason or f"job {info.job.jobid} failed (no --keep-going)"
+                    self._drop_waiting_host_jobs(f"not started: {why}")
             else:
                 self.report_job_success(info)
         self._start_waiting_host_jobs()
