@@ -33,16 +33,18 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, Iterator, Mapping
 
 from marin_rules.artifacts.canonical import canonical_value, fingerprint, fingerprint_payload
+from marin_rules.artifacts.drift import NO_DEFAULT
 from marin_rules.artifacts.errors import ConfigError, ExperimentError, got
 from marin_rules.artifacts.identity import SNAKEMAKE_REPEATS, ArtifactId, parse_key, periodic_suffix
 from marin_rules.artifacts.shards import MAX_SHARDS
 from marin_rules.data.checks import mixture_total
 from marin_rules.dev_versions import default_dev_user, dev_user_in_path, owned_by, refuse_fixed_on_dev
 from marin_rules.steps import (
-    BUILTIN_STEPS, SHARDED_STEPS, check_dep_kinds, check_step_config, check_upstream_configs, check_user_step, is_valid_step,
+    BUILTIN_STEPS, SHARDED_STEPS, check_dep_kinds, check_step_config, check_upstream_configs, check_user_step,
+    import_function, is_valid_step,
 )
 from marin_rules.sweeps import expand_sweep
-from marin_rules.validation import Int, Number, Rule, Text, check_fields, suggest_key
+from marin_rules.validation import Int, Number, Rule, Text, check_fields, default_at, suggest_key
 from marin_rules.yaml_file import load_yaml_file
 
 __all__ = [
@@ -121,6 +123,16 @@ class Artifact:
 
     def payload(self) -> dict[str, Any]:
         return fingerprint_payload(self.step, self.config, self.deps)
+
+    def config_default(self, path: tuple[str, ...]) -> Any:
+        """The default now of the config setting at `path` of this artifact's built-in
+        step (`validation.default_at`), else `drift.NO_DEFAULT` (user steps have none):
+        how the drift diff tells a default written out from a changed recipe."""
+        builtin = BUILTIN_STEPS.get(self.step)
+        if builtin is None or not builtin.settings:
+            return NO_DEFAULT
+        found, value = default_at(import_function(builtin.settings), path)
+        return value if found else NO_DEFAULT
 
 
 @dataclass(frozen=True)

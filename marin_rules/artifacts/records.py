@@ -42,7 +42,7 @@ from typing import Any, Mapping
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.canonical import fingerprint
-from marin_rules.artifacts.drift import EDITED_FIX, drift_notice, printable, recipe_diff
+from marin_rules.artifacts.drift import EDITED_FIX, DefaultLookup, drift_notice, printable, recipe_diff
 from marin_rules.artifacts.errors import ConfigError, MarinError, StepError, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, ArtifactId
 from marin_rules.artifacts.files import file_problems, history_stamp, is_inside, list_data_files
@@ -250,13 +250,16 @@ def edited_note(record: Mapping[str, Any]) -> str | None:
                      f"made from: was the record edited? ({EDITED_FIX})")  # fmt: skip
 
 
-def recipe_drift(record: Mapping[str, Any], payload: Mapping[str, Any], fingerprint_now: str) -> list[str] | None:
+def recipe_drift(
+    record: Mapping[str, Any], payload: Mapping[str, Any], fingerprint_now: str, default: DefaultLookup | None = None
+) -> list[str] | None:
     """How a success record's recipe differs from the recipe now (`payload`, whose
     fingerprint is `fingerprint_now`): None when its fingerprint and its own recipe
-    fields both match; else the field lines (`recipe_diff`) of its recorded recipe
-    against `payload`, [] when only its fingerprint differs. So a record whose `step`,
-    `config` or `deps` were edited is drift, as one whose fingerprint was edited is."""
-    lines = recipe_diff(recorded_payload(record), payload)
+    fields both match; else the field lines (`recipe_diff`, with the step's config
+    `default`s when given) of its recorded recipe against `payload`, [] when only its
+    fingerprint differs. So a record whose `step`, `config` or `deps` were edited is
+    drift, as one whose fingerprint was edited is."""
+    lines = recipe_diff(recorded_payload(record), payload, default)
     if record.get("fingerprint") == fingerprint_now and not lines:
         return None
     return lines
@@ -269,7 +272,7 @@ def drift_warning(record: Record, artifact: Any) -> str | None:
     (`drift.drift_notice`), or DriftError when the artifact pins its fingerprint. One
     wording for planning and for a job serving another run's build."""
     data = record.to_json()
-    lines = recipe_drift(data, artifact.payload(), artifact.fingerprint)
+    lines = recipe_drift(data, artifact.payload(), artifact.fingerprint, getattr(artifact, "config_default", None))
     if lines is None:
         return None
     note = edited_note(data)

@@ -93,6 +93,23 @@ def parse(cls: type, data: Any, field: str = "") -> Any:
         raise (e.within(field) if field else e) from None
 
 
+def default_at(cls: type, path: tuple[str, ...]) -> tuple[bool, Any]:
+    """(True, the default) of the setting at `path` (names through nested configs) of
+    `cls`, as written in an experiment file (a tuple as a list); (False, None) when the
+    path names no optional setting (unknown, required, or a whole nested config)."""
+    for i, name in enumerate(path):
+        spec = next((s for s in specs(cls) if s.name == name), None)
+        if spec is None:
+            return False, None
+        if spec.nested is not None:
+            cls = spec.nested
+            continue
+        if spec.required or i != len(path) - 1:
+            return False, None
+        return True, list(spec.default) if isinstance(spec.default, tuple) else spec.default
+    return False, None
+
+
 def check_instance(obj: Any) -> None:
     """Apply the field rules to a config built in code (for `__post_init__`)."""
     for spec in specs(type(obj)):
