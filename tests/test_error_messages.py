@@ -158,6 +158,9 @@ CASES: list[tuple[str, object]] = [
     ("seq_len above the model's default", chain("checkpoints/m@v1", config__seq_len=512)),
     ("batch not divisible", chain("checkpoints/m@v1", config__grad_accum_steps=3)),
     ("warmup longer than training", chain("checkpoints/m@v1", config__optimizer__warmup_steps=20)),
+    ("moe_every above n_layers", chain("checkpoints/m@v1", config__model={"d_model": 64, "n_heads": 4, "n_layers": 2,
+                                                                         "moe_every": 3})),  # fmt: skip
+    ("muon_lr without muon", chain("checkpoints/m@v1", config__optimizer__muon_lr=0.02)),
     ("betas", chain("checkpoints/m@v1", config__optimizer__betas=[0.9])),
     ("vocabulary too small", chain("tokenizers/t@v1", config__vocab_size=300)),
     ("vocabulary missing", chain("tokenizers/t@v1", config={})),

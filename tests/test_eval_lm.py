@@ -258,7 +258,12 @@ def test_the_context_is_the_trained_length_unless_a_longer_one_is_asked_for(trai
     shorter = dataclasses.replace(trained, seq_len=16)
     assert MarinLM.from_trained(shorter).max_length == 16
     assert MarinLM.from_trained(shorter, max_length=48).max_length == 48
-    assert MarinLM.from_trained(shorter, max_length=999).max_length == TINY_MODEL["max_seq_len"]
+    limit = TINY_MODEL["max_seq_len"]
+    assert MarinLM.from_trained(shorter, max_length=limit).max_length == limit
+    with pytest.raises(ValueError) as e:  # not silently shortened to max_seq_len
+        MarinLM.from_trained(shorter, max_length=999)
+    assert str(e.value) == (f"max_length: 999 is longer than the model's max_seq_len {limit}; "
+                            f"give at most {limit}, or leave it out for the trained length")  # fmt: skip
     with pytest.raises(ValueError, match=r"^max_length: expected a context of at least 1 token, got 0$"):
         MarinLM.from_trained(shorter, max_length=0)
 

@@ -64,9 +64,10 @@ def experiment_file(tmp_path) -> str:
 
 
 def build(prefix: str, experiment, key: str, *, result=None, config=None, ended="2026-12-01T10:00:00.000Z",
-          duration=10.0, host="host-a", upstream_fp=None, data=b"data") -> dict:  # fmt: skip
+          duration=10.0, host="host-a", upstream_fp=None, data=b"data", fingerprint=None) -> dict:  # fmt: skip
     """Write `key`'s data file and success record as a finished step would. `config`
-    replaces the recipe (drift); `upstream_fp` replaces the upstreams' fingerprints seen."""
+    replaces the recipe (drift; its fingerprint `fingerprint`, else one no recipe has);
+    `upstream_fp` replaces the upstreams' fingerprints seen."""
     artifact = experiment[key]
     location = artifact_location(prefix, artifact.id)
     storage.write_bytes_atomic(storage.join(location, "data.bin"), data)
@@ -81,7 +82,7 @@ def build(prefix: str, experiment, key: str, *, result=None, config=None, ended=
         }  # fmt: skip
     entry = {
         "name": artifact.id.name, "version": artifact.id.version, "step": artifact.step,
-        "fingerprint": artifact.fingerprint if config is None else "f" * 16,
+        "fingerprint": artifact.fingerprint if config is None else fingerprint or "f" * 16,
         "config": dict(artifact.config) if config is None else config, "deps": deps,
         "runtime": dict(artifact.runtime), "path": artifact.id.path,
     }  # fmt: skip
@@ -116,6 +117,22 @@ def populate(prefix: str, experiment) -> None:
     fail(prefix, experiment, "checkpoints/nano@v1", "loss became nan at step 7\nTraceback...", "2026-12-02T08:00:00.000Z")
     build(prefix, experiment, "evals/nano@v1", upstream_fp="0123456789abcdef",
           result={"marin_shakespeare_bpb": {"bits_per_byte": 2.5}, "marin_shakespeare_cloze": {"acc": 0.31, "baseline_acc": 0.25}})  # fmt: skip
+
+
+def test_a_record_without_a_setting_now_written_at_its_default_is_drift_with_the_same_settings(experiment_file, tmp_path, capsys):
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    from marin_rules.artifacts.canonical import fingerprint
+    from marin_rules.artifacts.drift import SAME_SETTINGS
+
+    built_fp = fingerprint("tokenize", {}, dict(experiment["tokenized/s@v1"].deps))
+    build(prefix, experiment, "tokenized/s@v1", config={}, fingerprint=built_fp)  # before validation_fraction: 0.05 was written
+
+    row = status_json(experiment_file, prefix, capsys)["tokenized/s@v1"]
+    assert row["state"] == "drifted"
+    assert row["reason"] == (
+        f"1 field differs from the recipe (validation_fraction (added: 0.05, the default now)); served as built: {SAME_SETTINGS}"
+    )
 
 
 def test_status_gives_each_state_its_reason_and_the_headline_results(experiment_file, tmp_path, capsys):
@@ -238,7 +255,7 @@ def test_a_lease_whose_builder_died_on_this_host_is_failed_not_building(experime
     killed_shard = leave_a_dead_holders_lease(all_shards(1)[0].location(location["tokenized/s@v1"]))
     build(prefix, experiment, "tokenizers/bpe@v1")
     killed_rebuild = leave_a_dead_holders_lease(location["tokenizers/bpe@v1"])
-    rows = status_json(experiment_file, prefix, capsys)
+    rows = status_json(experiment_file, prefix, capsys, "-d", str(tmp_path))  # no Snakemake lock there
     assert rows["raw/s@v1"]["state"] == "failed"
     assert rows["raw/s@v1"]["reason"] == (
         f"its builder ({killed}) is gone: killed? (no failure record); the next run takes the lease over and resumes"
@@ -255,10 +272,64 @@ def test_a_lease_whose_builder_died_on_this_host_is_failed_not_building(experime
     # a pod whose process 0 was killed: process 1, stopped by the executor, left its own failure record
     later = (utc_now() + dt.timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
     fail(prefix, experiment, "raw/s@v1", "terminated by signal SIGTERM", later)
-    reason = status_json(experiment_file, prefix, capsys)["raw/s@v1"]["reason"]
+    reason = status_json(experiment_file, prefix, capsys, "-d", str(tmp_path))["raw/s@v1"]["reason"]
     assert reason.startswith(f"its builder ({killed}) is gone: killed?; the next run takes the lease over and resumes; "
                              "a failure record since it started, as a pod's other processes leave: "
                              f"{later.replace('T', ' ')[:19]}: RuntimeError: terminated by signal SIGTERM")  # fmt: skip
+
+
+def test_a_gone_builder_with_snakemakes_lock_left_in_the_working_directory_says_to_unlock_first(
+    experiment_file, tmp_path, capsys
+):
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    location = {key: artifact_location(prefix, experiment[key].id) for key in experiment.artifacts}
+    killed = leave_a_dead_holders_lease(location["raw/s@v1"])
+    build(prefix, experiment, "tokenizers/bpe@v1")
+    killed_rebuild = leave_a_dead_holders_lease(location["tokenizers/bpe@v1"])
+    workdir = tmp_path / "run"
+    (workdir / ".snakemake" / "locks").mkdir(parents=True)
+    (workdir / ".snakemake" / "locks" / "0.input.lock").write_text(f"{prefix}/raw/s/v1/.artifact.json\n")
+    unlock = f"; Snakemake's lock is still there: run snakemake --unlock first (if no snakemake runs in {workdir} now)"
+    rows = status_json(experiment_file, prefix, capsys, "-d", str(workdir))
+    assert rows["raw/s@v1"]["reason"] == (
+        f"its builder ({killed}) is gone: killed? (no failure record); the next run takes the lease over and resumes"
+        + unlock
+    )
+    assert rows["tokenizers/bpe@v1"]["reason"].endswith(f"a rebuild's builder ({killed_rebuild}) is gone: killed? "
+                                                        f"(no failure record){unlock}")  # fmt: skip
+    assert "lock" not in rows["tokenized/s@v1"]["reason"]  # no builder gone: the lock may well be a live run's
+    (workdir / ".snakemake" / "locks" / "0.input.lock").unlink()  # after snakemake --unlock
+    assert "lock" not in status_json(experiment_file, prefix, capsys, "-d", str(workdir))["raw/s@v1"]["reason"]
+
+
+def test_an_unbuilt_train_artifact_whose_checkpoints_hold_another_recipe_says_the_next_run_refuses(
+    experiment_file, tmp_path, capsys
+):
+    from marin_rules.train.recipe import make_recipe, mismatch_message, record_recipe
+
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    for key in ("raw/s@v1", "tokenizers/bpe@v1", "tokenized/s@v1"):
+        build(prefix, experiment, key)
+    train = experiment["checkpoints/nano@v1"]
+    output = artifact_location(prefix, train.id)
+    data = {"data": artifact_location(prefix, experiment["tokenized/s@v1"].id)}  # what the job hands the step
+    old = dict(train.config, optimizer={"name": "adamw", "learning_rate": 0.01})
+    record_recipe(output, make_recipe(old, data, output))
+    storage.write_text_atomic(storage.join(output, "checkpoints", "5", "commit_success.txt"), "x")  # a finished one
+    refusal = mismatch_message(output, ["optimizer.learning_rate: 0.01 -> 0.003"])
+    row = status_json(experiment_file, prefix, capsys, "-d", str(tmp_path))["checkpoints/nano@v1"]
+    assert row["state"] == "missing"
+    assert row["reason"] == ("record deleted, data still there: no success record, yet its folder holds 2 data "
+                             f"file(s) (snakemake --delete-all-output?); the next run will refuse to resume: {refusal}")  # fmt: skip
+    fail(prefix, experiment, "checkpoints/nano@v1", "terminated by signal SIGTERM", "2026-12-02T08:00:00.000Z")
+    row = status_json(experiment_file, prefix, capsys, "-d", str(tmp_path))["checkpoints/nano@v1"]
+    assert row["state"] == "failed"
+    assert row["reason"] == (f"the next run will refuse to resume: {refusal}; last attempt failed at "
+                             "2026-12-02 08:00:00: RuntimeError: terminated by signal SIGTERM")  # fmt: skip
+    record_recipe(output, make_recipe(dict(train.config, log_every=3), data, output))  # only a free key differs
+    assert "refuse" not in status_json(experiment_file, prefix, capsys)["checkpoints/nano@v1"]["reason"]
 
 
 def test_an_unreadable_newest_failure_record_is_named_not_replaced_by_an_older_failure(experiment_file, tmp_path, capsys):

@@ -57,6 +57,17 @@ def test_moe_every_chooses_which_layers_are_moe():
     assert ModelConfig(n_layers=4, moe_every=0).n_moe_layers == 0
 
 
+def test_moe_every_above_n_layers_is_refused_not_silently_dense():
+    with pytest.raises(ConfigError) as info:
+        ModelConfig.from_dict({"n_layers": 2, "moe_every": 3})
+    assert str(info.value.within("config.model")) == (
+        "config.model.moe_every: 3 makes no layer MoE with n_layers=2; use moe_every: 0 for a dense model, or at most 2"
+    )
+    with pytest.raises(ConfigError, match=r"^moe_every: 5 makes no layer MoE with n_layers=4 \(the default\);"):
+        ModelConfig.from_dict({"moe_every": 5})
+    assert ModelConfig.from_dict({"n_layers": 2, "moe_every": 2}).n_moe_layers == 1
+
+
 def test_parameter_counts_match_the_model_and_active_equals_dense_baseline():
     from flax import nnx
     import jax

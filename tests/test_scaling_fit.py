@@ -58,7 +58,7 @@ def test_frontier_takes_each_budgets_parabola_vertex_inside_the_sampled_sizes():
         assert point["loss"] == pytest.approx(truth, rel=0.01)  # a parabola in log N, 3 points
 
 
-def test_bootstrap_intervals_cover_the_true_exponents_and_loo_moves_little_at_02_percent_noise():
+def test_bootstrap_intervals_cover_the_true_exponents_loo_moves_little_and_nothing_is_flagged_at_02_percent_noise():
     runs = isoflop_runs(TRUE, noise=0.002, seed=3)
     fitted = F.fit_all(runs, 1e13)
     boot = F.bootstrap(runs, 1e13, fitted, samples=60, seed=0)
@@ -71,9 +71,43 @@ def test_bootstrap_intervals_cover_the_true_exponents_and_loo_moves_little_at_02
     loo = F.leave_one_budget_out(runs, 1e13, fitted)
     assert [x["dropped_budget"] for x in loo] == list(BUDGETS)
     assert max(abs(x["chinchilla_relative_change"]) for x in loo) < 0.03
+    assert fitted["at_bound"] == {} and boot["at_bound"] == {} and F.fit_warnings(fitted, boot) == []
 
 
 def test_a_budget_with_sizes_on_one_side_of_its_optimum_uses_its_best_run():
     runs = [F.Run(f"r{n}", 1e12, 1e12, n, 1e12 / (6 * n), 5.0 - 0.1 * i) for i, n in enumerate((1e4, 2e4, 4e4))]
     (point,) = F.frontier(runs)
     assert point["method"] == "best run" and point["params"] == 4e4 and point["loss"] == pytest.approx(4.8)
+
+
+def test_the_checkers_minimums_are_one_more_than_each_laws_parameters():
+    from marin_rules.scaling.checks import MIN_BUDGETS, MIN_RUNS
+
+    assert MIN_BUDGETS == len(F.POWER_LAW_PARAMS) + 1  # the frontier law: one point per budget
+    assert MIN_RUNS == len(F.CHINCHILLA_PARAMS) + 1  # approach 3: every run
+
+
+def test_a_law_with_no_floor_is_flagged_on_its_lower_bound_in_the_fit_and_the_bootstrap():
+    runs = [r for r in isoflop_runs({**TRUE, "E": 0.0}) if r.budget in BUDGETS[:4]]
+    fitted = F.fit_all(runs, 1e13)
+    boot = F.bootstrap(runs, 1e13, fitted, samples=20, seed=0)
+    assert fitted["at_bound"]["E"] == "lower" and boot["at_bound"]["E"] == {"lower": 20}
+    warnings = F.fit_warnings(fitted, boot)
+    on_bound = f"power_law.E = {fitted['power_law']['E']:.4g}: on the optimiser's lower bound (0); the bound, not the data, set it"
+    assert on_bound in warnings
+    lo, hi = boot["interval95"]["E"]
+    assert (f"power_law.E: its 95% interval {lo:.4g}-{hi:.4g} touches the optimiser's lower bound (0): "
+            "20 of 20 bootstrap fits ended on it") in warnings
+    assert not any(w.startswith("power_law.alpha") for w in warnings)  # the exponent is still pinned
+
+
+def test_an_estimate_outside_its_interval_and_an_interval_cut_by_a_bound_are_flagged_once_each():
+    fitted = F.fit_all(isoflop_runs(TRUE), 1e13)
+    alpha = fitted["power_law"]["alpha"]
+    boot = {"samples": 50, "interval95": {"alpha": [alpha + 0.01, alpha + 1.9], "ch_a": [0.2, 2.99999], "ch_b": [0.3, 0.5]},
+            "at_bound": {"ch_a": {"upper": 2}, "ch_b": {"lower": 1}}}  # fmt: skip
+    assert F.fit_warnings(fitted, boot) == [
+        f"power_law.alpha = {alpha:.4g} lies outside its bootstrap 95% interval {alpha + 0.01:.4g}-{alpha + 1.9:.4g}: "
+        "bootstrap disagrees with the fit: the data do not pin this parameter",
+        "chinchilla.a: its 95% interval 0.2-3 touches the optimiser's upper bound (3): 2 of 50 bootstrap fits ended on it",
+    ]  # ch_b: 1 of 50 refits on a bound is under 2.5%, so its interval's end is not the bound

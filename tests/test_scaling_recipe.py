@@ -130,5 +130,19 @@ def test_bad_scaling_config_is_one_error_naming_artifact_and_field(change, field
     assert "\n" not in str(err.value)
 
 
+def test_fewer_budgets_than_the_frontier_laws_parameters_plus_one_are_refused_at_load():
+    exp = scaling_experiment()
+    exp["artifacts"]["scaling/fit@v1"]["config"]["budgets"] = [1e10, 2.34e10, 5.48e10]
+    with pytest.raises(ConfigError) as err:
+        build_experiment(exp)
+    assert str(err.value) == (
+        "scaling/fit@v1: config.budgets: expected at least 4 budgets (the frontier law fits 3 parameters, E, A and "
+        "alpha, through one point per budget: 3 leave its bootstrap no uncertainty to measure); add budgets, each "
+        "with its runs, got [10000000000.0, 23400000000.0, 54800000000.0]"
+    )
+    exp["artifacts"]["scaling/fit@v1"]["config"]["budgets"] = [1e10, 2.34e10, 5.48e10, 1.28e11]
+    build_experiment(exp)  # four are enough (and the deps' runs at 3e11 are not the checker's business)
+
+
 def test_label_writes_budgets_as_name_segments():
     assert _label(1.25e11) == "1.25e11" and _label(3e10) == "3e10" and _label(1e13) == "1e13"

@@ -3,10 +3,11 @@ pytrees: a damaged newest checkpoint is named in one line, set aside (kept under
 artifact's `.history/`, not among its data files) and the one before it is resumed
 from; saving that step again then works (a dev version's is deleted instead). When no
 checkpoint restores the run stops with one line naming the folder and the fix, and
-nothing is moved."""
+nothing is moved. Saving logs none of orbax's warnings about OCDBT, which we do not use."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -117,3 +118,14 @@ def test_a_run_without_checkpoints_starts_at_step_zero(tmp_path):
         assert checkpoint.restore_latest(manager, str(tmp_path / "run"), *weights(0.0)) == (0, None, None)
     finally:
         manager.close()
+
+
+def test_saving_a_checkpoint_logs_no_ocdbt_merge_warning_and_other_absl_warnings_still_show(tmp_path, caplog):
+    # without OCDBT (use_ocdbt=False, on purpose) orbax warned twice per save that it had nothing to merge
+    with caplog.at_level(logging.INFO):
+        saved_run(tmp_path / "run", (1,))
+        logging.getLogger("absl").warning("another absl warning")
+    messages = [record.getMessage() for record in caplog.records]
+    assert (tmp_path / "run" / "checkpoints" / "1").is_dir()
+    assert not [m for m in messages if checkpoint.OCDBT_MERGE_SKIPPED in m], messages
+    assert "another absl warning" in messages

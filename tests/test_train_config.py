@@ -61,6 +61,17 @@ def test_each_bad_value_is_reported_at_its_field(change, field):
     assert error_of({**GOOD, **change}).field == field
 
 
+def test_muon_lr_written_without_muon_is_refused_not_silently_ignored():
+    e = error_of({**GOOD, "optimizer": {"name": "adamw", "muon_lr": 0.02}})
+    assert str(e) == (
+        "config.optimizer.muon_lr: used only with name: muon (name is adamw); remove it or set name: muon"
+    )
+    assert error_of({**GOOD, "optimizer": {"muon_lr": 0.02}}).message.startswith(
+        "used only with name: muon (name is adamw, the default);"
+    )
+    assert parse_train_config({**GOOD, "optimizer": {"name": "adamw"}}).optimizer.muon_lr == 0.02  # default: fine
+
+
 def test_deps_need_exactly_a_data_role():
     assert error_of(GOOD, {}).field == "deps.data"
     assert error_of(GOOD, {**DEPS, "corpus": "raw/x@v1"}).field == "deps.corpus"

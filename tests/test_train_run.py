@@ -186,6 +186,7 @@ def test_a_damaged_last_checkpoint_is_set_aside_and_the_run_resumes_bitwise_from
     assert f"{bad}: checkpoint {STEPS} does not restore (ValueError: " in err and "TensorStore(" not in err
     (aside,) = (output / ".history").glob(f"*-damaged/checkpoints/{STEPS}")
     assert f"{bad}: set aside as {aside}; resuming from checkpoint 10\n" in err
+    assert f"train: resuming from checkpoint 10 of {STEPS} ({output / 'checkpoints' / '10'})\n" in err
     assert (aside / chunk.relative_to(bad)).read_bytes() != (baseline_output / chunk.relative_to(output)).read_bytes()
     assert (bad / "commit_success.txt").exists()  # saved again by the resumed run
 
@@ -228,6 +229,22 @@ def test_resume_may_log_evaluate_and_checkpoint_more_often(baseline, tokens, cac
     assert [r["step"] for r in records if r["split"] == "train"] == [5, 10, 12, 14, 16, 18, 20]
     assert [r["step"] for r in records if r["split"] == "val"] == [10, 15, 20]
     assert (output / "checkpoints" / "recipe.json").read_bytes() == recipe  # still the recipe of the weights
+
+
+def test_a_retry_with_no_checkpoint_moves_the_failed_attempts_log_into_history(baseline, tokens, cache, tmp_path):
+    result, baseline_output = baseline
+    output = killed_at_10(baseline_output, tmp_path / "artifact")
+    shutil.rmtree(output / "checkpoints" / "10")  # as if it died before its first checkpoint
+    failed_log = (output / "metrics.jsonl").read_bytes()
+    spec = runs.write_spec(tmp_path / "spec.json", output=str(output), config=runs.tiny_config(), data=tokens,
+                           compile_cache=cache)  # fmt: skip
+    again = runs.run(spec, runs.train_env(1), tmp_path / "log")
+    assert again["resumed_from_step"] == 0
+    assert_same_run(again, output, result, baseline_output)  # a fresh log, not appended to the old one
+    (kept,) = (output / ".history").glob("*-restarted/metrics.jsonl")
+    assert kept.read_bytes() == failed_log
+    assert (f"train: no checkpoint to resume from; metrics.jsonl of an earlier attempt: moved to "
+            f"{kept.parent}; training from scratch\n") in runs.tail(tmp_path / "log")  # fmt: skip
 
 
 def test_two_processes_of_four_devices_with_an_expert_axis_end_bitwise_identical_to_one_device(baseline, tokens, cache, tmp_path):
@@ -344,3 +361,77 @@ def test_a_run_that_beats_its_measured_ceiling_measures_it_again_and_keeps_the_h
     assert raised_ceiling(kept, tokens_per_s, measure) is kept and len(measured) == 1  # MFU 0.5: not measured again
     given = plan(achieved / 2, None)
     assert raised_ceiling(given, tokens_per_s, measure) is given and len(measured) == 1  # runtime.peak_flops stays
+
+
+def earlier_attempt(output: Path) -> None:
+    output.mkdir()
+    (output / "metrics.jsonl").write_text('{"split": "train", "step": 5, "loss": 9.0}\n')
+    (output / "loss.png").write_bytes(b"earlier png")
+
+
+def test_starting_from_scratch_moves_an_earlier_attempts_logs_into_one_history_entry(tmp_path, capsys):
+    from marin_rules.train.config import parse_train_config
+    from marin_rules.train.loop import say_where_it_starts
+
+    output = tmp_path / "artifact"
+    earlier_attempt(output)
+    say_where_it_starts(parse_train_config(runs.tiny_config()), str(output), 0)
+    (entry,) = (output / ".history").glob("*-restarted")
+    assert sorted(p.name for p in entry.iterdir()) == ["loss.png", "metrics.jsonl"]
+    assert (entry / "loss.png").read_bytes() == b"earlier png" and not (output / "metrics.jsonl").exists()
+    assert capsys.readouterr().err == (
+        f"train: no checkpoint to resume from; metrics.jsonl and loss.png of an earlier attempt: moved to "
+        f"{entry}; training from scratch\n"
+    )
+    say_where_it_starts(parse_train_config(runs.tiny_config()), str(output), 0)  # nothing left: nothing said
+    assert capsys.readouterr().err == "" and len(list((output / ".history").iterdir())) == 1
+
+
+def test_a_dev_version_starting_from_scratch_deletes_an_earlier_attempts_logs(tmp_path, capsys):
+    from marin_rules.train.config import parse_train_config
+    from marin_rules.train.loop import say_where_it_starts
+
+    output = tmp_path / "artifact"
+    earlier_attempt(output)
+    say_where_it_starts(parse_train_config(runs.tiny_config()), str(output), 0, keep_history=False)
+    assert sorted(p.name for p in output.iterdir()) == []
+    assert capsys.readouterr().err == (
+        "train: no checkpoint to resume from; metrics.jsonl and loss.png of an earlier attempt: discarded "
+        "(a dev version keeps no history); training from scratch\n"
+    )
+
+
+def test_resuming_says_which_checkpoint_and_keeps_the_log(tmp_path, capsys):
+    from marin_rules.train.config import parse_train_config
+    from marin_rules.train.loop import say_where_it_starts
+
+    output = tmp_path / "artifact"
+    earlier_attempt(output)
+    say_where_it_starts(parse_train_config(runs.tiny_config()), str(output), 10)
+    assert capsys.readouterr().err == f"train: resuming from checkpoint 10 of 20 ({output / 'checkpoints' / '10'})\n"
+    assert (output / "metrics.jsonl").exists() and not (output / ".history").exists()
+
+
+def test_the_loss_plot_title_says_which_layers_are_moe():
+    from marin_rules.train.report import plot_title
+
+    assert plot_title(ModelConfig(n_layers=2, moe_every=0)) == "2-layer dense"
+    assert plot_title(ModelConfig(n_layers=2, moe_every=1)) == "2-layer MoE, 4 experts, top-2"
+    assert plot_title(ModelConfig(n_layers=4, moe_every=2, shared_expert=True, top_k=1)) == (
+        "4-layer, MoE every 2 layers, 4 experts + shared, top-1"
+    )
+
+
+def test_a_train_curve_of_a_single_logged_point_is_drawn_with_a_marker(tmp_path, monkeypatch):
+    # num_train_steps <= log_every logs one train point: a line of one point alone draws nothing
+    from matplotlib.figure import Figure
+
+    from marin_rules.train.metrics import MetricsLog, plot_losses
+
+    drawn, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: drawn.append(fig) or save(fig, *a, **k))
+    records = [{"split": "train", "step": 3, "loss": 4.0}, {"split": "val", "step": 3, "loss": 4.2}]
+    plot_losses(MetricsLog(str(tmp_path / "metrics.jsonl"), records), str(tmp_path / "loss.png"))
+    (train,) = [line for line in drawn[0].axes[0].lines if line.get_label() == "train"]
+    assert train.get_marker() not in (None, "", " ", "None")
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"

@@ -163,13 +163,20 @@ class MarinLM(TemplateLM):
         (`max_length`) defaults to the length the model was trained on: positions past
         it were never seen (a model trained at 64 tokens with `max_seq_len` 256 scored
         3.15 bits per byte in 256-token windows, 2.47 in 64-token ones). A larger
-        `max_length` is taken up to `max_seq_len`."""
+        `max_length` may be asked for, up to `max_seq_len` (the rotary tables end
+        there); one beyond it is refused, not silently shortened (lm-eval passes
+        `max_length` only when `model_args` give it)."""
         from marin_rules.eval.model_scorer import ModelScorer
 
         limit = trained.config.max_seq_len
         if max_length is not None and int(max_length) < 1:
             raise ValueError(f"max_length: expected a context of at least 1 token, got {max_length}")
-        length = min(trained.seq_len or limit, limit) if max_length is None else min(int(max_length), limit)
+        if max_length is not None and int(max_length) > limit:
+            raise ValueError(
+                f"max_length: {max_length} is longer than the model's max_seq_len {limit}; "
+                f"give at most {limit}, or leave it out for the trained length"
+            )
+        length = min(trained.seq_len or limit, limit) if max_length is None else int(max_length)
         tokenizer, special = load_tokenizer(trained.tokenizer)
         return cls(ModelScorer(trained.model, length), tokenizer, special, **kwargs)
 

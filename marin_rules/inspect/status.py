@@ -29,6 +29,14 @@ recipe and its upstreams' records:
                    (`marin_rules.artifacts.code`; added to the reason of the states above)
   corrupt          the record cannot be read (the records module's one line)
 
+An unbuilt train artifact (missing or failed, not forced, not a dev version) whose
+checkpoints hold another recipe than the one its next job would compare (a run stopped,
+then its config changed without a version bump) adds that the next run will refuse to
+resume, with the job's own message (`train.recipe.refusal_ahead`: the fields and the fix).
+A builder that is gone (killed, as by `kill -9` of Snakemake's process group) while
+Snakemake's lock files are still in the working directory that status reads (where
+`marin` runs, or `-d DIR`: `.snakemake/locks/`) adds that `snakemake --unlock` must run
+first, if no snakemake runs there now (whether one does cannot be known from the files).
 A `missing` artifact whose folder still holds data says so (its record was deleted,
 as `snakemake --delete-all-output` does). A built user step whose module cannot be
 found from here (the code advisory needs it) says "code unknown" instead of nothing,
@@ -46,6 +54,7 @@ per byte). A bits per byte or perplexity figure of a task whose result records
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
@@ -53,7 +62,7 @@ from marin_rules.adopt import recorded_source, recorded_source_problems, source_
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.code import code_change, code_hash
 from marin_rules.artifacts.builds import build_of, rebuilt_upstreams
-from marin_rules.artifacts.drift import EDITED_FIX, edited_record, printable
+from marin_rules.artifacts.drift import EDITED_FIX, SAME_SETTINGS, edited_record, only_defaults, printable
 from marin_rules.artifacts.errors import ConfigError, MarinError
 from marin_rules.artifacts.files import list_data_files
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
@@ -63,6 +72,7 @@ from marin_rules.eval.report import LOSSY_LABEL, RATIO_METRICS  # (no JAX, no lm
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.inspect import reading
 from marin_rules.steps import find_user_module
+from marin_rules.train.recipe import job_recipe, refusal_ahead  # (no JAX)
 
 VAL_LOSS_KEYS = ("final_val_loss", "val_loss")
 NOT_IN_EXPERIMENT = "not in this experiment"  # the reason of a built version the experiment does not name
@@ -190,6 +200,51 @@ def _gone(builder: str) -> str:
     return f"{builder} is gone: killed? (no failure record)"
 
 
+SNAKEMAKE_LOCKS = os.path.join(".snakemake", "locks")  # Snakemake's lock files (its file persistence)
+
+
+def _lock_clause() -> str:
+    """"; Snakemake's lock is still there: ..." when lock files of Snakemake are in the
+    working directory (this process's: `-d DIR` or where marin runs), else ""."""
+    folder = os.path.abspath(SNAKEMAKE_LOCKS)
+    try:
+        locks = [n for n in os.listdir(folder) if n.endswith((".input.lock", ".output.lock"))]
+    except OSError:
+        return ""
+    if not locks:
+        return ""
+    return (f"; Snakemake's lock is still there: run snakemake --unlock first "
+            f"(if no snakemake runs in {os.path.dirname(os.path.dirname(folder))} now)")  # fmt: skip
+
+
+def _refusal_ahead(location: str, artifact: Artifact | None, recipe: Mapping[str, Any] | None,
+                   upstream_records: Mapping[str, dict | None] | None) -> str | None:  # fmt: skip
+    """The message the next job of an unbuilt train artifact will refuse to resume with
+    (its checkpoints hold another recipe than `recipe`: `recipe.refusal_ahead`), else None:
+    also for a dev version or one marked forced (its leftovers are moved aside first)."""
+    if artifact is None or recipe is None or artifact.step != "train" or artifact.id.is_dev:
+        return None
+    upstreams: dict[str, Any] | None = {}
+    for key in artifact.upstream_keys():
+        upstream = (upstream_records or {}).get(key)
+        if upstream is None:
+            upstreams = None
+            break
+        upstreams[key] = build_of(upstream)
+    try:
+        message = refusal_ahead(location, recipe, upstreams)
+        return None if message is None or reading.forced_rebuild_owed(location) else message
+    except (MarinError, OSError, ValueError):
+        return None
+
+
+def _already_refused(ahead: str, failed: str) -> bool:
+    """Does the last failure's line already give this refusal: the same recipe changes
+    (the prefix may be spelled otherwise there), so the prediction would repeat it?"""
+    start, end = ahead.find(" were written by another recipe ("), ahead.find("); bump the version")
+    return start >= 0 and end > start and ahead[start:end] in failed
+
+
 def _times(record: Mapping[str, Any]) -> tuple[str, str]:
     provenance = record.get("provenance") or {}
     built = str(provenance.get("ended") or "-").replace("T", " ")[:19]
@@ -206,12 +261,14 @@ def _failure_line(failure: Mapping[str, Any]) -> str:
 def location_status(
     key: str, location: str, step: str = "?", artifact: Artifact | None = None,
     upstream_records: Mapping[str, dict | None] | None = None, expected: ArtifactId | None = None,
-    hint_flags: str = "",
+    hint_flags: str = "", recipe: Mapping[str, Any] | None = None,
 ) -> tuple[Status, dict | None]:  # fmt: skip
     """The state of one artifact location, and its record (None when missing or corrupt).
     With `artifact` (the experiment's entry) drift is judged; with `upstream_records`
     (upstream key -> its current record) rebuilt upstreams are reported. `hint_flags`:
-    what a corrupt record's rebuild command needs besides its target (`CorruptRecord.with_flags`)."""
+    what a corrupt record's rebuild command needs besides its target (`CorruptRecord.with_flags`).
+    `recipe`: for a train artifact, the recipe its job compares with its checkpoints'
+    (`recipe.job_recipe`), to predict a refusal to resume."""
     fingerprint = "-"
     try:
         record = reading.record_dict(location, expected)
@@ -225,29 +282,35 @@ def location_status(
     holder, gone = _lease_holder(location)
     killed = _killed_rebuild(location)
     if killed is not None:
+        killed += _lock_clause()
         return Status(key, step, "failed", killed, "-", "-", "-", in_experiment=artifact is not None), record
     failed = ""  # a failure's first line, said last: a command it ends with is followed by nothing
     if record is None:
         done, building, gone_shards = _shard_progress(location, artifact)
         if building and not holder:
             holder = f"{building[0]} for a shard"
+        ahead = None if holder else _refusal_ahead(location, artifact, recipe, upstream_records)
+        resumes = "" if ahead else " and resumes"
         if holder:
             state, reason = "building", f"lease held by {holder}"
         elif gone or gone_shards:
             builder = f"its builder ({gone})" if gone else f"a shard's builder ({gone_shards[0]})"
-            state, reason = "failed", f"{_gone(builder)}; the next run takes the lease over and resumes"
+            state, reason = "failed", f"{_gone(builder)}; the next run takes the lease over{resumes}"
             lease = _read_holder(location)
             ended = str(((last_failure or {}).get("provenance") or {}).get("ended", ""))
             if gone and lease is not None and ended >= str(lease.since):  # another process of its pod wrote it
-                reason = f"its builder ({gone}) is gone: killed?; the next run takes the lease over and resumes"
+                reason = f"its builder ({gone}) is gone: killed?; the next run takes the lease over{resumes}"
                 failed = ("a failure record since it started, as a pod's other processes leave: "
                           f"{_failure_line(last_failure)}")  # fmt: skip
+            reason += _lock_clause()
         elif unreadable:
             state, reason = "failed", f"last attempt failed: {unreadable}"
         elif last_failure is not None:
             state, reason, failed = "failed", "", f"last attempt failed at {_failure_line(last_failure)}"
         else:
             state, reason = "missing", "never built" if done is not None else never_built_reason(location)
+            if ahead:  # its data is not built on: it refuses
+                reason = reason.removesuffix("; the next run builds it")
         if reading.history_files(location):  # a forced rebuild that has not (or not yet) succeeded
             if state == "missing" and not reading.forced_rebuild_owed(location):
                 reason = "no record: a forced rebuild not finished, or the record was deleted"
@@ -256,6 +319,8 @@ def location_status(
             reason += "; the previous build is kept in .history/"
         if done is not None:
             reason += f"; {done} shard(s) built, {len(building)} building"
+        if ahead and not _already_refused(ahead, failed):
+            reason += f"; the next run will refuse to resume: {ahead}"
         reason = "; ".join(part for part in (reason.removeprefix("; "), failed) if part)
         return Status(key, step, state, reason, fingerprint, "-", "-", in_experiment=artifact is not None), None
     step = str(record.get("step") or step)
@@ -263,7 +328,7 @@ def location_status(
     built, took = _times(record)
     state, reason = "built", "matches the recipe" if artifact is not None else NOT_IN_EXPERIMENT
     rebuilt = _rebuilt_upstreams(record, upstream_records) if artifact is not None and upstream_records else []
-    drift = None if artifact is None else recipe_drift(record, artifact.payload(), artifact.fingerprint)
+    drift = None if artifact is None else recipe_drift(record, artifact.payload(), artifact.fingerprint, artifact.config_default)
     if drift is not None:
         edited = edited_record(str(record.get("fingerprint")), artifact.fingerprint)
         state, reason = "drifted", _drift_reason(drift, edited_note(record), artifact.id.is_dev, edited)
@@ -293,7 +358,7 @@ def location_status(
     if holder:
         reason += f"; being rebuilt, lease held by {holder}"
     elif gone:
-        reason += "; " + _gone(f"a rebuild's builder ({gone})")
+        reason += "; " + _gone(f"a rebuild's builder ({gone})") + _lock_clause()
     if last_failure is not None:
         failed_at = str((last_failure.get("provenance") or {}).get("ended", ""))
         if failed_at > str((record.get("provenance") or {}).get("ended", "")):
@@ -319,6 +384,8 @@ def _drift_reason(lines: list[str], edited: str | None, dev: bool = False, same_
         return f"{differ}{f'; {edited}' if edited else ''}; a dev version: the next run rebuilds it"
     if same_fingerprint:
         return f"{differ}; served as built; {edited or f'the record was edited: {EDITED_FIX}'}"
+    if only_defaults(lines) and not edited:
+        return f"{differ}; served as built: {SAME_SETTINGS}"
     return f"{differ}{f'; {edited}' if edited else ''}; served as built, bump the version to build the new recipe"
 
 
@@ -340,7 +407,9 @@ def experiment_status(
     for key, artifact in experiment.artifacts.items():
         location = artifact_location(prefix, artifact.id)
         upstreams = {u: records.get(u) for u in artifact.upstream_keys()}
-        status, record = location_status(key, location, artifact.step, artifact, upstreams, artifact.id, hint_flags)
+        recipe = job_recipe(artifact, experiment, prefix, location) if artifact.step == "train" else None
+        status, record = location_status(key, location, artifact.step, artifact, upstreams, artifact.id, hint_flags,
+                                         recipe)  # fmt: skip
         records[key] = record
         rows.append(status)
     if every_version:

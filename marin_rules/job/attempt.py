@@ -63,6 +63,15 @@ def _differs(previous: dict[str, Any], step: str, fingerprint: str, upstreams: M
     return None if how is None else f"was made from other upstream builds ({how})"
 
 
+def sets_aside(location: str, step: str, upstreams: Mapping[str, Any]) -> bool:
+    """Would `begin` move what an earlier attempt left at `location` aside because that
+    attempt saw other upstream builds (or its file is unreadable)? For a step in
+    `OWN_RECIPE_STEPS`, whose changed recipe `begin` leaves to the step (planning's
+    prediction of training's refusal: `train/recipe.py:refusal_ahead`)."""
+    previous = _read(storage.join(location, ATTEMPT_FILE))
+    return previous is not None and _differs(previous, step, "", upstreams) is not None
+
+
 UNREADABLE: dict[str, Any] = {}  # an attempt file that cannot be read: its leftovers are never trusted
 
 

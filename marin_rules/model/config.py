@@ -5,7 +5,8 @@ Model: a decoder-only transformer whose feed-forward layers are either dense Swi
 hidden, `top_k` chosen per token by a router, optionally plus one always-on shared
 expert). Layer `i` (0-based) is an MoE layer when `moe_every > 0` and
 `(i + 1) % moe_every == 0`; `moe_every = 0` is the plain dense transformer (the
-benchmark's baseline). This module is imported by experiment checkers that must not
+benchmark's baseline), and a `moe_every` above `n_layers` (which would make no layer
+MoE) is refused. This module is imported by experiment checkers that must not
 import JAX, so it holds the FLOP and parameter counts too (pure Python).
 
 References: nanoGPT `model.py` (config shape, FLOP count), Switch Transformer
@@ -110,6 +111,12 @@ def check_relations(c: Mapping[str, Any], given: frozenset[str] | None) -> None:
         )
     if c["n_heads"] % c["n_kv_heads"]:
         raise ConfigError("n_kv_heads", f"must divide {other('n_heads')}, got {own('n_kv_heads')}")
+    if c["moe_every"] > c["n_layers"]:  # no layer i with (i + 1) % moe_every == 0: silently dense
+        raise ConfigError(
+            "moe_every",
+            f"{own('moe_every')} makes no layer MoE with {other('n_layers')}; "
+            f"use moe_every: 0 for a dense model, or at most {c['n_layers']}",
+        )
     if c["top_k"] > c["n_experts"]:
         raise ConfigError("top_k", f"expected at most {other('n_experts')}, got {own('top_k')}")
     if c["balance"] == "quantile" and c["top_k"] >= c["n_experts"] and c["moe_every"] > 0:

@@ -3,8 +3,13 @@
 Model: the settings are frozen dataclasses on the one validation layer
 (marin_rules/validation), so messages, defaults and the JSON Schema come from the
 same rules as every other step; what relates fields (the prediction above the fitted
-budgets) and the deps are checked here. `scaling_fit` takes its runs as one
-mixture-shaped role, `runs: {name@version: 1, ...}` (the weights are ignored);
+budgets) and the deps are checked here. Each fitted law needs more points than it has
+parameters, or its bootstrap has no uncertainty to measure (the fit goes through
+every point, and every resample): the frontier law (E, A, alpha) gets one point per
+budget, so at least MIN_BUDGETS budgets; approach 3 (five parameters) takes every
+run, so at least MIN_RUNS runs; the size law (two) is covered by the budgets
+(`scaling_fit` refuses the same in the step, for a caller that skipped this
+checker). `scaling_fit` takes its runs as one mixture-shaped role, `runs: {name@version: 1, ...}` (the weights are ignored);
 `scaling_check` takes `fit` and `run`.
 """
 
@@ -16,8 +21,17 @@ from typing import Annotated, Any, Mapping
 from marin_rules.artifacts.errors import ConfigError, got
 from marin_rules.validation import Int, ListOf, Number, check_fields
 
-MIN_RUNS = 6  # approach 3 has five parameters
-MIN_BUDGETS = 3  # the frontier law has three
+FRONTIER_LAW_PARAMS = 3  # L(C) = E + A * C^-alpha, one point per budget
+APPROACH_3_PARAMS = 5  # L(N, D) = E + A/N^a + B/D^b, on every run
+MIN_BUDGETS = FRONTIER_LAW_PARAMS + 1
+MIN_RUNS = APPROACH_3_PARAMS + 1
+
+
+def too_few_budgets(count: int) -> str:
+    """Why `count` budgets are too few, and the fix (shared by the checker and the step)."""
+    return (f"expected at least {MIN_BUDGETS} budgets (the frontier law fits {FRONTIER_LAW_PARAMS} parameters, "
+            f"E, A and alpha, through one point per budget: {count} leave its bootstrap no uncertainty to measure); "
+            "add budgets, each with its runs")
 
 
 @dataclass(frozen=True)
@@ -43,7 +57,7 @@ def check_scaling_fit(config: Any, deps: Any) -> None:
     values = check_fields(ScalingFitConfig, config, "config")
     budgets = values["budgets"]
     if len(budgets) < MIN_BUDGETS:
-        raise ConfigError("config.budgets", f"expected a list of at least {MIN_BUDGETS} FLOP counts > 0, got {got(config['budgets'])}")
+        raise ConfigError("config.budgets", f"{too_few_budgets(len(budgets))}, got {got(config['budgets'])}")
     if values["predict_budget"] <= max(budgets):
         raise ConfigError(
             "config.predict_budget",

@@ -12,6 +12,12 @@ tokens and final validation loss, tagged with the nominal budget it was planned 
 - Uncertainty: a residual bootstrap: losses redrawn as the approach-3 fit times
   resampled ratios of its residuals, the frontier and both laws refitted each time.
 - Leave-one-budget-out: the prediction again without each budget's runs.
+- Honesty flags (`fit_warnings`): a parameter whose estimate sits on a bound of its
+  optimiser (within BOUND_TOL of the bound's range, in the optimiser's coordinates),
+  whose bootstrap interval is cut by a bound (at least 2.5% of the refits end on
+  it), or whose estimate lies outside its own 95% interval (by more than
+  OUTSIDE_TOL: exact data give a zero-width interval the refits miss by 1e-6); the
+  same for the predictions. Any of them means the data do not pin the fit.
 Fits run in normalised units (C, N, D over their geometric means) and report the
 parameters in raw units.
 """
@@ -24,6 +30,33 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import least_squares
+
+
+POWER_LAW_PARAMS = ("E", "A", "alpha")  # L(C) = E + A * C^-alpha
+CHINCHILLA_PARAMS = ("ch_E", "ch_A", "ch_B", "ch_a", "ch_b")  # L(N, D) = E + A/N^a + B/D^b
+ALPHA_RANGE = (1e-3, 3.0)  # the frontier law's exponent
+A_NORM_RANGE = (1e-9, 1e3)  # its A, with C over its geometric mean
+CH_LOG_RANGE = (-10.0, 5.0)  # approach 3's log A and log B (normalised N, D) and log E's floor
+CH_EXPONENT_RANGE = (0.01, 3.0)  # approach 3's a and b
+BOUND_TOL = 1e-3  # a parameter within this fraction of its bounds' range from one is on it
+OUTSIDE_TOL = 1e-3  # an estimate is outside its interval by more than this fraction (the refits' own tolerance)
+BOUND_NAMES = {  # (lower, upper) bound of each parameter, as a warning names them
+    "E": ("0", "the smallest frontier loss"),
+    "A": (f"{A_NORM_RANGE[0]:g} in normalised C", f"{A_NORM_RANGE[1]:g} in normalised C"),
+    "alpha": (f"{ALPHA_RANGE[0]:g}", f"{ALPHA_RANGE[1]:g}"),
+    "ch_E": (f"e^{CH_LOG_RANGE[0]:g}", "the smallest run loss"),
+    "ch_A": (f"e^{CH_LOG_RANGE[0]:g} in normalised N", f"e^{CH_LOG_RANGE[1]:g} in normalised N"),
+    "ch_B": (f"e^{CH_LOG_RANGE[0]:g} in normalised D", f"e^{CH_LOG_RANGE[1]:g} in normalised D"),
+    "ch_a": (f"{CH_EXPONENT_RANGE[0]:g}", f"{CH_EXPONENT_RANGE[1]:g}"),
+    "ch_b": (f"{CH_EXPONENT_RANGE[0]:g}", f"{CH_EXPONENT_RANGE[1]:g}"),
+}
+FIELDS = {  # bootstrap name -> where fit.json holds the estimate
+    "E": ("power_law", "E"), "A": ("power_law", "A"), "alpha": ("power_law", "alpha"),
+    "ch_E": ("chinchilla", "E"), "ch_A": ("chinchilla", "A"), "ch_B": ("chinchilla", "B"),
+    "ch_a": ("chinchilla", "a"), "ch_b": ("chinchilla", "b"),
+    "loss": ("prediction", "loss"), "params": ("prediction", "params"),
+    "ch_loss": ("prediction", "chinchilla", "loss"), "ch_params": ("prediction", "chinchilla", "params"),
+}
 
 
 @dataclass(frozen=True)
@@ -59,10 +92,16 @@ def frontier(runs: list[Run]) -> list[dict]:
 def fit_power_law(flops: np.ndarray, loss: np.ndarray, start: dict | None = None) -> dict:
     """`L = E + A * C^-alpha` by least squares; E in [0, min L), alpha in (0, 3).
     Starts from a grid, or from `start` (an earlier fit) alone."""
+    return _fit_power_law(flops, loss, start)[0]
+
+
+def _fit_power_law(flops: np.ndarray, loss: np.ndarray, start: dict | None = None) -> tuple[dict, dict]:
+    """`fit_power_law` and which parameters ended on a bound: {name: "lower" | "upper"}."""
     flops, loss = np.asarray(flops, float), np.asarray(loss, float)
     ref = float(np.exp(np.mean(np.log(flops))))
     x = flops / ref
-    lo, hi = [0.0, 1e-9, 1e-3], [float(loss.min()) * (1 - 1e-9), 1e3, 3.0]
+    lo = [0.0, A_NORM_RANGE[0], ALPHA_RANGE[0]]
+    hi = [float(loss.min()) * (1 - 1e-9), A_NORM_RANGE[1], ALPHA_RANGE[1]]
 
     def residual(p):
         return p[0] + p[1] * x ** -p[2] - loss
@@ -74,7 +113,22 @@ def fit_power_law(flops: np.ndarray, loss: np.ndarray, start: dict | None = None
     ]
     best = min((least_squares(residual, np.clip(s, lo, hi), bounds=(lo, hi)) for s in starts), key=lambda r: r.cost)
     e, a_norm, alpha = best.x
-    return {"E": float(e), "A": float(a_norm * ref**alpha), "alpha": float(alpha)}
+    at = at_bounds(best.x, lo, hi, POWER_LAW_PARAMS, logs=(False, True, False))
+    return {"E": float(e), "A": float(a_norm * ref**alpha), "alpha": float(alpha)}, at
+
+
+def at_bounds(x, lo, hi, names, logs) -> dict[str, str]:
+    """{name: "lower" | "upper"} of the parameters within BOUND_TOL of their range from a
+    bound (compared in log where `logs` says so: a range over decades)."""
+    out = {}
+    for v, low, high, name, log in zip(x, lo, hi, names, logs):
+        v, low, high = (math.log(t) for t in (v, low, high)) if log else (v, low, high)
+        tol = BOUND_TOL * (high - low)
+        if v - low <= tol:
+            out[name] = "lower"
+        elif high - v <= tol:
+            out[name] = "upper"
+    return out
 
 
 def power_law_loss(p: dict, flops: np.ndarray | float) -> np.ndarray:
@@ -84,10 +138,16 @@ def power_law_loss(p: dict, flops: np.ndarray | float) -> np.ndarray:
 def fit_chinchilla(params: np.ndarray, tokens: np.ndarray, loss: np.ndarray, start: dict | None = None) -> dict:
     """Approach 3: `L = E + A/N^a + B/D^b`, Huber (delta 1e-3) on log L. Starts from
     a grid, or from `start` (an earlier fit) alone."""
+    return _fit_chinchilla(params, tokens, loss, start)[0]
+
+
+def _fit_chinchilla(params, tokens, loss, start: dict | None = None) -> tuple[dict, dict]:
+    """`fit_chinchilla` and which parameters ended on a bound: {name: "lower" | "upper"}."""
     params, tokens, loss = (np.asarray(v, float) for v in (params, tokens, loss))
     n0, d0 = float(np.exp(np.mean(np.log(params)))), float(np.exp(np.mean(np.log(tokens))))
     n, d, log_l = params / n0, tokens / d0, np.log(loss)
-    lo, hi = [-10, -10, -10, 0.01, 0.01], [math.log(loss.min()), 5, 5, 3.0, 3.0]
+    (low, high), (e_lo, e_hi) = CH_LOG_RANGE, CH_EXPONENT_RANGE
+    lo, hi = [low, low, low, e_lo, e_lo], [math.log(loss.min()), high, high, e_hi, e_hi]
 
     def residual(p):
         e, la, lb, a, b = p
@@ -105,7 +165,8 @@ def fit_chinchilla(params: np.ndarray, tokens: np.ndarray, loss: np.ndarray, sta
     fits = (least_squares(residual, np.clip(s, lo, hi), bounds=(lo, hi), loss="huber", f_scale=1e-3) for s in starts)
     best = min(fits, key=lambda r: r.cost)
     e, la, lb, a, b = best.x
-    return {"E": math.exp(e), "A": math.exp(la) * n0**a, "B": math.exp(lb) * d0**b, "a": float(a), "b": float(b)}
+    at = at_bounds(best.x, lo, hi, CHINCHILLA_PARAMS, logs=(False,) * 5)  # E, A, B already in log
+    return {"E": math.exp(e), "A": math.exp(la) * n0**a, "B": math.exp(lb) * d0**b, "a": float(a), "b": float(b)}, at
 
 
 def chinchilla_loss(p: dict, params: np.ndarray | float, tokens: np.ndarray | float) -> np.ndarray:
@@ -129,15 +190,16 @@ def fit_size_law(points: list[dict]) -> dict:
 
 def fit_all(runs: list[Run], target: float, start: dict | None = None) -> dict:
     """Frontier, both laws, and their predictions at `target` FLOPs (`start`: an
-    earlier `fit_all` to start both fits from)."""
+    earlier `fit_all` to start both fits from); `at_bound`: {name: "lower" | "upper"}
+    of the parameters (bootstrap names) that ended on a bound of their optimiser."""
     points = frontier(runs)
-    law = fit_power_law(np.array([p["flops"] for p in points]), np.array([p["loss"] for p in points]),
-                        start=start and start["power_law"])
-    ch = fit_chinchilla(*(np.array([getattr(r, f) for r in runs]) for f in ("params", "tokens", "loss")),
-                        start=start and start["chinchilla"])
+    law, law_at = _fit_power_law(np.array([p["flops"] for p in points]), np.array([p["loss"] for p in points]),
+                                 start=start and start["power_law"])
+    ch, ch_at = _fit_chinchilla(*(np.array([getattr(r, f) for r in runs]) for f in ("params", "tokens", "loss")),
+                                start=start and start["chinchilla"])
     size = fit_size_law(points)
     return {
-        "frontier": points, "power_law": law, "chinchilla": ch, "size_law": size,
+        "frontier": points, "power_law": law, "chinchilla": ch, "size_law": size, "at_bound": {**law_at, **ch_at},
         "prediction": {
             "flops": target,
             "loss": float(power_law_loss(law, target)),
@@ -148,25 +210,62 @@ def fit_all(runs: list[Run], target: float, start: dict | None = None) -> dict:
 
 
 def bootstrap(runs: list[Run], target: float, fitted: dict, samples: int, seed: int) -> dict:
-    """Residual bootstrap: parameter and prediction samples with 95% intervals."""
+    """Residual bootstrap: parameter and prediction samples with 95% intervals, and
+    `at_bound` {name: {"lower" | "upper": how many refits ended on that bound}}."""
     rng = np.random.default_rng(seed)
     ch = fitted["chinchilla"]
     center = chinchilla_loss(ch, np.array([r.params for r in runs]), np.array([r.tokens for r in runs]))
     ratios = np.array([r.loss for r in runs]) / center
     draws: dict[str, list[float]] = {k: [] for k in ("E", "A", "alpha", "ch_E", "ch_A", "ch_B", "ch_a", "ch_b",
                                                     "loss", "params", "ch_loss", "ch_params")}
+    at_bound: dict[str, dict[str, int]] = {}
     for _ in range(samples):
         losses = center * rng.choice(ratios, size=len(runs), replace=True)
         again = [Run(r.key, r.budget, r.flops, r.params, r.tokens, float(l)) for r, l in zip(runs, losses)]
         redo = fit_all(again, target, start=fitted)
         law, chb, opt = redo["power_law"], redo["chinchilla"], redo["prediction"]["chinchilla"]
+        for name, side in redo["at_bound"].items():
+            counts = at_bound.setdefault(name, {})
+            counts[side] = counts.get(side, 0) + 1
         for k, v in (("E", law["E"]), ("A", law["A"]), ("alpha", law["alpha"]), ("ch_E", chb["E"]),
                      ("ch_A", chb["A"]), ("ch_B", chb["B"]), ("ch_a", chb["a"]), ("ch_b", chb["b"]),
                      ("loss", redo["prediction"]["loss"]), ("params", redo["prediction"]["params"]),
                      ("ch_loss", opt["loss"]), ("ch_params", opt["params"])):
             draws[k].append(float(v))
     intervals = {k: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] for k, v in draws.items() if v}
-    return {"samples": samples, "seed": seed, "interval95": intervals, "draws": draws}
+    return {"samples": samples, "seed": seed, "interval95": intervals, "draws": draws, "at_bound": at_bound}
+
+
+def fit_warnings(fitted: dict, boot: dict) -> list[str]:
+    """One line per sign that the data do not pin a parameter or prediction: its
+    estimate on a bound of the optimiser, its 95% interval cut by a bound (at least
+    2.5% of the refits on it), or (off its bounds) its estimate outside its own
+    interval."""
+    out = []
+    ci, samples, boot_at = boot.get("interval95", {}), boot.get("samples", 0), boot.get("at_bound", {})
+    for name, path in FIELDS.items():
+        est = fitted
+        for part in path:
+            est = est[part]
+        field = ".".join(path)
+        on_bound = fitted.get("at_bound", {}).get(name)
+        if on_bound:
+            out.append(f"{field} = {est:.4g}: on the optimiser's {on_bound} bound "
+                       f"({BOUND_NAMES[name][on_bound == 'upper']}); the bound, not the data, set it")
+        interval = ci.get(name)
+        for end, count in sorted(boot_at.get(name, {}).items()):
+            if interval and count >= 0.025 * samples:
+                out.append(f"{field}: its 95% interval {interval[0]:.4g}-{interval[1]:.4g} touches the optimiser's "
+                           f"{end} bound ({BOUND_NAMES[name][end == 'upper']}): {count} of {samples} bootstrap "
+                           "fits ended on it")
+        if interval and not on_bound:  # an estimate on a bound is flagged above, its interval noise
+            lo, hi = interval
+            slack = OUTSIDE_TOL * max(abs(est), abs(lo), abs(hi))
+            if not lo - slack <= est <= hi + slack:
+                what = "prediction" if path[0] == "prediction" else "parameter"
+                out.append(f"{field} = {est:.4g} lies outside its bootstrap 95% interval {lo:.4g}-{hi:.4g}: "
+                           f"bootstrap disagrees with the fit: the data do not pin this {what}")
+    return out
 
 
 def leave_one_budget_out(runs: list[Run], target: float, fitted: dict) -> list[dict]:

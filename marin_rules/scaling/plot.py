@@ -4,7 +4,7 @@ Model: every run as a point (coloured by budget), the compute-optimal frontier
 (its points joined), the frontier law `E + A C^-alpha` from the smallest budget to
 the prediction, its 95% bootstrap band, approach 3's compute-optimal curve, the
 predicted point at the target budget and, for `scaling_check`, the actual loss of
-the verification run.
+the verification run. A fit with `warnings` says so in a red box, bottom left.
 """
 
 from __future__ import annotations
@@ -54,6 +54,10 @@ def plot_scaling(fit: dict, location: str, actual: dict | None = None) -> None:
     ax.set_xlabel("training FLOPs (C = 6 N D)")
     ax.set_ylabel("validation loss (nats/token)")
     ax.set_title("Scaling: IsoFLOP runs, frontier law and its prediction")
+    if fit.get("warnings"):
+        ax.text(0.02, 0.03, f"UNRELIABLE: {len(fit['warnings'])} warning(s), the data do not pin the fit (table.md)",
+                transform=ax.transAxes, ha="left", va="bottom", color="C3", fontsize=8,
+                bbox={"facecolor": "white", "edgecolor": "C3", "alpha": 0.9})
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=7)
     fig.tight_layout()

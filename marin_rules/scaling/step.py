@@ -4,11 +4,19 @@ Model: `scaling_fit(ctx)` reads the success record of every run in
 `ctx.deps["runs"]` (a mixture-shaped role; the weights are ignored): C =
 flops_per_token * tokens_seen, N = flops_per_token / 6, D = tokens_seen, L =
 final_val_loss; each run belongs to the nearest of `config.budgets` (within 10%).
-It writes `fit.json` (runs, frontier, both laws, the prediction at
-`config.predict_budget`, bootstrap intervals and draws, leave-one-budget-out),
-`scaling.png` and `table.md`. `scaling_check(ctx)` reads `fit.json` and the run's
-record, and writes `check.json` and `check.png`: predicted against actual
-validation loss and the relative error (actual / predicted - 1).
+It refuses fewer than `checks.MIN_BUDGETS` budgets before writing anything. It
+writes `fit.json` (runs, frontier, both laws, the prediction at
+`config.predict_budget`, bootstrap intervals and draws, leave-one-budget-out, and
+`warnings`: `fit.fit_warnings`, the signs that the data do not pin the fit),
+`scaling.png` and `table.md` (the warnings under the table). `scaling_check(ctx)`
+reads `fit.json` and the run's record, and writes `check.json` and `check.png`:
+predicted against actual validation loss and the relative error (actual /
+predicted - 1), `within_target` (|error| <= target) and `within_band` (inside the
+bootstrap's 95% band). A fit with warnings is not a trustworthy prediction, so the
+check then says `reliable: false` and carries them as `fit_warnings`; `within_band`
+is null (a band the fit's own estimate can fall outside of, or that a bound cuts, is
+no 95% band), `within_target` stays the measured fact, and `passed` (within target
+and reliable) is false whatever the error. `summary` says all of it in one line.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import StepError
 from marin_rules.artifacts.records import read_record
 from marin_rules.scaling import fit as F
+from marin_rules.scaling.checks import MIN_BUDGETS, too_few_budgets
 from marin_rules.scaling.plot import plot_scaling
 
 BUDGET_TOLERANCE = 0.10
@@ -54,6 +63,8 @@ def run_point(location: str, budgets: list[float] | None = None) -> F.Run:
 def scaling_fit(ctx: StepContext) -> dict:
     budgets = [float(b) for b in ctx.config["budgets"]]
     target = float(ctx.config["predict_budget"])
+    if len(set(budgets)) < MIN_BUDGETS:
+        raise StepError(f"config.budgets: {too_few_budgets(len(set(budgets)))}, got {budgets}")
     runs = [run_point(location, budgets) for location in ctx.deps["runs"]]
     missing = [b for b in budgets if not any(r.budget == b for r in runs)]
     if missing:
@@ -61,6 +72,7 @@ def scaling_fit(ctx: StepContext) -> dict:
     fitted = F.fit_all(runs, target)
     boot = F.bootstrap(runs, target, fitted, int(ctx.config.get("bootstrap", 200)), int(ctx.config.get("seed", 0)))
     loo = F.leave_one_budget_out(runs, target, fitted)
+    warnings = F.fit_warnings(fitted, boot)
     out = {
         "runs": [vars(r) for r in runs],
         **fitted,
@@ -68,6 +80,7 @@ def scaling_fit(ctx: StepContext) -> dict:
         "leave_one_budget_out": loo,
         "loo_spread": max((abs(x["relative_change"]) for x in loo), default=None),
         "loo_spread_chinchilla": max((abs(x["chinchilla_relative_change"]) for x in loo), default=None),
+        "warnings": warnings,
     }
     storage.makedirs(ctx.output)
     storage.write_json_atomic(storage.join(ctx.output, "fit.json"), out)
@@ -90,6 +103,7 @@ def scaling_fit(ctx: StepContext) -> dict:
         "chinchilla_prediction": fitted["prediction"]["chinchilla"],
         "loo_spread": out["loo_spread"],
         "loo_spread_chinchilla": out["loo_spread_chinchilla"],
+        "warnings": warnings,
     }
 
 
@@ -115,7 +129,25 @@ def table(fit: dict) -> str:
         f"{100 * fit['loo_spread_chinchilla']:.2f}% (approach 3)"
         if fit["leave_one_budget_out"] else "Leave one budget out: needs at least 4 budgets",
     ]
+    if fit.get("warnings"):
+        lines += ["", f"**Warnings: {UNRELIABLE}; {REFIT}**", ""] + [f"- {w}" for w in fit["warnings"]]
     return "\n".join(lines) + "\n"
+
+
+UNRELIABLE = "the data do not pin this fit"
+REFIT = "add budgets (over a wider range) or sizes per budget and refit"
+
+
+def summary(out: dict, band: list[float] | None, warnings: list[str]) -> str:
+    """`scaling_check`'s verdict in one line."""
+    met = "met" if out["within_target"] else "missed"
+    line = (f"{out['run']}: actual {out['actual_loss']:.4f} vs predicted {out['predicted_loss']:.4f} "
+            f"({100 * out['relative_error']:+.1f}%; target {100 * out['target_relative_error']:g}%: {met})")
+    if warnings:
+        return (f"{line}; NOT a pass: {UNRELIABLE} ({len(warnings)} warning(s) in fit.json, the first: "
+                f"{warnings[0]}), so neither its band nor its error says much; {REFIT}")
+    inside = "inside" if out["within_band"] else "outside"
+    return f"{line}; {inside} the 95% band {band[0]:.4f}-{band[1]:.4f}" if band else f"{line}; no bootstrap band"
 
 
 def scaling_check(ctx: StepContext) -> dict:
@@ -132,14 +164,19 @@ def scaling_check(ctx: StepContext) -> dict:
     predicted_ch = float(F.chinchilla_loss(ch, run.params, run.tokens))
     error = run.loss / predicted - 1
     limit = float(ctx.config.get("target_relative_error", 0.05))
+    warnings = list(fit.get("warnings", []))
+    within_band = bool(band and band[0] <= run.loss <= band[1])
     out = {
         "run": run.key, "flops": run.flops, "params": run.params, "tokens": run.tokens,
         "actual_loss": run.loss, "predicted_loss": predicted, "predicted_loss_interval95": band,
-        "relative_error": error, "within_band": bool(band and band[0] <= run.loss <= band[1]),
+        "relative_error": error, "within_band": None if warnings else within_band,
         "chinchilla_predicted_loss": predicted_ch, "chinchilla_relative_error": run.loss / predicted_ch - 1,
         "predicted_params": fit["prediction"]["params"], "target_relative_error": limit,
         "within_target": abs(error) <= limit,
+        "reliable": not warnings, "fit_warnings": warnings,
     }
+    out["passed"] = bool(out["within_target"] and not warnings)
+    out["summary"] = summary(out, band, warnings)
     storage.makedirs(ctx.output)
     storage.write_json_atomic(storage.join(ctx.output, "check.json"), out)
     plot_scaling(fit, storage.join(ctx.output, "check.png"), actual=out)

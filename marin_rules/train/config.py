@@ -108,6 +108,13 @@ def parse_train_config(config: Any, vocab_size: int | None = None) -> TrainConfi
             "config.mesh.expert", f"must divide model.n_experts={tc.model.n_experts} (each device holds whole experts), got {ep}"
         )
     check_batch_shards(tc)
+    written = config.get("optimizer") or {}
+    if tc.optimizer.name != "muon" and "muon_lr" in written:  # else silently unused
+        default = "" if "name" in written else ", the default"
+        raise ConfigError(
+            "config.optimizer.muon_lr",
+            f"used only with name: muon (name is {tc.optimizer.name}{default}); remove it or set name: muon",
+        )
     if tc.optimizer.warmup_steps > tc.num_train_steps:
         raise ConfigError(
             "config.optimizer.warmup_steps",

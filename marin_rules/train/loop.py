@@ -9,7 +9,10 @@ as if it had never stopped. At the end it saves the last checkpoint, measures th
 final validation loss and the unigram baseline, and the writer process writes
 `model.json` and `loss.png`. Every process of a multi-process run executes the same
 loop on its own rows of each batch; only process 0 writes metrics, plots and
-`model.json`.
+`model.json`. It says in one line which checkpoint a run resumes from; a run that
+starts from scratch first moves the `metrics.jsonl` and `loss.png` an earlier attempt
+left into the artifact's `.history/` (`say_where_it_starts`), so a retry never
+overwrites the log of the attempt that failed.
 
 Recorded steps count completed updates: the record of step `s` (1-based) holds the
 loss of the batch that update `s` trained on and the learning rate it used.
@@ -34,6 +37,8 @@ from tqdm import tqdm
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.files import discard, history_entry, move_into_history
+from marin_rules.dev_versions import DISCARDED
 from marin_rules.model.flops import flops_per_token
 from marin_rules.model.peak import run_peak_flops
 from marin_rules.model.sharding import make_mesh
@@ -166,6 +171,36 @@ def start_state(
     return graphdef, tx, TrainState(params, state, opt_state), start
 
 
+RESTARTED = "restarted"  # the `.history/<UTC time>-restarted/` of an earlier attempt's logs
+EARLIER_LOGS = ("metrics.jsonl", "loss.png")
+
+
+def say_where_it_starts(config: TrainConfig, output: str, start: int, keep_history: bool = True) -> None:
+    """One line on the writer's stderr when resuming from checkpoint `start`. A run that
+    starts from scratch moves the logs an earlier attempt left (one that saved no
+    checkpoint that restores) to `.history/<UTC time>-restarted/`, or deletes them
+    without `keep_history` (a dev version), and says so, instead of overwriting them."""
+    if start:
+        where = storage.join(checkpoint.checkpoint_dir(output), str(start))
+        print(f"train: resuming from checkpoint {start} of {config.num_train_steps} ({where})",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return
+    found = [name for name in EARLIER_LOGS if storage.exists(storage.join(output, name))]
+    if not found:
+        return
+    if keep_history:
+        entry = history_entry(move_into_history(output, found[0], RESTARTED))
+        for name in found[1:]:
+            storage.move(storage.join(output, name), storage.join(entry, name))
+        where = f"moved to {entry}"
+    else:
+        for name in found:
+            discard(storage.join(output, name))
+        where = DISCARDED
+    print(f"train: no checkpoint to resume from; {' and '.join(found)} of an earlier attempt: {where}; "
+          "training from scratch", file=sys.stderr, flush=True)  # fmt: skip
+
+
 def validation_loss(plan: Plan, ts: TrainState) -> float:
     """Mean loss over `eval_batches` validation batches of `batch_size` rows each, run
     as the training step's micro-batches (the same rows whatever `grad_accum_steps`)."""
@@ -248,7 +283,8 @@ def run(
     (`recipe.make_recipe` of the step's config and deps) is recorded with fresh
     checkpoints and must match the stored one to resume. `runtime.peak_flops` (FLOP/s
     of all devices of the run) skips measuring the MFU ceiling. Without `keep_history`
-    (a dev version) a checkpoint that does not restore is deleted, not set aside."""
+    (a dev version) a checkpoint that does not restore, and the logs of an earlier
+    attempt a fresh start replaces, are deleted, not set aside."""
     writer = distributed.is_writer()
     data_size, expert_size = mesh_shape(config)
     check_divisible(config, data_size * expert_size)
@@ -262,6 +298,8 @@ def run(
         except BaseException:
             manager.close()
             raise
+        if writer:
+            say_where_it_starts(config, output, start, keep_history)
         plan = Plan(config, data, output, batch_sharding(mesh), make_train_step(graphdef, tx, config.grad_accum_steps),
                     make_eval_step(graphdef), peak, writer, None if given else config.model.compute_dtype)  # fmt: skip
         log = MetricsLog.resume(storage.join(output, "metrics.jsonl"), start)

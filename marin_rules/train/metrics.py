@@ -6,7 +6,9 @@ readers never see a torn line; the file stays small: one line per `log_every`).
 A resumed run starts from the records of the killed one, minus those after the
 checkpoint it resumes from, so the file reads as one uninterrupted run.
 Training records carry `"split": "train"`, validation records `"split": "val"`.
-`plot_losses` draws both curves into `loss.png` with matplotlib's Agg backend.
+`plot_losses` draws both curves into `loss.png` with matplotlib's Agg backend (a
+train curve of a few points, down to one when `num_train_steps <= log_every`, with
+markers, or it would not show).
 Only process 0 writes (the caller decides; see `distributed.is_writer`).
 """
 
@@ -78,6 +80,9 @@ class MetricsLog:
         return [s for s, _ in pairs], [v for _, v in pairs]
 
 
+FEW_POINTS = 5  # a train curve of at most this many points is drawn with markers
+
+
 def plot_losses(log: MetricsLog, location: str, title: str = "", baseline: float | None = None) -> None:
     """Write the train and validation loss curves as a PNG to `location`."""
     import matplotlib
@@ -88,7 +93,8 @@ def plot_losses(log: MetricsLog, location: str, title: str = "", baseline: float
     fig = Figure(figsize=(7, 4.5), dpi=110)
     ax = fig.subplots()
     steps, losses = log.curve("train")
-    ax.plot(steps, losses, label="train", color="tab:blue", linewidth=1.2)
+    style = "o-" if len(steps) <= FEW_POINTS else "-"  # a single point draws no line: only a marker shows it
+    ax.plot(steps, losses, style, label="train", color="tab:blue", linewidth=1.2, markersize=4)
     vsteps, vlosses = log.curve("val")
     if vsteps:
         ax.plot(vsteps, vlosses, "o-", label="validation", color="tab:orange", linewidth=1.2)

@@ -5,7 +5,8 @@ compilation) and validation out of throughput; `train_record` is one line of
 `metrics.jsonl`; `summary` is the result the step returns (final losses, unigram
 baseline, parameter and FLOP counts, tokens/s, MFU = tokens/s * FLOPs per token /
 the run-wide peak); `write_outputs` writes the writer process's files (`loss.png`,
-`model.json`, whose locations are relative to the artifact).
+titled by `plot_title` with the model's depth and MoE layers; `model.json`, whose
+locations are relative to the artifact).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 
 from marin_rules.artifacts import storage
 from marin_rules.data.relative import relative_location
+from marin_rules.model.config import ModelConfig
 from marin_rules.model.flops import active_params, flops_per_token, total_params
 from marin_rules.train.config import TrainConfig
 from marin_rules.train.metrics import MetricsLog, plot_losses
@@ -104,14 +106,23 @@ def summary(config: TrainConfig, start: int, losses: dict, last: dict, clock: Cl
     }
 
 
+def plot_title(model: ModelConfig) -> str:
+    """The title of `loss.png`: the model's depth and which of its layers are MoE."""
+    if not model.n_moe_layers:
+        return f"{model.n_layers}-layer dense"
+    depth = f"{model.n_layers}-layer MoE" if model.moe_every == 1 else (
+        f"{model.n_layers}-layer, MoE every {model.moe_every} layers")
+    shared = " + shared" if model.shared_expert else ""
+    return f"{depth}, {model.n_experts} experts{shared}, top-{model.top_k}"
+
+
 def write_outputs(config: TrainConfig, output: str, log: MetricsLog, losses: dict, tokenizer: str,
                   eos_id: int | None) -> None:  # fmt: skip
     """The writer's files: the final validation record, `loss.png`, `model.json`
     (locations in it are relative to the artifact, so the prefix can move)."""
     model, final_val, unigram = config.model, losses["final_val"], losses["unigram"]
     log.log({"split": "val", "step": config.num_train_steps, "loss": final_val})
-    title = f"{model.n_layers}-layer MoE, {model.n_experts} experts, top-{model.top_k}"
-    plot_losses(log, storage.join(output, "loss.png"), title=title, baseline=unigram)
+    plot_losses(log, storage.join(output, "loss.png"), title=plot_title(model), baseline=unigram)
     info = {
         "model": model.to_dict(),
         "vocab_size": model.vocab_size,

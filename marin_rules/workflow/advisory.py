@@ -11,6 +11,11 @@ clean), in dry runs, `--dag`, `--rulegraph` and real runs alike. Step code chang
 since the build (`marin_rules.artifacts.code`: the record's `provenance.code.hash`
 against the code now) gets one advisory line too; nothing is rebuilt for it.
 
+An unbuilt train artifact that is not forced, whose stopped run left checkpoints of
+another recipe (changed without a version bump), gets one line saying that its job will
+refuse to resume, with the fields and the fix (`refusal_warning`: the job's own message,
+`train.recipe.refusal_ahead`), so `-n` shows what the job would stop on.
+
 The priced plan (`marin_rules.inspect.plan.plan_lines`) of the training jobs that will
 run (missing, failed or forced, as the input functions saw them) is printed once on
 stderr by the main process: from `onstart:` in real runs, at exit in dry runs (where
@@ -71,6 +76,32 @@ def rebuilt_upstreams(
         current = recorded(upstream)
         now[upstream] = None if current is None else build_of(current)
     return builds.rebuilt_upstreams(record.deps, now)
+
+
+def refusal_warning(
+    artifact: Artifact, experiment: Experiment, prefix: str, recorded: Callable[[str], Record | None]
+) -> str | None:
+    """The line for an unbuilt, unforced train artifact whose next job will refuse to
+    resume its checkpoints (another recipe: `recipe.refusal_ahead`), else None; never
+    raises for what it cannot read (advice: the job says it anyway)."""
+    from marin_rules.artifacts.identity import artifact_location
+    from marin_rules.train.recipe import job_recipe, refusal_ahead
+
+    if artifact.step != "train":
+        return None
+    upstreams: dict[str, Any] | None = {}
+    for key in artifact.upstream_keys():
+        record = recorded(key)
+        if record is None:
+            upstreams = None
+            break
+        upstreams[key] = build_of(record)
+    output = artifact_location(prefix, artifact.id)
+    try:
+        message = refusal_ahead(output, job_recipe(artifact, experiment, prefix, output), upstreams)
+    except (MarinError, OSError, ValueError):
+        return None
+    return None if message is None else printable(f"{artifact.key}: its job will refuse to resume: {message}")
 
 
 def print_plan(experiment: Experiment, prefix: str, keys: list[str]) -> None:

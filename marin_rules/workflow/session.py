@@ -53,6 +53,8 @@ consumer as forced and gives it the stamp too, so the cascade is finished (`_lef
 A forced rebuild killed outright along with its Snakemake leaves `.history/.rebuilding`
 (`forcing.begin_rebuild`): that artifact gets the stamp, so its job restores the old
 build before anything is served (`_rebuild_unended`).
+An unbuilt, unforced train artifact whose checkpoints hold another recipe gets planning's
+line that its job will refuse to resume (`advisory.refusal_warning`).
 Adopted data (`adopt:`) has its source's layout checked while planning, unless it is
 already recorded (a copied source may be gone since); a recorded one adopted in place
 gets a warning when its source's files changed since.
@@ -502,6 +504,10 @@ class Session:
                 advisory.report(artifact, record, self.recorded, self.record_path(artifact.key))
             except MarinError as e:
                 raise stop(e) from None
+        elif not self.left_out(artifact.key):  # a stopped run's checkpoints of another recipe
+            refusal = advisory.refusal_warning(artifact, self.experiment, self.prefix, self.recorded)
+            if refusal is not None:
+                print(refusal, file=sys.stderr)
 
 
     def _mark_left_out(self, artifact: Artifact) -> None:
