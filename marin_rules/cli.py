@@ -10,7 +10,8 @@
   marin history KEY                            every attempt and forced rebuild of one artifact
   marin dag [EXPERIMENT] [-o dag.svg]          a picture of the experiment, coloured by state
 
-Every command takes `--prefix P` (a local folder, file:// or gs:// URL, default `artifacts`),
+Every command takes `--prefix P` (a local folder, file:// or gs:// URL, default `artifacts`;
+also as snakemake's `--config prefix=P`, as are `experiment=` and `dev_user=`),
 `--configfile X` (the experiment, spelled as for snakemake) and `-d DIR` (the working
 directory the run used, as `snakemake -d DIR`: a relative prefix, the default one
 included, is read there) and `--dev-user NAME` (whose dev versions to read, as
@@ -347,7 +348,7 @@ def _fraction(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="marin", description=__doc__.splitlines()[0])
+    top = argparse.ArgumentParser(prog="marin", description=__doc__.splitlines()[0], allow_abbrev=False)
     sub = top.add_subparsers(dest="command", required=True)
     helps = {
         "status": "each artifact's state, its reason and headline results",
@@ -360,7 +361,7 @@ def parser() -> argparse.ArgumentParser:
         "dag": "draw the experiment as SVG, nodes coloured by state",
     }
     for name, text in helps.items():
-        p = sub.add_parser(name, help=text, description=text)
+        p = sub.add_parser(name, help=text, description=text, allow_abbrev=False)  # --config is not --configfile
         if name in ("show", "path", "verify", "history"):
             p.add_argument("key", help="name@version")
         if name == "diff":
@@ -391,7 +392,38 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+CONFIG_FLAGS = {"prefix": "--prefix", "experiment": "--configfile", "dev_user": "--dev-user"}
+
+
+def snakemake_config(argv: list[str]) -> list[str]:
+    """`argv` with snakemake's `--config KEY=VALUE ...` of the keys marin reads
+    (`CONFIG_FLAGS`) spelled as marin's own flags, so a snakemake command line's
+    settings work as typed; MarinError for another key."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] != "--config":
+            out.append(argv[i])
+            i += 1
+            continue
+        i += 1
+        while i < len(argv) and "=" in argv[i] and not argv[i].startswith("-"):
+            key, value = argv[i].split("=", 1)
+            if key not in CONFIG_FLAGS:
+                raise MarinError(
+                    f"--config {printable(key)}=...: marin reads {', '.join(f'{k}=' for k in CONFIG_FLAGS)} "
+                    "from --config (as snakemake does); name artifacts as arguments"
+                )
+            out += [CONFIG_FLAGS[key], value]
+            i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        argv = snakemake_config(sys.argv[1:] if argv is None else list(argv))
+    except MarinError as e:
+        print(f"marin: {e}", file=sys.stderr)
+        return 1
     args = parser().parse_args(argv)
     problem = _split_targets(args) if args.command in ("plan", "status") else None
     if problem:

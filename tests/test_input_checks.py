@@ -333,3 +333,36 @@ def test_a_prefix_with_braces_is_refused_in_one_line_not_read_as_a_wildcard(valu
         f"--config prefix={value!r}: holds {brace!r}; quotes, $, backticks, backslashes, braces and line breaks "
         "are refused in paths and names (Snakemake passes them on to job command lines, and reads braces as wildcards)"
     )
+
+
+def test_a_gs_record_given_to_snakemake_as_a_target_names_its_mirror_path(tmp_path):
+    # Snakemake alone says "MissingRuleException: No rule to produce gs:/bucket/..."
+    import subprocess
+
+    from conftest import SNAKEMAKE
+
+    (tmp_path / "exp.yaml").write_text("artifacts:\n  raw/a@v1: {step: download}\n")
+    url = "gs://marin-test/p/raw/a/v1/.artifact.json"
+    for flag in ("-f", "-R"):
+        proc = subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "exp.yaml", "-n", flag, url],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert proc.returncode != 0 and "MissingRuleException" not in proc.stderr, proc.stderr[-2000:]
+        assert (
+            f"marin-rules: {url}: Snakemake reaches records on gs:// through their local mirror; give "
+            ".snakemake/marin-mirror/gs/marin-test/p/raw/a/v1/.artifact.json instead (`marin path KEY` prints it)"
+        ) in proc.stderr, proc.stderr[-2000:]
+
+
+def test_marin_takes_snakemakes_config_settings_and_no_abbreviated_flag(tmp_path, capsys):
+    experiment = str(REPO / "experiments/default.yaml")
+    assert marin(["path", "raw/shakespeare@v1", "--config", f"prefix={tmp_path}/p", f"experiment={experiment}"]) == 0
+    assert capsys.readouterr().out == f"{tmp_path}/p/raw/shakespeare/v1/.artifact.json\n"
+    assert marin(["path", "--config", "prefix=gs://b/p", "raw/shakespeare@v1", experiment]) == 0
+    assert capsys.readouterr().out == ".snakemake/marin-mirror/gs/b/p/raw/shakespeare/v1/.artifact.json\n"
+    assert marin(["path", "raw/shakespeare@v1", "--config", "target=x"]) == 1
+    assert capsys.readouterr().err == (
+        "marin: --config target=...: marin reads prefix=, experiment=, dev_user= from --config (as snakemake does); "
+        "name artifacts as arguments\n"
+    )
+    with pytest.raises(SystemExit):  # --conf is not taken for --configfile
+        marin(["path", "raw/shakespeare@v1", "--conf", experiment])

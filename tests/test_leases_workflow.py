@@ -249,3 +249,30 @@ def test_a_record_another_run_takes_away_mid_run_is_named_with_its_holder(tmp_pa
         "(lease held by someone@another-host pid 4242"
     ) in proc.stderr
     assert "side/d@v1: its record" not in proc.stderr  # only what was taken away
+
+
+def test_a_lease_of_this_runs_own_job_still_ending_is_not_named_as_another_run(tmp_path):
+    # a job stopped by SIGINT may still be writing its failure record, lease held, when
+    # Snakemake exits: it is registered in this run's registry until it has ended
+    import dataclasses
+    import types
+
+    from marin_rules.artifacts.lease import new_holder
+    from marin_rules.workflow.session import Session
+    from marin_rules.workflow.signals import register
+
+    location = tmp_path / "art/raw/a/v1"
+    location.mkdir(parents=True)
+    holder = dataclasses.asdict(dataclasses.replace(new_holder(), pid=os.getpid()))  # a live process of this host
+    storage.write_json_atomic(str(location / ".lease.json"), holder)
+    run = types.SimpleNamespace(
+        _records={"raw/a@v1": None}, registry=str(tmp_path / "registry"), location=lambda key: str(location),
+        record_path=lambda key: str(location / ".artifact.json"),
+    )  # fmt: skip
+    (line,) = Session.taken_by_another_run(run)  # not this run's job: another run's
+    assert line.startswith("raw/a@v1: its record is not there: another run is building it (lease held by ")
+    unregister = register(run.registry, os.getpid())  # this run's job, still ending
+    try:
+        assert Session.taken_by_another_run(run) == []
+    finally:
+        unregister()

@@ -76,3 +76,18 @@ def test_a_run_without_the_workflow_profile_says_once_which_settings_it_lacks(tm
     triggers = _snakemake(included, env, "all", "-n", *profile, "--rerun-triggers", "mtime", "params")
     (line,) = [line for line in triggers.stderr.splitlines() if line.startswith(WARNING)]
     assert line.startswith(f"{WARNING} (rerun-triggers: mtime): the jobs of finished artifacts")
+
+
+def test_an_experiment_read_by_the_users_configfile_directive_is_refused_naming_the_directive(tmp_path):
+    # Snakemake's `configfile:` fills `config` with the experiment's sections, which our
+    # Snakefile would otherwise take for `--config artifacts=...` on the command line
+    env = _user_workflow(tmp_path, 'configfile: "exp.yaml"\n\n' + MODULE)
+    proc = subprocess.run([SNAKEMAKE, "-n", "--cores", "1"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert (
+        "marin-rules: configfile: exp.yaml: an experiment's 'artifacts:' came from a Snakefile's configfile: "
+        "directive, which marin-rules does not read experiments from; give the file with --configfile exp.yaml "
+        "or --config experiment=exp.yaml"
+    ) in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "artifacts").exists()

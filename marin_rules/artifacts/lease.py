@@ -47,7 +47,7 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.drift import printable
@@ -169,6 +169,12 @@ def holder_gone(holder: LeaseHolder) -> bool:
     if holder.host != socket.gethostname() or holder.pid <= 0 or not here or holder.pid_namespace != here:
         return False
     return not process_exists(holder.pid)
+
+
+def held_here_by(holder: LeaseHolder, pids: Iterable[int]) -> bool:
+    """Is the holder one of the processes `pids` of this host and pid namespace?"""
+    here = pid_namespace()
+    return holder.host == socket.gethostname() and holder.pid_namespace == here and holder.pid in set(pids)
 
 
 def process_exists(pid: int) -> bool:

@@ -82,13 +82,16 @@ def begin(workflow: Any, config: dict) -> Session:
     workdir = os.getcwd()
     workflow_dir = os.path.dirname(os.path.abspath(workflow.main_snakefile))
     configfiles = [str(f) for f in (getattr(workflow, "overwrite_configfiles", None) or [])]
+    directive_files = [str(f) for f in (getattr(workflow, "configfiles", None) or []) if str(f) not in configfiles]
     try:
-        options.check_config(config, configfiles)
+        options.check_config(config, configfiles, directive_files)
         prefix = options.checked_prefix(config)
         path = options.select_experiment(config, configfiles, workdir, workflow_dir)
         options.refuse_braced_paths(path, prefix, workflow_dir)
         experiment = load_experiment(path, dev_user=options.dev_user(config))
         options.target_keys(experiment, config.get("target"))
+        if main_process:  # targets are not known yet while the Snakefile is parsed: read as typed
+            options.refuse_remote_targets(sys.argv[1:])
     except MarinError as e:
         raise stop(e) from None
     records_root = mirror.records_root(prefix)

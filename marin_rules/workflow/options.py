@@ -29,6 +29,9 @@ import yaml
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.drift import printable
+from marin_rules.artifacts.identity import RECORD_FILE
+from marin_rules.artifacts.records import snakemake_path
 from marin_rules.experiment import DEFAULT_EXPERIMENT, TOP_FIELDS, Experiment
 from marin_rules.steps import BUILTIN_STEPS, SHARDED_STEPS
 from marin_rules.validation import is_number
@@ -57,14 +60,22 @@ def rule_of(step: str) -> str:
     return step if step in BUILTIN_STEPS else CUSTOM_RULE
 
 
-def check_config(config: dict, configfiles: list[str]) -> None:
-    """Refuse unknown keys, experiment sections given as `--config`, and bad or unsafe
-    values (one line each, before anything runs). Keys from a `--configfile` are left to
-    the experiment loader, which names the file."""
+def check_config(config: dict, configfiles: list[str], directive_files: list[str] = ()) -> None:
+    """Refuse unknown keys, experiment sections given as `--config` (or read by a
+    Snakefile's `configfile:` directive, `directive_files`), and bad or unsafe values
+    (one line each, before anything runs). Keys from a `--configfile` are left to the
+    experiment loader, which names the file."""
     files = [_top_level(f) for f in configfiles]
     for key in config:
         if key in GLUE_KEYS:
             continue
+        directive = next((f for f in directive_files if key in _top_level(f)), None)
+        if key in TOP_FIELDS and directive is not None and not any(key in data for data in files):
+            raise MarinError(
+                f"configfile: {directive}: an experiment's '{key}:' came from a Snakefile's configfile: directive, "
+                "which marin-rules does not read experiments from; give the file with --configfile "
+                f"{directive} or --config experiment={directive}"
+            )
         if key in TOP_FIELDS and not any(key in data and data[key] == config[key] for data in files):
             raise MarinError(
                 f"--config {key}=...: an experiment's '{key}:' is read from its file only; write it in "
@@ -151,6 +162,20 @@ def _top_level(path: str) -> dict:
     except (OSError, yaml.YAMLError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def refuse_remote_targets(arguments: Iterable[str]) -> None:
+    """A gs:// record on the command line (a target, or given to `-f`/`-R`): Snakemake
+    would find no rule for it (our rules make the records' local mirror), so one line
+    names the mirror path to give instead (`records.snakemake_path`, which `marin path
+    KEY` prints too)."""
+    for name in arguments:
+        url = re.sub(r"^gs:/+", "gs://", str(name))
+        if url.startswith("gs://") and url.endswith("/" + RECORD_FILE):
+            raise MarinError(
+                f"{printable(str(name))}: Snakemake reaches records on gs:// through their local mirror; "
+                f"give {snakemake_path(url)} instead (`marin path KEY` prints it)"
+            )
 
 
 def lease_options(config: dict) -> str:

@@ -80,7 +80,7 @@ from marin_rules.artifacts.records import Record, read_record_file
 from marin_rules.artifacts.shards import SHARD_RECORD, SHARDS_DIR, all_shards, shard_count
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.steps import SHARDED_STEPS
-from marin_rules.workflow import advisory, forcing
+from marin_rules.workflow import advisory, forcing, signals
 from marin_rules.workflow.options import CUSTOM_RULE, rerun_flags, rule_of, target_keys
 
 LOG_ROOT = ".snakemake/marin-logs"
@@ -536,15 +536,22 @@ class Session:
         """One line for each artifact this run planned whose record is missing at its end
         under another run's live lease: that run is building it (a forced build moves the
         old one aside when its job starts), so this run's jobs and targets met a missing
-        file, which Snakemake reports only as latency."""
-        from marin_rules.artifacts.lease import STALE_S, holder_gone, read_lease
+        file, which Snakemake reports only as latency. A lease held by one of this run's
+        own job processes (still registered: stopped by a signal, not yet ended) is not
+        another run's."""
+        from marin_rules.artifacts.lease import STALE_S, held_here_by, holder_gone, read_lease
 
+        # this run's own jobs that a signal stopped may still be ending, lease not yet
+        # released, when Snakemake exits: they are registered here until they have ended
+        ours = signals.registered(self.registry)
         lines = []
-        for key in sorted(self._records):  # read while planning (this run's own jobs have ended: leases released)
+        for key in sorted(self._records):  # read while planning
             if os.path.exists(self.record_path(key)):
                 continue
             holder = read_lease(self.location(key))
-            if holder is not None and holder.age_s() < STALE_S and not holder_gone(holder):
+            if holder is None or held_here_by(holder, ours):
+                continue
+            if holder.age_s() < STALE_S and not holder_gone(holder):
                 lines.append(
                     f"{key}: its record is not there: another run is building it (lease held by "
                     f"{holder.describe()}); run snakemake again once that run has finished, and this one serves it"
