@@ -87,7 +87,7 @@ def test_an_experiment_read_by_the_users_configfile_directive_is_refused_naming_
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert (
         "marin-rules: configfile: exp.yaml: an experiment's 'artifacts:' came from a Snakefile's configfile: "
-        "directive, which marin-rules does not read experiments from; give the file with --configfile exp.yaml "
-        "or --config experiment=exp.yaml"
+        "directive, which marin-rules does not read experiments from; give the file with --configfile exp.yaml\n"
     ) in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "artifacts").exists()
+    _snakemake(tmp_path, env, "-n")  # the fix it names (with the directive still there) plans

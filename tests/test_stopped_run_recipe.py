@@ -33,6 +33,7 @@ from conftest import REPO, SNAKEMAKE
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.files import ATTEMPT_FILE
 from marin_rules.artifacts.lease import process_exists, read_lease
+from marin_rules.artifacts.provenance import iso, utc_now
 from marin_rules.cli import main
 from marin_rules.train.recipe import make_recipe, mismatch_message, record_recipe, refusal_ahead
 from train_helpers.runs import wait_for
@@ -133,6 +134,13 @@ def test_a_changed_recipe_is_predicted_by_dry_runs_planning_and_status_as_the_jo
     line = f"{KEY}: its job will refuse to resume: {message}"
     dry = ws.snakemake("-n")
     assert dry.returncode == 0 and dry.stderr.splitlines().count(line) == 1
+    lease = ws.output / ".lease.json"
+    killed = lease.read_bytes()
+    live = {**json.loads(killed), "pid": os.getpid(), "since": iso(utc_now()), "renewed": iso(utc_now())}
+    lease.write_text(json.dumps(live))  # another run holds it now: its job would wait and serve that build
+    dry = ws.snakemake("-n")
+    assert dry.returncode == 0 and "its job will refuse to resume" not in dry.stderr, dry.stderr[-2000:]
+    lease.write_bytes(killed)
     reason = ws.status(capsys)["reason"]
     assert reason.startswith("its builder (")
     assert reason.endswith("; the next run takes the lease over; the next run will refuse to resume: "

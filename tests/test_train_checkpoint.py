@@ -129,3 +129,35 @@ def test_saving_a_checkpoint_logs_no_ocdbt_merge_warning_and_other_absl_warnings
     assert (tmp_path / "run" / "checkpoints" / "1").is_dir()
     assert not [m for m in messages if checkpoint.OCDBT_MERGE_SKIPPED in m], messages
     assert "another absl warning" in messages
+
+
+def test_a_checkpoint_of_optax_muons_state_resumes_under_the_trainers_muon(tmp_path):
+    # the trainer used optax.contrib.muon until train/muon.py replaced its update; a run
+    # stopped before that must resume after it: the same state layout, restored by orbax
+    import jax
+    import optax
+    from optax.contrib import MuonDimensionNumbers
+
+    from marin_rules.train.muon import muon_transform
+
+    params = {"w_gate": jnp.ones((2, 8, 12)), "w_o": jnp.ones((8, 8)), "w_down": jnp.ones((12, 8))}
+    lr = optax.constant_schedule(0.02)
+    dims = lambda tree: jax.tree.map(lambda x: MuonDimensionNumbers(x.ndim - 2, x.ndim - 1), tree)  # noqa: E731
+    before = optax.contrib.muon(lr, beta=0.95, weight_decay=0.1, muon_weight_dimension_numbers=dims)
+    now = muon_transform(0.95, 0.1, lr)
+    grads = jax.tree.map(lambda x: x * 0.5, params)
+    _, old_state = before.update(grads, before.init(params), params)  # one update: momentum not zero
+    assert jax.tree_util.tree_structure(now.init(params)) == jax.tree_util.tree_structure(old_state)
+    manager = checkpoint.open_manager(str(tmp_path / "run"))
+    checkpoint.save(manager, 1, {"params": params}, old_state)
+    manager.close()
+    manager = checkpoint.open_manager(str(tmp_path / "run"))
+    step, _, restored = checkpoint.restore_latest(manager, str(tmp_path / "run"), {"params": params}, now.init(params))
+    manager.close()
+    assert step == 1
+    for got, saved in zip(jax.tree.leaves(restored), jax.tree.leaves(old_state)):
+        np.testing.assert_array_equal(got, saved)  # the momentum and counts, as saved
+    expected, _ = before.update(grads, old_state, params)
+    got, _ = now.update(grads, restored, params)  # the next update continues the same run
+    for name in params:
+        assert float(jnp.abs(got[name] - expected[name]).max()) <= 1e-5 * float(jnp.abs(expected[name]).max())

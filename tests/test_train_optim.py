@@ -82,7 +82,6 @@ def test_schedule_starts_above_zero_warms_up_linearly_then_decays_by_cosine_to_t
     }  # fmt: skip
 
 
-@pytest.mark.slow
 def test_our_muon_update_equals_optax_muon_to_float_rounding():
     """train/muon.py rewrites optax's Muon without copies (a tall matrix uses the Gram
     matrix on its other side); the update must stay optax's: measured at most 3.3e-6 of the
@@ -107,6 +106,7 @@ def test_our_muon_update_equals_optax_muon_to_float_rounding():
             assert float(jnp.abs(got[name] - expected[name]).max()) <= 1e-5 * scale, name
 
 
+@pytest.mark.slow
 def test_the_first_update_moves_the_weights_even_with_warmup():
     graphdef, params, state = model_parts()
     tx = make_optimizer(OptimizerConfig(learning_rate=0.01, warmup_steps=100), 200)

@@ -18,24 +18,26 @@ Here a tall matrix keeps its layout and uses the Gram matrix on the other side:
 X (X^T X) = (X X^T) X, so it is the same polynomial of X; every product names its
 axes (einsum), so leading axes are batch axes of the matmuls and nothing moves in
 memory. Results equal optax's to float rounding (tests/test_train_optim.py).
+
+`muon_transform` wraps it as the trainer's Muon group in the same optimizer-state
+layout `optax.contrib.muon` has (its unused AdamW slot and placeholders included,
+optax's `MuonState`), so checkpoints written while the trainer used optax's Muon
+still restore: a stopped run resumes across the change. A test compares the layouts
+and fails when a new optax changes its own.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import optax
+from optax.contrib import MuonState
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
 EPS = 1e-8
-
-
-class MuonState(NamedTuple):
-    count: jax.Array  # updates made so far (int32)
-    mu: Any  # the momentum, shaped like the parameters
 
 
 def orthogonalize(x: jax.Array, steps: int = NS_STEPS) -> jax.Array:
@@ -64,7 +66,8 @@ def scale_by_muon(beta: float) -> optax.GradientTransformation:
     """Steps 1-3 of the module docstring, on every leaf (each of rank >= 2)."""
 
     def init(params: Any) -> MuonState:
-        return MuonState(count=jnp.zeros([], jnp.int32), mu=optax.tree.zeros_like(params))
+        coeffs = jnp.asarray(NS_COEFFS, jnp.float32)  # kept in the state as optax keeps them (unused here)
+        return MuonState(count=jnp.zeros([], jnp.int32), mu=optax.tree.zeros_like(params), ns_coeffs=coeffs)
 
     def update(updates: Any, state: MuonState, params: Any = None) -> tuple[Any, MuonState]:
         del params
@@ -76,6 +79,19 @@ def scale_by_muon(beta: float) -> optax.GradientTransformation:
             optax.tree.bias_correction(updates, beta, count),
         )
         updates = jax.tree.map(lambda x: width_scale(x) * orthogonalize(x), nesterov)
-        return updates, MuonState(count=count, mu=mu)
+        return updates, MuonState(count=count, mu=mu, ns_coeffs=state.ns_coeffs)
 
     return optax.GradientTransformation(init, update)
+
+
+def muon_transform(beta: float, weight_decay: float, learning_rate: Callable[[Any], Any]) -> optax.GradientTransformation:
+    """The Muon group's whole update (module docstring): `scale_by_muon`, decoupled
+    weight decay, the learning rate; laid out as `optax.contrib.muon` lays out its state."""
+    muon = optax.chain(
+        scale_by_muon(beta),
+        optax.identity(),  # where optax.contrib.muon scales by shape (done in scale_by_muon)
+        optax.add_decayed_weights(weight_decay),
+        optax.scale_by_learning_rate(learning_rate),
+    )
+    unused = optax.adamw(learning_rate)  # optax.contrib.muon's AdamW slot: no leaf of this group reaches it
+    return optax.partition({"adam": unused, "muon": muon}, lambda params: jax.tree.map(lambda _: "muon", params))

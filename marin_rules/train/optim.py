@@ -36,7 +36,7 @@ import optax
 
 from marin_rules.model.roles import EMBEDDING, HEAD, MATRIX, param_roles
 from marin_rules.train.config import OptimizerConfig
-from marin_rules.train.muon import scale_by_muon
+from marin_rules.train.muon import muon_transform
 
 MUON_ROLES = (MATRIX,)
 DECAY_ROLES = (MATRIX, EMBEDDING, HEAD)
@@ -81,11 +81,7 @@ def make_optimizer(config: OptimizerConfig, num_train_steps: int) -> optax.Gradi
         mask=decay_mask,
     )
     if config.name == "muon":
-        muon = optax.chain(
-            scale_by_muon(beta=b1),
-            optax.add_decayed_weights(config.weight_decay),
-            optax.scale_by_learning_rate(schedule(config.muon_lr, config, num_train_steps)),
-        )
+        muon = muon_transform(b1, config.weight_decay, schedule(config.muon_lr, config, num_train_steps))
         inner = optax.partition({"adamw": adamw, "muon": muon}, lambda params: param_groups(params, "muon"))
     else:
         inner = adamw

@@ -82,9 +82,12 @@ def refusal_warning(
     artifact: Artifact, experiment: Experiment, prefix: str, recorded: Callable[[str], Record | None]
 ) -> str | None:
     """The line for an unbuilt, unforced train artifact whose next job will refuse to
-    resume its checkpoints (another recipe: `recipe.refusal_ahead`), else None; never
-    raises for what it cannot read (advice: the job says it anyway)."""
+    resume its checkpoints (another recipe: `recipe.refusal_ahead`), else None: also
+    while another run holds its live lease (this run's job would wait and serve that
+    build, as `marin status` says); never raises for what it cannot read (advice: the
+    job says it anyway)."""
     from marin_rules.artifacts.identity import artifact_location
+    from marin_rules.artifacts.lease import STALE_S, holder_gone, read_lease
     from marin_rules.train.recipe import job_recipe, refusal_ahead
 
     if artifact.step != "train":
@@ -98,6 +101,9 @@ def refusal_warning(
         upstreams[key] = build_of(record)
     output = artifact_location(prefix, artifact.id)
     try:
+        holder = read_lease(output)
+        if holder is not None and holder.age_s() < STALE_S and not holder_gone(holder):
+            return None  # another run builds it now: this run's job waits, then serves that build
         message = refusal_ahead(output, job_recipe(artifact, experiment, prefix, output), upstreams)
     except (MarinError, OSError, ValueError):
         return None

@@ -73,8 +73,7 @@ def check_config(config: dict, configfiles: list[str], directive_files: list[str
         if key in TOP_FIELDS and directive is not None and not any(key in data for data in files):
             raise MarinError(
                 f"configfile: {directive}: an experiment's '{key}:' came from a Snakefile's configfile: directive, "
-                "which marin-rules does not read experiments from; give the file with --configfile "
-                f"{directive} or --config experiment={directive}"
+                f"which marin-rules does not read experiments from; give the file with --configfile {directive}"
             )
         if key in TOP_FIELDS and not any(key in data and data[key] == config[key] for data in files):
             raise MarinError(
