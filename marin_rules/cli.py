@@ -396,26 +396,32 @@ CONFIG_FLAGS = {"prefix": "--prefix", "experiment": "--configfile", "dev_user": 
 
 
 def snakemake_config(argv: list[str]) -> list[str]:
-    """`argv` with snakemake's `--config KEY=VALUE ...` of the keys marin reads
-    (`CONFIG_FLAGS`) spelled as marin's own flags, so a snakemake command line's
-    settings work as typed; MarinError for another key."""
-    out, i = [], 0
+    """`argv` with snakemake's `--config KEY=VALUE ...` (or `--config=KEY=VALUE`) of the
+    keys marin reads (`CONFIG_FLAGS`) spelled as marin's own flags, put after the rest
+    (so they follow the command's name wherever they were typed); MarinError for another
+    key or a `--config` with no setting."""
+    out, flags, i = [], [], 0
     while i < len(argv):
-        if argv[i] != "--config":
+        if argv[i] != "--config" and not argv[i].startswith("--config="):
             out.append(argv[i])
             i += 1
             continue
+        settings = [argv[i].split("=", 1)[1]] if argv[i].startswith("--config=") else []
         i += 1
         while i < len(argv) and "=" in argv[i] and not argv[i].startswith("-"):
-            key, value = argv[i].split("=", 1)
+            settings.append(argv[i])
+            i += 1
+        if not settings:
+            raise MarinError("--config: expected KEY=VALUE settings after it, such as --config prefix=gs://bucket/path")
+        for setting in settings:
+            key, _, value = setting.partition("=")
             if key not in CONFIG_FLAGS:
                 raise MarinError(
                     f"--config {printable(key)}=...: marin reads {', '.join(f'{k}=' for k in CONFIG_FLAGS)} "
                     "from --config (as snakemake does); name artifacts as arguments"
                 )
-            out += [CONFIG_FLAGS[key], value]
-            i += 1
-    return out
+            flags += [CONFIG_FLAGS[key], value]
+    return out + flags
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -366,3 +366,11 @@ def test_marin_takes_snakemakes_config_settings_and_no_abbreviated_flag(tmp_path
     )
     with pytest.raises(SystemExit):  # --conf is not taken for --configfile
         marin(["path", "raw/shakespeare@v1", "--conf", experiment])
+    capsys.readouterr()
+    for argv in (["--config", f"prefix={tmp_path}/q", "path"], ["path", f"--config=prefix={tmp_path}/q"]):
+        assert marin([*argv, "raw/shakespeare@v1", experiment]) == 0  # before the command, or with =
+        assert capsys.readouterr().out == f"{tmp_path}/q/raw/shakespeare/v1/.artifact.json\n"
+    assert marin(["path", "raw/shakespeare@v1", experiment, "--config"]) == 1
+    assert capsys.readouterr().err == (
+        "marin: --config: expected KEY=VALUE settings after it, such as --config prefix=gs://bucket/path\n"
+    )
