@@ -11,7 +11,7 @@ recipe compares.)
 Shown: `marin status` says Snakemake's lock must go first (`inspect/status.py`); with the
 recipe changed without a version bump, `snakemake -n`, the real run's planning and
 `marin status` say in one line that the job will refuse to resume, with the job's own
-message (`train.recipe.refusal_ahead`), and the job then refuses with exactly that
+message (`job.attempt.refusal_ahead`), and the job then refuses with exactly that
 message; a change of a free key predicts nothing; forcing the artifact sets the
 checkpoints aside in `.history/` and trains the new recipe from scratch.
 """
@@ -35,7 +35,8 @@ from marin_rules.artifacts.files import ATTEMPT_FILE
 from marin_rules.artifacts.lease import process_exists, read_lease
 from marin_rules.artifacts.provenance import iso, utc_now
 from marin_rules.cli import main
-from marin_rules.train.recipe import make_recipe, mismatch_message, record_recipe, refusal_ahead
+from marin_rules.job.attempt import refusal_ahead
+from marin_rules.train.recipe import make_recipe, mismatch_message, record_recipe
 from train_helpers.runs import wait_for
 from train_helpers.tokens import make_tokens
 

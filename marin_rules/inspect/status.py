@@ -32,7 +32,7 @@ recipe and its upstreams' records:
 An unbuilt train artifact (missing or failed, not forced, not a dev version) whose
 checkpoints hold another recipe than the one its next job would compare (a run stopped,
 then its config changed without a version bump) adds that the next run will refuse to
-resume, with the job's own message (`train.recipe.refusal_ahead`: the fields and the fix).
+resume, with the job's own message (`job.attempt.refusal_ahead`: the fields and the fix).
 A builder that is gone (killed, as by `kill -9` of Snakemake's process group) while
 Snakemake's lock files are still in the working directory that status reads (where
 `marin` runs, or `-d DIR`: `.snakemake/locks/`) adds that `snakemake --unlock` must run
@@ -72,7 +72,7 @@ from marin_rules.eval.report import LOSSY_LABEL, RATIO_METRICS  # (no JAX, no lm
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.inspect import reading
 from marin_rules.steps import find_user_module
-from marin_rules.train.recipe import job_recipe, refusal_ahead  # (no JAX)
+from marin_rules.job.attempt import job_recipe, refusal_ahead  # (no JAX)
 
 VAL_LOSS_KEYS = ("final_val_loss", "val_loss")
 NOT_IN_EXPERIMENT = "not in this experiment"  # the reason of a built version the experiment does not name
@@ -220,7 +220,7 @@ def _lock_clause() -> str:
 def _refusal_ahead(location: str, artifact: Artifact | None, recipe: Mapping[str, Any] | None,
                    upstream_records: Mapping[str, dict | None] | None) -> str | None:  # fmt: skip
     """The message the next job of an unbuilt train artifact will refuse to resume with
-    (its checkpoints hold another recipe than `recipe`: `recipe.refusal_ahead`), else None:
+    (its checkpoints hold another recipe than `recipe`: `attempt.refusal_ahead`), else None:
     also for a dev version or one marked forced (its leftovers are moved aside first)."""
     if artifact is None or recipe is None or artifact.step != "train" or artifact.id.is_dev:
         return None
@@ -268,7 +268,7 @@ def location_status(
     (upstream key -> its current record) rebuilt upstreams are reported. `hint_flags`:
     what a corrupt record's rebuild command needs besides its target (`CorruptRecord.with_flags`).
     `recipe`: for a train artifact, the recipe its job compares with its checkpoints'
-    (`recipe.job_recipe`), to predict a refusal to resume."""
+    (`attempt.job_recipe`), to predict a refusal to resume."""
     fingerprint = "-"
     try:
         record = reading.record_dict(location, expected)

@@ -20,7 +20,9 @@ Steps that judge their own leftovers' recipe keep that judgement (`steps.py: Bui
 training compares its checkpoints' `recipe.json` with the new config, refuses a
 changed one naming the field (its checkpoints may be days of work: the user chooses to
 bump the version or delete them), and resumes when only `log_every`,
-`checkpoint_every` or `eval_every` changed, which the fingerprint counts. Sharded
+`checkpoint_every` or `eval_every` changed, which the fingerprint counts; planning and
+`marin status` predict that refusal with `refusal_ahead` (the recipe the job would
+compare, `job_recipe`, against its checkpoints', unless `begin` sets them aside first). Sharded
 steps never come here: each shard's record carries their own checks (a shard of
 another recipe is refused, one of other upstream builds set aside:
 `marin_rules.artifacts.shards`).
@@ -35,6 +37,7 @@ from marin_rules.artifacts.builds import upstream_change
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.files import ATTEMPT_FILE, list_data_files
 from marin_rules.steps import OWN_RECIPE_STEPS
+from marin_rules.train.recipe import make_recipe, stored_recipe_refusal  # (no JAX)
 
 
 def begin(location: str, fingerprint: str, upstreams: Mapping[str, Any], step: str) -> tuple[str, str] | None:
@@ -63,11 +66,38 @@ def _differs(previous: dict[str, Any], step: str, fingerprint: str, upstreams: M
     return None if how is None else f"was made from other upstream builds ({how})"
 
 
-def sets_aside(location: str, step: str, upstreams: Mapping[str, Any]) -> bool:
+def job_recipe(artifact: Any, experiment: Any, prefix: str, output: str) -> dict[str, Any]:
+    """The recipe the train job of `artifact` at `output` compares with its checkpoints':
+    `recipe.make_recipe` of its config and the deps the job hands its step
+    (`job.context.job_context`: each upstream's `adopt.data_location` on `prefix`, data
+    adopted in place at its source)."""
+    from marin_rules.adopt import data_location
+
+    deps: dict[str, Any] = {}
+    for role, dep in artifact.deps.items():
+        if isinstance(dep, str):
+            deps[role] = data_location(prefix, experiment[dep])
+        else:
+            deps[role] = {data_location(prefix, experiment[key]): weight for key, weight in dep.items()}
+    return make_recipe(artifact.config, deps, output)
+
+
+def refusal_ahead(output: str, recipe: Mapping[str, Any], upstreams: Mapping[str, Any] | None) -> str | None:
+    """The message the next job of the unbuilt, unforced train artifact at `output` will
+    refuse to resume with (its checkpoints hold another recipe than `recipe`, `job_recipe`:
+    `recipe.stored_recipe_refusal`), for planning and `marin status`; None when it will
+    resume or start afresh: also when `begin` sets the leftovers aside first (an attempt
+    on other upstream builds than `upstreams`, each upstream's build now) or an upstream
+    is unbuilt (`upstreams` None: it is built first, so they would be)."""
+    message = stored_recipe_refusal(output, recipe)
+    if message is None or upstreams is None or _sets_aside(output, "train", upstreams):
+        return None
+    return message
+
+
+def _sets_aside(location: str, step: str, upstreams: Mapping[str, Any]) -> bool:
     """Would `begin` move what an earlier attempt left at `location` aside because that
-    attempt saw other upstream builds (or its file is unreadable)? For a step in
-    `OWN_RECIPE_STEPS`, whose changed recipe `begin` leaves to the step (planning's
-    prediction of training's refusal: `train/recipe.py:refusal_ahead`)."""
+    attempt saw other upstream builds (or its file is unreadable)?"""
     previous = _read(storage.join(location, ATTEMPT_FILE))
     return previous is not None and _differs(previous, step, "", upstreams) is not None
 

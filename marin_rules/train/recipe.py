@@ -21,16 +21,9 @@ per shard, so the mesh decides which tokens are dropped). `runtime` is not part 
 the recipe. Checkpoints with no `recipe.json` (written by older code) resume
 unchecked, as before.
 
-Predicting the refusal (`refusal_ahead`, for planning's advisory and `marin status`):
-the next job of an unbuilt, unforced train artifact refuses when all of these hold, as
-the job itself decides them: the recipe it compares (`job_recipe`: its config and the
-deps' locations the job hands the step, `adopt.data_location` on the prefix) differs
-from `recipe.json` (or that file is unreadable); the leftovers are not set aside first
-(`job.attempt`: an `.attempt.json` naming other upstream builds, or an unreadable one,
-moves them to `.history/`; an unbuilt upstream is built first, so they would be); and a
-finished checkpoint folder (`checkpoints/<step>/`) is there to resume from (none: the
-run starts afresh and records its recipe). It reads `recipe.json` (one request on a
-gs:// prefix), and only when that differs the attempt file and the checkpoint listing.
+`stored_recipe_refusal` says beforehand what a resume would be refused with, when a
+finished checkpoint (`checkpoints/<step>/`) is there to resume; planning and `marin
+status` predict a stopped run's refusal with it (`job.attempt.refusal_ahead`).
 """
 
 from __future__ import annotations
@@ -161,27 +154,11 @@ def claim_checkpoints(output: str, recipe: Mapping[str, Any], *, resuming: bool,
         record_recipe(output, recipe)
 
 
-def job_recipe(artifact: Any, experiment: Any, prefix: str, output: str) -> dict[str, Any]:
-    """The recipe the train job of `artifact` at `output` compares with its checkpoints':
-    `make_recipe` of its config and the deps the job hands its step (`job.context.job_context`:
-    each upstream's `adopt.data_location` on `prefix`, data adopted in place at its source)."""
-    from marin_rules.adopt import data_location
-
-    deps: dict[str, Any] = {}
-    for role, dep in artifact.deps.items():
-        if isinstance(dep, str):
-            deps[role] = data_location(prefix, experiment[dep])
-        else:
-            deps[role] = {data_location(prefix, experiment[key]): weight for key, weight in dep.items()}
-    return make_recipe(artifact.config, deps, output)
-
-
-def refusal_ahead(output: str, recipe: Mapping[str, Any], upstreams: Mapping[str, Any] | None) -> str | None:
-    """The message the next job of the train step at `output` (unbuilt, not forced) will
-    refuse to resume with, because its checkpoints hold another recipe than `recipe`
-    (`job_recipe`); None when it will resume or start afresh. `upstreams`: each
-    upstream's build now (`builds.build_of`), None when one is unbuilt. See the module
-    docstring for what is read."""
+def stored_recipe_refusal(output: str, recipe: Mapping[str, Any]) -> str | None:
+    """The message a job resuming the checkpoints at `output` with `recipe` would refuse
+    with (`check_recipe`: another recipe, or an unreadable `recipe.json`), when there is
+    a finished checkpoint to resume; else None. Reads `recipe.json` first (one request
+    on gs://) and lists the checkpoints only when it differs."""
     try:
         stored = read_recipe(output)
     except StepError as e:  # unreadable: the job refuses with this line when it resumes
@@ -192,17 +169,7 @@ def refusal_ahead(output: str, recipe: Mapping[str, Any], upstreams: Mapping[str
         stored = {**stored, "deps": _relative_deps(stored.get("deps", {}), output)}  # as `check_recipe`
         changes = recipe_changes(stored, recipe)
         message = mismatch_message(output, changes) if changes else None
-    if message is None or upstreams is None or _set_aside_first(output, upstreams) or not _has_checkpoint(output):
-        return None
-    return message
-
-
-def _set_aside_first(output: str, upstreams: Mapping[str, Any]) -> bool:
-    """Will the job move the leftovers to `.history/` before training (`job.attempt.begin`:
-    an attempt on other upstream builds, or an unreadable attempt file)?"""
-    from marin_rules.job.attempt import sets_aside
-
-    return sets_aside(output, "train", upstreams)
+    return message if message is not None and _has_checkpoint(output) else None
 
 
 COMMIT_NOTE = "commit_success.txt"  # orbax ends every finished checkpoint (and item) with this file (`checkpoint.py`)

@@ -14,7 +14,7 @@ against the code now) gets one advisory line too; nothing is rebuilt for it.
 An unbuilt train artifact that is not forced, whose stopped run left checkpoints of
 another recipe (changed without a version bump), gets one line saying that its job will
 refuse to resume, with the fields and the fix (`refusal_warning`: the job's own message,
-`train.recipe.refusal_ahead`), so `-n` shows what the job would stop on.
+`job.attempt.refusal_ahead`), so `-n` shows what the job would stop on.
 
 The priced plan (`marin_rules.inspect.plan.plan_lines`) of the training jobs that will
 run (missing, failed or forced, as the input functions saw them) is printed once on
@@ -82,13 +82,13 @@ def refusal_warning(
     artifact: Artifact, experiment: Experiment, prefix: str, recorded: Callable[[str], Record | None]
 ) -> str | None:
     """The line for an unbuilt, unforced train artifact whose next job will refuse to
-    resume its checkpoints (another recipe: `recipe.refusal_ahead`), else None: also
+    resume its checkpoints (another recipe: `attempt.refusal_ahead`), else None: also
     while another run holds its live lease (this run's job would wait and serve that
     build, as `marin status` says); never raises for what it cannot read (advice: the
     job says it anyway)."""
     from marin_rules.artifacts.identity import artifact_location
     from marin_rules.artifacts.lease import STALE_S, holder_gone, read_lease
-    from marin_rules.train.recipe import job_recipe, refusal_ahead
+    from marin_rules.job.attempt import job_recipe, refusal_ahead
 
     if artifact.step != "train":
         return None
