@@ -11,7 +11,7 @@ was rebuilt since (`rebuilt_upstreams`: the planning glue and `marin status` ali
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from marin_rules.artifacts.drift import printable
 
@@ -23,6 +23,18 @@ def build_of(record: Any) -> dict[str, Any]:
         ended = (record.get("provenance") or {}).get("ended")
         return {"fingerprint": record.get("fingerprint"), "built": ended if isinstance(ended, str) else None}
     return {"fingerprint": record.fingerprint, "built": record.built}
+
+
+def upstream_builds(keys: Iterable[str], recorded: Callable[[str], Any]) -> dict[str, dict[str, Any]] | None:
+    """Each upstream's build now (`build_of` of `recorded(key)`, its record or None),
+    by key; None when one of them has no record (it is built first)."""
+    builds = {}
+    for key in keys:
+        record = recorded(key)
+        if record is None:
+            return None
+        builds[key] = build_of(record)
+    return builds
 
 
 def builds_in_deps(deps: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

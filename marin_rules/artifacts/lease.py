@@ -171,6 +171,11 @@ def holder_gone(holder: LeaseHolder) -> bool:
     return not process_exists(holder.pid)
 
 
+def held_live(holder: LeaseHolder | None) -> bool:
+    """Is there a holder, renewed within STALE_S, not known to be gone (`holder_gone`)?"""
+    return holder is not None and holder.age_s() < STALE_S and not holder_gone(holder)
+
+
 def held_here_by(holder: LeaseHolder, pids: Iterable[int]) -> bool:
     """Is the holder one of the processes `pids` of this host and pid namespace?"""
     here = pid_namespace()

@@ -61,7 +61,7 @@ from typing import Any, Mapping
 from marin_rules.adopt import recorded_source, recorded_source_problems, source_changed
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.code import code_change, code_hash
-from marin_rules.artifacts.builds import build_of, rebuilt_upstreams
+from marin_rules.artifacts.builds import build_of, rebuilt_upstreams, upstream_builds
 from marin_rules.artifacts.drift import EDITED_FIX, SAME_SETTINGS, edited_record, only_defaults, printable
 from marin_rules.artifacts.errors import ConfigError, MarinError
 from marin_rules.artifacts.files import list_data_files
@@ -224,13 +224,7 @@ def _refusal_ahead(location: str, artifact: Artifact | None, recipe: Mapping[str
     also for a dev version or one marked forced (its leftovers are moved aside first)."""
     if artifact is None or recipe is None or artifact.step != "train" or artifact.id.is_dev:
         return None
-    upstreams: dict[str, Any] | None = {}
-    for key in artifact.upstream_keys():
-        upstream = (upstream_records or {}).get(key)
-        if upstream is None:
-            upstreams = None
-            break
-        upstreams[key] = build_of(upstream)
+    upstreams = upstream_builds(artifact.upstream_keys(), (upstream_records or {}).get)
     try:
         message = refusal_ahead(location, recipe, upstreams)
         return None if message is None or reading.forced_rebuild_owed(location) else message

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from marin_rules.artifacts import builds
-from marin_rules.artifacts.builds import build_of
+from marin_rules.artifacts.builds import build_of, upstream_builds
 from marin_rules.artifacts.code import change_message, code_change
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import MarinError
@@ -87,22 +87,15 @@ def refusal_warning(
     build, as `marin status` says); never raises for what it cannot read (advice: the
     job says it anyway)."""
     from marin_rules.artifacts.identity import artifact_location
-    from marin_rules.artifacts.lease import STALE_S, holder_gone, read_lease
+    from marin_rules.artifacts.lease import held_live, read_lease
     from marin_rules.job.attempt import job_recipe, refusal_ahead
 
     if artifact.step != "train":
         return None
-    upstreams: dict[str, Any] | None = {}
-    for key in artifact.upstream_keys():
-        record = recorded(key)
-        if record is None:
-            upstreams = None
-            break
-        upstreams[key] = build_of(record)
+    upstreams = upstream_builds(artifact.upstream_keys(), recorded)
     output = artifact_location(prefix, artifact.id)
     try:
-        holder = read_lease(output)
-        if holder is not None and holder.age_s() < STALE_S and not holder_gone(holder):
+        if held_live(read_lease(output)):
             return None  # another run builds it now: this run's job waits, then serves that build
         message = refusal_ahead(output, job_recipe(artifact, experiment, prefix, output), upstreams)
     except (MarinError, OSError, ValueError):

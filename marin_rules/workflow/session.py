@@ -407,7 +407,7 @@ class Session:
         without a version bump), or from other upstream builds than today's (its tokenizer
         rebuilt since, say)? Then its job runs again, and sets it aside under the shard's
         lease (`job/shard.py`); an unreadable shard record is left to the job."""
-        from marin_rules.artifacts.builds import build_of
+        from marin_rules.artifacts.builds import upstream_builds
         from marin_rules.artifacts.shards import shard_change
 
         path = f"{self.records_root}/{artifact.id.path}/{SHARDS_DIR}/{shard}/{SHARD_RECORD}"
@@ -418,13 +418,7 @@ class Session:
             return False
         if not isinstance(record, dict):
             return False
-        now: dict[str, Any] | None = {}
-        for key in artifact.upstream_keys():
-            upstream = self.recorded(key)
-            if upstream is None:  # built in this run: Snakemake reruns the shard anyway
-                now = None
-                break
-            now[key] = build_of(upstream)
+        now = upstream_builds(artifact.upstream_keys(), self.recorded)  # None: one built in this run (the shard reruns)
         change = shard_change(record, artifact.fingerprint, now)
         if change is not None and (artifact.key, shard) not in self.warned:
             self.warned.add((artifact.key, shard))
@@ -539,7 +533,7 @@ class Session:
         file, which Snakemake reports only as latency. A lease held by one of this run's
         own job processes (still registered: stopped by a signal, not yet ended) is not
         another run's."""
-        from marin_rules.artifacts.lease import STALE_S, held_here_by, holder_gone, read_lease
+        from marin_rules.artifacts.lease import held_here_by, held_live, read_lease
 
         # this run's own jobs that a signal stopped may still be ending, lease not yet
         # released, when Snakemake exits: they are registered here until they have ended
@@ -549,9 +543,7 @@ class Session:
             if os.path.exists(self.record_path(key)):
                 continue
             holder = read_lease(self.location(key))
-            if holder is None or held_here_by(holder, ours):
-                continue
-            if holder.age_s() < STALE_S and not holder_gone(holder):
+            if held_live(holder) and not held_here_by(holder, ours):
                 lines.append(
                     f"{key}: its record is not there: another run is building it (lease held by "
                     f"{holder.describe()}); run snakemake again once that run has finished, and this one serves it"
