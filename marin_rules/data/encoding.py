@@ -19,6 +19,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Iterator, Sequence
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from marin_rules.data.tokenizer import bulk_encoder
 
@@ -42,13 +43,22 @@ def batches(texts: Iterator[str], batch_size: int, max_bytes: int = TASK_BYTES) 
 
 
 def encode_stream(
-    texts: Iterator[str], tokenizer_json: str, eos_id: int, dtype: str, *, num_workers: int, batch_size: int
+    texts: Iterator[str],
+    tokenizer_json: str,
+    eos_id: int,
+    dtype: str,
+    *,
+    num_workers: int,
+    batch_size: int,
+    tokenizer: Tokenizer | None = None,
 ) -> Iterator[tuple[np.ndarray, list[int]]]:
     """(tokens, per-document lengths) for each batch, in document order. With one
     worker, encoding runs in threads of this process (tokenizers releases the GIL),
-    so reading the next documents and writing shards overlap with it."""
+    so reading the next documents and writing shards overlap with it; they use
+    `tokenizer` when given (`bulk_encoder(tokenizer_json)` already made), else make it.
+    Worker processes each make their own from `tokenizer_json`."""
     if num_workers <= 1:
-        _init_worker(tokenizer_json, eos_id, dtype)
+        _init_worker(tokenizer_json, eos_id, dtype, tokenizer)
         pool, max_bytes, in_flight = ThreadPoolExecutor(THREAD_TASKS), THREAD_TASK_BYTES, 2 * THREAD_TASKS
     else:
         # spawn, not fork: the parent may hold threads (a tokenizers thread pool, JAX).
@@ -72,9 +82,10 @@ def encode_stream(
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(tokenizer_json: str, eos_id: int, dtype: str) -> None:
-    # a literal "<|endoftext|>" in a text is text, not eos
-    _WORKER.update(tokenizer=bulk_encoder(tokenizer_json), eos_id=eos_id, dtype=np.dtype(dtype))
+def _init_worker(tokenizer_json: str, eos_id: int, dtype: str, tokenizer: Tokenizer | None = None) -> None:
+    # bulk_encoder: a literal "<|endoftext|>" in a text is text, not eos
+    tokenizer = tokenizer if tokenizer is not None else bulk_encoder(tokenizer_json)
+    _WORKER.update(tokenizer=tokenizer, eos_id=eos_id, dtype=np.dtype(dtype))
 
 
 def encode_batch(texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:

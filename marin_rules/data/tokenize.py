@@ -121,7 +121,8 @@ def tokenize_shard(ctx: StepContext, shard: Shard) -> dict[str, Any]:
     position = span.start
     unknown = 0  # tokens that are the unknown token: text the tokenizer could not encode
     for tokens, lengths in encode_stream(
-        texts, vocab["tokenizer_json"], vocab["eos_id"], vocab["dtype"], num_workers=num_workers, batch_size=batch_size
+        texts, vocab["tokenizer_json"], vocab["eos_id"], vocab["dtype"], num_workers=num_workers,
+        batch_size=batch_size, tokenizer=vocab["tokenizer"],
     ):
         if vocab["unk_id"] is not None:
             unknown += int(np.count_nonzero(tokens == vocab["unk_id"]))
@@ -139,12 +140,12 @@ def tokenize_shard(ctx: StepContext, shard: Shard) -> dict[str, Any]:
     splits = {split: writer.close(prefix=shard.folder) for split, writer in writers.items()}
     check = None
     if shard.index == 0:
-        check = _round_trip_first_documents(vocab["tokenizer_json"], corpus, span.stop, n_docs, sample, sample_ids)
+        check = _round_trip_first_documents(vocab["tokenizer"], corpus, span.stop, n_docs, sample, sample_ids)
     return {
         "documents": len(span), "splits": splits, "num_workers": num_workers,
         "round_trip": None if check is None else check.result(),  # the first shard's
         "unknown_tokens": unknown,
-        "vocab": {k: v for k, v in vocab.items() if k != "tokenizer_json"},  # the gather need not parse it again
+        "vocab": {k: v for k, v in vocab.items() if k not in ("tokenizer_json", "tokenizer")},  # the gather need not parse it again
         "seconds": round(time.perf_counter() - started, 3),
     }  # fmt: skip
 
@@ -229,12 +230,12 @@ def gather_tokens(ctx: StepContext, shards: list[dict[str, Any]]) -> dict[str, A
 
 
 def _round_trip_first_documents(
-    tokenizer_json: str, corpus: str, stop: int, n_docs: int, sample: list[str], sample_ids: list[list[int]]
+    tokenizer: Tokenizer, corpus: str, stop: int, n_docs: int, sample: list[str], sample_ids: list[list[int]]
 ) -> RoundTrip:
     """`round_trip` of the corpus's first documents (`_sampled`), the same for any shard
     count: those of the first shard with the ids it wrote, and when its range ended
-    before LOSSLESS_SAMPLE_CHARS, the next ones (from `stop`) read and encoded here."""
-    tokenizer = bulk_encoder(tokenizer_json)
+    before LOSSLESS_SAMPLE_CHARS, the next ones (from `stop`) read and encoded here
+    (`tokenizer`: the step's `bulk_encoder`)."""
     size = sum(map(len, sample))
     if size < LOSSLESS_SAMPLE_CHARS and stop < n_docs:
         more: list[str] = []
@@ -268,7 +269,7 @@ def describe_tokenizer(location: str, dtype: str | None) -> dict[str, Any]:
     special = load_special_tokens(location)
     try:
         tokenizer_json = storage.read_text(path)
-        tokenizer = Tokenizer.from_str(tokenizer_json)
+        tokenizer = bulk_encoder(tokenizer_json)  # parsed once: the vocabulary checks, encoding, round trip
     except Exception as e:  # tokenizers raises a bare Exception on bad JSON
         raise unreadable_file("deps.tokenizer", path, location, e) from None
     ids = tokenizer.get_vocab(with_added_tokens=True).values()
@@ -288,6 +289,7 @@ def describe_tokenizer(location: str, dtype: str | None) -> dict[str, Any]:
             )
     return {
         "tokenizer_json": tokenizer_json,
+        "tokenizer": tokenizer,
         "unk_id": unknown_token_id(tokenizer, tokenizer_json, {special[role]["id"] for role in ("bos", "eos", "pad")}),
         "vocab_size": vocab_size,
         "dtype": dtype,
