@@ -251,13 +251,23 @@ class MarinLM(TemplateLM):
         logps = np.zeros(len(requests), np.float64)
         greedy = np.ones(len(requests), bool)
         with tqdm(total=len(order), desc="marin loglikelihood", disable=disable_tqdm, leave=False) as bar:
-            for rows, shape in zip(batches, packing.choose_shapes(batches, L, self.batch_size)):
-                batch, spans = packing.layout(rows, shape, self.special.pad)
-                out_logp, out_greedy = (out.reshape(-1) for out in self.scorer.score(batch))
+
+            def add_up(scores: tuple[Any, Any], spans: list[tuple[Piece, int, int]]) -> None:
+                out_logp, out_greedy = (np.asarray(out).reshape(-1) for out in scores)  # waits for the batch
                 for piece, a, b in spans:
                     logps[piece.request] += np.sum(out_logp[a:b], dtype=np.float64)
                     greedy[piece.request] &= bool(np.all(out_greedy[a:b]))
                 bar.update(len(spans))
+
+            previous = None  # a batch in flight while the next one is laid out and started
+            for rows, shape in zip(batches, packing.choose_shapes(batches, L, self.batch_size)):
+                batch, spans = packing.layout(rows, shape, self.special.pad)
+                scores = self.scorer.score(batch)
+                if previous is not None:
+                    add_up(*previous)
+                previous = (scores, spans)
+            if previous is not None:
+                add_up(*previous)
         results = [(float(lp), bool(g)) for lp, g in zip(logps, greedy)]
         for (key, _, _), result in zip(requests, results):
             if key is not None:

@@ -127,8 +127,8 @@ class ModelScorer:
         tokens = spread_padding(batch.tokens, batch.segments < 0, self.model.config.vocab_size)
         # the five [R, T] arrays travel as one
         rows = np.stack([tokens, batch.positions, batch.segments, batch.branches, batch.targets]).astype(np.int32)
-        logp, greedy = self._programs.score(self._leaves, rows, np.asarray(batch.scored, np.int32))
-        return np.asarray(logp, np.float64), np.asarray(greedy)
+        # still computing when returned (JAX dispatches asynchronously): np.asarray waits
+        return self._programs.score(self._leaves, rows, np.asarray(batch.scored, np.int32))
 
     def prefill(self, prompts: np.ndarray, lengths: np.ndarray, cache_length: int) -> tuple[np.ndarray, Any]:
         tokens, cache = self._programs.prefill(

@@ -47,7 +47,9 @@ class Scorer(Protocol):
     max_length: int
 
     def score(self, batch: ScoreBatch) -> tuple[np.ndarray, np.ndarray]:
-        """(log p(target) [R, T], target is the argmax [R, T])."""
+        """(log p(target) [R, T], target is the argmax [R, T]): arrays, or arrays still
+        being computed (JAX's, dispatched asynchronously) that `np.asarray` waits for;
+        the caller lays out the next batch meanwhile."""
         ...
 
     def prefill(self, prompts: np.ndarray, lengths: np.ndarray, cache_length: int) -> tuple[np.ndarray, Any]: ...
