@@ -313,14 +313,15 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
 
 
 def _only(rows: list, keys: list[str], experiment: Experiment) -> list:
-    """`marin status KEY ...`: the rows of those keys (another user's dev version too,
-    `x@dev (user bob)`, with --all); a key with no row is one line with the nearest key."""
+    """`marin status KEY ...`: the rows of those keys (with --all, also another user's dev
+    version, `x@dev (user bob)`, and an old-layout one, `x@dev (no user: old layout)`); a
+    key with no row is one line with the nearest key."""
     if not keys:
         return rows
     for key in keys:
-        if not any(row.key.partition(" (user ")[0] == key for row in rows):
+        if not any(row.key.partition(" (")[0] == key for row in rows):
             _experiment_key(key, experiment, "status")
-    return [row for row in rows if row.key.partition(" (user ")[0] in keys]
+    return [row for row in rows if row.key.partition(" (")[0] in keys]
 
 
 def _split_targets(args) -> str | None:

@@ -12,7 +12,10 @@ recipe would change under it with every run. A dev version keeps no history
 failed or stopped attempts left is deleted, not kept under `.history/` (its failure
 records stay in `.failures/`). Every reader finds a dev version's folder the same way:
 `owned` (the experiment's entries through `owned_by`, a key typed to `marin` directly);
-`folder_identities` reads a folder found on a prefix back (`marin status --all`).
+`folder_identities` reads a folder found on a prefix back (`marin status --all`). A dev
+version's folder with no `-user` (`name/dev`: the layout before dev versions were kept
+per user) reads back as that dev version with no owner (`is_unowned`): no run reads or
+rebuilds it any more, and `marin status --all` shows it once, as such.
 """
 
 from __future__ import annotations
@@ -40,13 +43,20 @@ def folder_identities(name: str, folder: str) -> list[ArtifactId]:
     """Every artifact a version folder `folder` of `name` may hold, the fixed version
     `name@folder` first, then each dev version `v` of an owner `u` with folder `v-u`
     (`x-dev-bob-dev-ann` may be `x-dev` of bob-dev-ann or `x-dev-bob-dev` of ann: only
-    the record there tells which)."""
+    the record there tells which). A dev version's folder of the old layout, `dev` or
+    `x-dev` with no owner, is that dev version with no owner (`is_unowned`)."""
     found = [ArtifactId(name, folder)]
     for i, char in enumerate(folder):
         version, owner = folder[:i], folder[i + 1 :]
         if char == "-" and is_dev_version(version) and owner and path_safe_user(owner) == owner:
             found.append(ArtifactId(name, version, owner))
     return found
+
+
+def is_unowned(artifact_id: ArtifactId) -> bool:
+    """A dev version read back from a folder with no owner (`name/dev`, the layout before
+    per-user dev folders): kept only until someone deletes or moves it."""
+    return artifact_id.is_dev and not artifact_id.owner
 
 
 def owned_by(experiment: Any, dev_user: str) -> Any:

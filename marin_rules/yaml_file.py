@@ -2,9 +2,11 @@
 
 Model: PyYAML's safe loader, except that a mapping which repeats a key (at any depth)
 is an error instead of silently keeping the last value; merge keys (`<<: *base`)
-still let an explicit key override a merged one. Every problem is one
-`ExperimentError` line, `experiments/x.yaml:9:3: duplicate key 'lr' (first at line 5); ...`,
-which editors and terminals turn into a link to the spot.
+still let an explicit key override a merged one, and a value that holds itself
+through an alias (`a: &x [*x]`, a mapping merging or holding its own anchor) is an
+error naming its key (`_refuse_recursion`: every reader of it would recurse without end).
+Every problem is one `ExperimentError` line, `experiments/x.yaml:9:3: duplicate key
+'lr' (first at line 5); ...`, which editors and terminals turn into a link to the spot.
 """
 
 from __future__ import annotations
@@ -18,7 +20,58 @@ from marin_rules.artifacts.errors import ExperimentError
 MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
+class _Recursive(yaml.constructor.ConstructorError):
+    """A value that holds itself through an alias: its `problem` is the whole line's text."""
+
+
+def _label(key_node: yaml.Node) -> str:
+    return key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
+
+
+def _refuse_recursion(root: yaml.Node) -> None:
+    """Raise `_Recursive` at the first alias that leads back to a value it lies in, naming
+    that value's key path (`artifacts.raw/a@v1.config.extra[0]`). Iterative, and each node
+    is walked once however many aliases share it."""
+    done: set[int] = set()
+    on_path: dict[int, str] = {}  # the nodes being walked -> their key path
+    stack: list[tuple[yaml.Node, str, Any]] = [(root, "", None)]
+    while stack:
+        node, path, children = stack[-1]
+        if children is None:  # first visit
+            on_path[id(node)] = path
+            if isinstance(node, yaml.MappingNode):
+                pairs = [(f"{path}.{_label(k)}".lstrip("."), k, v) for k, v in node.value]
+                pairs += [(f"{path}.{_label(k)}(key)".lstrip("."), k, k) for k, _ in node.value]
+            elif isinstance(node, yaml.SequenceNode):
+                pairs = [(f"{path}[{i}]", item, item) for i, item in enumerate(node.value)]
+            else:
+                pairs = []
+            children = iter(pairs)
+            stack[-1] = (node, path, children)
+        step = next(children, None)
+        if step is None:
+            stack.pop()
+            del on_path[id(node)]
+            done.add(id(node))
+            continue
+        child_path, mark_node, child = step
+        if id(child) in on_path:
+            anchor = on_path[id(child)] or "the document"
+            raise _Recursive(
+                None, None,
+                f"{child_path}: an alias of {anchor}, inside it: a value that holds itself has no end; "
+                "write it out, or alias a value defined elsewhere",
+                mark_node.start_mark,
+            )  # fmt: skip
+        if id(child) not in done:
+            stack.append((child, child_path, None))
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
+    def construct_document(self, node: yaml.Node) -> Any:
+        _refuse_recursion(node)
+        return super().construct_document(node)
+
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         first_line: dict[Any, int] = {}
         for key_node, _ in node.value:
@@ -69,7 +122,9 @@ def load_yaml_file(path: str, what: str = "experiment file") -> Any:
 def _marked(path: str, e: yaml.MarkedYAMLError) -> str:
     mark = e.problem_mark or e.context_mark
     where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
-    if isinstance(e, yaml.constructor.ConstructorError) and str(e.problem).startswith("duplicate key"):
+    if isinstance(e, _Recursive) or (
+        isinstance(e, yaml.constructor.ConstructorError) and str(e.problem).startswith("duplicate key")
+    ):
         return f"{where}: {e.problem}"
     problem = " ".join(str(e.problem or "").split())
     context = " ".join(str(e.context or "").split())

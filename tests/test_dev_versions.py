@@ -31,6 +31,16 @@ def flaky(ctx):  # fails after writing a file while the file `fail` lies in the 
     if os.path.exists("fail"):
         raise RuntimeError("failing on purpose")
     return {}
+
+
+def die(ctx):  # killed outright (as by the OOM killer) while the file `die` lies in the working folder
+    import os
+    import signal
+
+    storage.write_text_atomic(storage.join(ctx.output, "partial.txt"), "half")
+    if os.path.exists("die"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {}
 '''
 
 
@@ -238,3 +248,65 @@ def test_a_dev_folder_found_on_a_prefix_is_the_version_its_record_names(tmp_path
         write_success(str(tmp_path / "x" / folder), entry, {}, {})
     found = {a.path: (a.key, a.owner) for a in builds_on_prefix(str(tmp_path), "x")}
     assert found == {"x/a-dev-bo-dev-al": ("x@a-dev-bo-dev", "al"), "x/dev-al": ("x@dev-al", ""), "x/v1": ("x@v1", "")}
+
+
+def test_an_old_layout_dev_folder_shows_once_in_status_all(ws, capsys):
+    import shutil
+
+    ws(experiment())  # alice's dev builds, in raw/a/dev-alice
+    shutil.copytree(ws.root / "art/raw/a/dev-alice", ws.root / "art/raw/a/dev")  # as the layout before per-user folders
+    code, out, err = marin(ws, capsys, "status", "--all", "--json", "--dev-user", "alice")
+    assert code == 0, err
+    keys = [r["key"] for r in json.loads(out)]
+    assert len(keys) == len(set(keys))  # raw/a@dev was listed twice: alice's, and the old folder as if it were hers
+    rows = {r["key"]: r for r in json.loads(out)}
+    assert {key: r["state"] for key, r in rows.items()} == {
+        "raw/a@dev": "built", "top/b@dev": "built", "side/c@v1": "built", "raw/a@dev (no user: old layout)": "built",
+    }  # fmt: skip
+    assert rows["raw/a@dev (no user: old layout)"]["reason"] == (
+        "a dev build of the old layout, from before each user's went to raw/a/dev-USER: no run reads or rebuilds it; "
+        "delete it when done with it"
+    )
+    code, out, _ = marin(ws, capsys, "status", "--all", "--dev-user", "alice")
+    lines = out.splitlines()
+    assert code == 0 and sum(line.startswith("raw/a@dev ") for line in lines) == 2  # alice's, and the old folder:
+    assert sum(line.startswith("raw/a@dev (no user: old layout) ") for line in lines) == 1  # shown once, as such
+
+
+def test_a_dev_build_killed_before_its_record_is_shown_as_that_users_dev_version(ws, capsys):
+    arts = {"raw/j@dev": {"step": "devsteps:die"}, "side/c@v1": {"step": "devsteps:make"}}
+    (ws.root / "die").write_text("")
+    proc = ws(arts, user="bob", check=False)  # the job process is killed outright: no record of any kind
+    assert proc.returncode != 0
+    folder = ws.root / "art/raw/j/dev-bob"
+    assert (folder / "partial.txt").exists() and not (folder / ".artifact.json").exists()
+    assert not (folder / ".failures").exists()
+    code, out, err = marin(ws, capsys, "status", "--all", "--json", "--dev-user", "alice")
+    assert code == 0, err
+    rows = {r["key"]: r for r in json.loads(out)}
+    assert set(rows) == {"raw/j@dev", "side/c@v1", "raw/j@dev (user bob)"}  # not a fixed version raw/j@dev-bob
+    bob = rows["raw/j@dev (user bob)"]
+    assert bob["state"] == "failed" and not bob["in_experiment"]
+    assert bob["reason"].startswith("user bob's dev build (marin --dev-user bob reads it); its builder (")
+    assert bob["reason"].endswith(") is gone: killed? (no failure record); the next run takes the lease over")
+    code, out, _ = marin(ws, capsys, "status", "--json", "--dev-user", "bob")  # bob's own: a dev version never resumes
+    mine = {r["key"]: r for r in json.loads(out)}["raw/j@dev"]
+    assert mine["state"] == "failed" and mine["reason"].endswith("the next run takes the lease over")
+
+
+def test_a_dev_folder_without_a_record_is_the_dev_version_its_history_names_else_a_dev_version(tmp_path):
+    from marin_rules.artifacts.records import write_success
+    from marin_rules.inspect.reading import builds_on_prefix
+
+    entry = {"name": "x", "version": "a-dev-bo-dev", "step": "devsteps:make", "fingerprint": "0" * 16,
+             "config": {}, "deps": {}, "runtime": {}}  # fmt: skip
+    write_success(str(tmp_path / "x" / "a-dev-bo-dev-al"), entry, {}, {})
+    kept = tmp_path / "x" / "a-dev-bo-dev-al" / ".history" / "20261201T000000.000Z"
+    kept.mkdir(parents=True)
+    (tmp_path / "x" / "a-dev-bo-dev-al" / ".artifact.json").rename(kept / ".artifact.json")  # a rebuild killed
+    for folder in ("dev-zed", "lr-dev-zed", "v2"):  # first attempts killed: a lease, or only an attempt file
+        (tmp_path / "x" / folder).mkdir()
+        (tmp_path / "x" / folder / (".lease.json" if folder != "lr-dev-zed" else ".attempt.json")).write_text("{}")
+    found = {a.path: (a.key, a.owner) for a in builds_on_prefix(str(tmp_path), "x")}
+    assert found == {"x/a-dev-bo-dev-al": ("x@a-dev-bo-dev", "al"), "x/dev-zed": ("x@dev", "zed"),
+                     "x/lr-dev-zed": ("x@lr-dev", "zed"), "x/v2": ("x@v2", "")}  # fmt: skip

@@ -377,6 +377,36 @@ def test_yaml_syntax_errors_name_file_line_and_column(tmp_path, monkeypatch, tex
     assert str(e.value).startswith(f"{where}: not valid YAML: {problem}")
 
 
+RECURSIVE = "artifacts:\n  raw/a@v1:\n    step: download\n    config:\n"
+
+
+@pytest.mark.parametrize(
+    "body,where,key,anchor",
+    [
+        ("      heldout: &x [*x]\n", "exp.yaml:5:16", "artifacts.raw/a@v1.config.heldout[0]", "artifacts.raw/a@v1.config.heldout"),
+        ("      heldout: &x [[a, [*x]]]\n", "exp.yaml:5:16", "artifacts.raw/a@v1.config.heldout[0][1][0]", "artifacts.raw/a@v1.config.heldout"),
+        ("      extra: &m\n        self: *m\n", "exp.yaml:6:9", "artifacts.raw/a@v1.config.extra.self", "artifacts.raw/a@v1.config.extra"),
+        ("      extra: &m\n        x: 1\n        <<: *m\n", "exp.yaml:7:9", "artifacts.raw/a@v1.config.extra.<<", "artifacts.raw/a@v1.config.extra"),
+    ],
+)  # fmt: skip
+def test_a_value_holding_itself_through_an_alias_is_refused_naming_file_and_key(tmp_path, monkeypatch, body, where,
+                                                                                  key, anchor):  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exp.yaml").write_text(RECURSIVE + body)
+    with pytest.raises(MarinError) as e:  # was a RecursionError (a list) or "unconstructable recursive node"
+        load_experiment("exp.yaml")
+    assert str(e.value) == (f"{where}: {key}: an alias of {anchor}, inside it: a value that holds itself has no "
+                            "end; write it out, or alias a value defined elsewhere")  # fmt: skip
+
+
+def test_aliases_of_values_defined_elsewhere_still_load(tmp_path):
+    from marin_rules.yaml_file import load_yaml_text
+
+    text = "h: &h [hamlet]\nc: &c {heldout: *h}\nx: [*c, *c, {a: *h}]\nd: &d [[*h]]\ne: *d\n"
+    data = load_yaml_text(text, "exp.yaml")
+    assert data["x"] == [{"heldout": ["hamlet"]}] * 2 + [{"a": ["hamlet"]}] and data["e"] == [[["hamlet"]]]
+
+
 @pytest.fixture
 def steps_module(tmp_path, monkeypatch):
     (tmp_path / "badsteps_zz.py").write_text(

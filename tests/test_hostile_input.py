@@ -111,3 +111,35 @@ def test_shell_characters_in_an_artifact_name_are_refused(tmp_path, snakemake_cm
     lines = [l for l in proc.stderr.splitlines() if l.startswith("marin-rules: ")]
     assert proc.returncode != 0 and len(lines) == 1 and "bad artifact name" in lines[0], proc.stderr
     assert not canary.exists() and _written(tmp_path) == []
+
+
+SELF_ALIAS = 'artifacts:\n  raw/a@v1:\n    step: "hsteps:make"\n    config:\n      text: &x [*x]\n'
+SELF_ALIAS_LINE = ("rec.yaml:5:13: artifacts.raw/a@v1.config.text[0]: an alias of artifacts.raw/a@v1.config.text, "
+                   "inside it: a value that holds itself has no end; write it out, or alias a value defined elsewhere")  # fmt: skip
+
+
+def test_a_value_holding_itself_is_one_line_from_snakemake_and_marin(tmp_path, snakemake_cmd, capsys, monkeypatch):
+    from marin_rules.cli import main
+
+    _setup(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rec.yaml").write_text(SELF_ALIAS)
+    proc = snakemake_cmd("--config", "experiment=rec.yaml", f"prefix={tmp_path / 'art'}", "-n",
+                         cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, check=False)  # fmt: skip
+    said = proc.stdout + proc.stderr  # Snakemake prints its own errors on stdout
+    assert proc.returncode != 0 and "Traceback" not in said and "RecursionError" not in said
+    assert [l for l in said.splitlines() if l.startswith("marin-rules: ")] == [f"marin-rules: {SELF_ALIAS_LINE}"]
+    assert main(["status", "-d", str(tmp_path), "--configfile", "rec.yaml", "--prefix", "art"]) == 1
+    assert capsys.readouterr().err == f"marin: {tmp_path / SELF_ALIAS_LINE}\n"  # marin names the file in full
+    assert _written(tmp_path) == ["rec.yaml"]
+
+
+def test_a_value_holding_itself_given_with_configfile_is_one_line(tmp_path, snakemake_cmd):
+    _setup(tmp_path)
+    (tmp_path / "rec.yaml").write_text(SELF_ALIAS)
+    proc = snakemake_cmd("--configfile", "rec.yaml", "--config", f"prefix={tmp_path / 'art'}", "-n",
+                         cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, check=False)  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "RecursionError" not in said, said[-3000:]
+    # Snakemake hands the --configfile on as an absolute path
+    assert [l for l in said.splitlines() if l.startswith("marin-rules: ")] == [f"marin-rules: {tmp_path / SELF_ALIAS_LINE}"]

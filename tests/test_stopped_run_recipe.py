@@ -169,7 +169,12 @@ def test_a_change_of_a_key_that_may_change_on_resume_predicts_nothing(ws, capsys
 def test_forcing_the_stopped_artifact_sets_its_checkpoints_aside_and_trains_the_new_recipe(ws, capsys):
     ws.snakemake("--unlock")
     ws.write(**{"optimizer.learning_rate": 0.005, "num_train_steps": 10})
-    record = str(ws.output / ".artifact.json")
+    assert ", force this artifact (snakemake -f on its record, as marin path prints it) to set them aside and train " \
+           "afresh, or delete " in mismatch_message(str(ws.output), ["x: 1 -> 2"])  # what the refusal says to do
+    capsys.readouterr()
+    assert main(["path", KEY, "-d", str(ws.root), "--configfile", str(ws.root / "exp.yaml"), "--prefix", str(ws.prefix)]) == 0
+    record = capsys.readouterr().out.strip()  # as the refusal says: marin path prints the record to force
+    assert record == str(ws.output / ".artifact.json")
     dry = ws.snakemake("-n", "-f", record)
     assert "refuse" not in dry.stderr and "rule train:" in dry.stdout
     real = ws.snakemake("-f", record)

@@ -49,7 +49,7 @@ def refusal(output: str, recipe: dict) -> str:
     return str(e.value)
 
 
-def test_changed_learning_rate_and_steps_are_named_with_both_ways_out(tmp_path):
+def test_changed_learning_rate_and_steps_are_named_with_the_ways_out(tmp_path):
     output = str(tmp_path / "out")
     record_recipe(output, make_recipe(CONFIG, deps(tmp_path), output))
     new = changed(num_train_steps=21010, optimizer={"name": "adamw", "learning_rate": 0.0005})
@@ -57,7 +57,8 @@ def test_changed_learning_rate_and_steps_are_named_with_both_ways_out(tmp_path):
     assert message == (
         f"config: the checkpoints in {output} were written by another recipe "
         "(num_train_steps: 40000 -> 21010; optimizer.learning_rate: 0.003 -> 0.0005); "
-        f"bump the version to train the new recipe, or delete {output}/checkpoints to start over"
+        "bump the version to train the new recipe, force this artifact (snakemake -f on its record, as marin path "
+        f"prints it) to set them aside and train afresh, or delete {output}/checkpoints to start over"
     )
     assert "\n" not in message
 

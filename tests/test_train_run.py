@@ -209,7 +209,8 @@ def test_resume_with_a_changed_learning_rate_is_refused_and_touches_nothing(base
     assert (
         f"StepError: config: the checkpoints in {output} were written by another recipe "
         "(num_train_steps: 20 -> 12; optimizer.learning_rate: 0.01 -> 0.002); bump the version to train "
-        f"the new recipe, or delete {output / 'checkpoints'} to start over\n"
+        "the new recipe, force this artifact (snakemake -f on its record, as marin path prints it) to set them "
+        f"aside and train afresh, or delete {output / 'checkpoints'} to start over\n"
     ) in err
     assert snapshot(output) == before  # checkpoints, recipe and metrics untouched, nothing new
 

@@ -9,9 +9,10 @@ one-line `MarinError` (`CorruptRecord`). Failure records (`failure_files`,
 (one line naming the file) for a file that is not a JSON object or whose `error` or
 `provenance` is not a mapping (`records.lenient_problem`): no attempt is left out
 unsaid. `versions_on_prefix` lists every version folder of
-a name found on the prefix (a folder holding a record, failures or history),
+a name found on the prefix (a folder holding a record, failures, history, a lease or an
+attempt file: a build killed before it wrote any record is found too),
 `builds_on_prefix` the artifact each holds (a dev version's `version-user` folder is
-that user's dev version: `dev_versions.folder_identities`), and
+that user's dev version: `dev_versions.folder_identities`; built or not), and
 `resolve_key` turns what a user typed into a key, or one line with the nearest
 known key ("did you mean checkpoints/nano-moe@v1?").
 """
@@ -26,7 +27,8 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import ConfigError, MarinError, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, VERSION, ArtifactId, parse_key
-from marin_rules.artifacts.files import FORCED_MARKER, HISTORY_DIR, REBUILDING
+from marin_rules.artifacts.files import ATTEMPT_FILE, FORCED_MARKER, HISTORY_DIR, REBUILDING
+from marin_rules.artifacts.lease import LEASE_FILE
 from marin_rules.artifacts.records import failures_location, lenient_problem, read_record
 from marin_rules.dev_versions import folder_identities
 from marin_rules.validation import suggest_key
@@ -144,9 +146,13 @@ def last_failure(location: str) -> dict[str, Any] | None:
     return read_json_file(files[-1]) if files else None
 
 
+FOUND_BY = (RECORD_FILE, FAILURES_DIR, HISTORY_DIR, LEASE_FILE, ATTEMPT_FILE)  # what marks a version folder
+
+
 def versions_on_prefix(prefix: str, name: str) -> list[str]:
-    """Every version of `name` found on the prefix: a folder holding a record, failure
-    records or history. Sorted."""
+    """Every version of `name` found on the prefix: a folder holding one of `FOUND_BY` (a
+    record, failure records, history, or what an attempt writes first: its lease and
+    attempt file). Sorted."""
     root = f"{prefix.rstrip('/')}/{name}"
     fs, path = storage.filesystem(root)
     try:
@@ -161,7 +167,7 @@ def versions_on_prefix(prefix: str, name: str) -> list[str]:
         if not VERSION.match(version):
             continue
         folder = entry["name"].rstrip("/")
-        if any(fs.exists(f"{folder}/{marker}") for marker in (RECORD_FILE, FAILURES_DIR, HISTORY_DIR)):
+        if any(fs.exists(f"{folder}/{marker}") for marker in FOUND_BY):
             found.append(version)
     return sorted(found)
 
@@ -169,23 +175,29 @@ def versions_on_prefix(prefix: str, name: str) -> list[str]:
 def builds_on_prefix(prefix: str, name: str) -> list[ArtifactId]:
     """The artifact in each version folder of `name` on the prefix (`versions_on_prefix`):
     a fixed version, or a dev version with its owner (`dev_versions.folder_identities`;
-    where a folder may hold either, the version its record names decides). Sorted by folder."""
+    where a folder may hold either, the version its files name decides, `_recorded_version`;
+    where none does, as after a dev build killed before it wrote any record, it is read as
+    the dev version, of the shortest version where the name allows several). Sorted by folder."""
     found = []
     for folder in versions_on_prefix(prefix, name):
-        candidates = folder_identities(name, folder)
-        if len(candidates) > 1:
-            said = _recorded_version(f"{prefix.rstrip('/')}/{name}/{folder}")
-            candidates = [c for c in candidates if c.version == said] or candidates
-        found.append(candidates[0])
+        fixed, *dev = folder_identities(name, folder)
+        said = _recorded_version(f"{prefix.rstrip('/')}/{name}/{folder}") if dev else None
+        named = [c for c in (fixed, *dev) if c.version == said]
+        found.append(named[0] if named else dev[0] if dev and said is None else fixed)
     return found
 
 
 def _recorded_version(location: str) -> str | None:
-    """The version the success record at `location` names, else its newest failure
-    record; None when neither can be read or says."""
-    for path in [storage.join(location, RECORD_FILE), *failure_files(location)[-1:]]:
+    """The version the files at `location` name: its success record, else its newest
+    failure record, else the build a rebuild moved aside (`.history/.rebuilding`, then the
+    newest record kept under `.history/`); None when none can be read or says."""
+    rebuilding = storage.join(location, HISTORY_DIR, REBUILDING)
+    paths = [storage.join(location, RECORD_FILE), *failure_files(location)[-1:], rebuilding,
+             *reversed(history_files(location))]  # fmt: skip
+    for path in paths:
         try:
-            version = storage.read_json(path).get("version")
+            data = storage.read_json(path)
+            version = (data.get("entry") if path == rebuilding else data).get("version")
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(version, str):

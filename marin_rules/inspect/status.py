@@ -42,9 +42,13 @@ as `snakemake --delete-all-output` does). A built user step whose module cannot 
 found from here (the code advisory needs it) says "code unknown" instead of nothing,
 and why: not found, or the loader's refusal of a working-folder module that another
 of the same name hides (`steps.find_user_module`).
-A version found on the prefix that the experiment does not name (`--all`) gets
-`built`/`failed`/`corrupt` from its files alone; another user's dev version is
-shown as `name@dev (user NAME)` (`reading.builds_on_prefix`). Headline columns: the final
+A version found on the prefix that the experiment does not name (`--all`) gets its
+state from its files alone; another user's dev version, built or not (a dev build
+killed before it wrote a record is still a dev version), is shown as `name@dev (user
+NAME)` (`reading.builds_on_prefix`), and a dev version's folder of the layout before
+per-user folders (`name/dev`, `dev_versions.is_unowned`) once, as `name@dev (no user:
+old layout)`, saying that no run reads it. A dev version never resumes what an
+attempt left (its next run rebuilds it from scratch). Headline columns: the final
 validation loss of a train result and the main score of an evaluate result (the
 first of SCORE_METRICS, in that order, that any task reports: accuracy before bits
 per byte). A bits per byte or perplexity figure of a task whose result records
@@ -68,6 +72,7 @@ from marin_rules.artifacts.files import list_data_files
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
 from marin_rules.artifacts.lease import STALE_S, LeaseHolder, holder_gone, read_lease
 from marin_rules.artifacts.records import edited_note, recipe_drift
+from marin_rules.dev_versions import is_unowned
 from marin_rules.eval.report import LOSSY_LABEL, RATIO_METRICS  # (no JAX, no lm-eval)
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.inspect import reading
@@ -284,7 +289,7 @@ def location_status(
         if building and not holder:
             holder = f"{building[0]} for a shard"
         ahead = None if holder else _refusal_ahead(location, artifact, recipe, upstream_records)
-        resumes = "" if ahead else " and resumes"
+        resumes = "" if ahead or (expected is not None and expected.is_dev) else " and resumes"
         if holder:
             state, reason = "building", f"lease held by {holder}"
         elif gone or gone_shards:
@@ -413,20 +418,29 @@ def experiment_status(
                 if found.path not in paths:
                     status = location_status(shown_key(found), artifact_location(prefix, found), expected=found,
                                              hint_flags=hint_flags)[0]  # fmt: skip
-                    rows.append(_owned_by_another(status, found))
+                    rows.append(_whose_dev(status, found))
     return rows
 
 
-def _owned_by_another(status: Status, found: ArtifactId) -> Status:
-    """A row of another user's dev version says so instead of "not in this experiment"."""
-    if not (found.is_dev and found.owner) or status.reason != NOT_IN_EXPERIMENT:
+def _whose_dev(status: Status, found: ArtifactId) -> Status:
+    """A row of another user's dev version, or of an old-layout dev folder, says whose it
+    is instead of "not in this experiment" (before its own reason when it is not built)."""
+    if not found.is_dev:
         return status
-    return replace(status, reason=f"user {found.owner}'s dev build (marin --dev-user {found.owner} reads it)")
+    if is_unowned(found):
+        whose = (f"a dev build of the old layout, from before each user's went to {found.path}-USER: no run "
+                 "reads or rebuilds it; delete it when done with it")  # fmt: skip
+    else:
+        whose = f"user {found.owner}'s dev build (marin --dev-user {found.owner} reads it)"
+    return replace(status, reason=whose if status.reason == NOT_IN_EXPERIMENT else f"{whose}; {status.reason}")
 
 
 def shown_key(artifact: ArtifactId) -> str:
-    """`name@version`, and for a dev version the user whose folder holds it: `x@dev (user bob)`."""
-    return f"{artifact.key} (user {artifact.owner})" if artifact.is_dev and artifact.owner else artifact.key
+    """`name@version`, and for a dev version the user whose folder holds it: `x@dev (user bob)`,
+    or `x@dev (no user: old layout)` for a folder `name/dev` (`dev_versions.is_unowned`)."""
+    if is_unowned(artifact):
+        return f"{artifact.key} (no user: old layout)"
+    return f"{artifact.key} (user {artifact.owner})" if artifact.is_dev else artifact.key
 
 
 COLUMNS = (

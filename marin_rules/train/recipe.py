@@ -121,7 +121,10 @@ def read_recipe(output: str) -> dict[str, Any] | None:
 
 
 def mismatch_message(output: str, changes: list[str]) -> str:
-    """One line naming the changed fields and the two ways out."""
+    """One line naming the changed fields and the three ways out: a new version, forcing
+    the artifact (`snakemake -f` on its record, which `marin path KEY` prints: the
+    checkpoints go to `.history/` and the new recipe trains afresh; the job does not know
+    the run's flags, so no command line is spelled out), or deleting the checkpoints."""
     shown = changes[:MAX_DIFF_LINES]
     if len(changes) > MAX_DIFF_LINES:
         shown.append(f"...and {len(changes) - MAX_DIFF_LINES} more")
@@ -129,7 +132,8 @@ def mismatch_message(output: str, changes: list[str]) -> str:
     checkpoints = _checkpoints(output)
     return (
         f"{field}: the checkpoints in {output} were written by another recipe ({'; '.join(shown)}); "
-        f"bump the version to train the new recipe, or delete {checkpoints} to start over"
+        f"bump the version to train the new recipe, force this artifact (snakemake -f on its record, as "
+        f"marin path prints it) to set them aside and train afresh, or delete {checkpoints} to start over"
     )
 
 

@@ -36,6 +36,7 @@ from marin_rules.experiment import DEFAULT_EXPERIMENT, TOP_FIELDS, Experiment
 from marin_rules.steps import BUILTIN_STEPS, SHARDED_STEPS
 from marin_rules.validation import is_number
 from marin_rules.validation import suggest_key as suggestion
+from marin_rules.yaml_file import load_yaml_file
 
 DEFAULT_PREFIX = "artifacts"
 CUSTOM_RULE = "custom"
@@ -69,7 +70,7 @@ def check_config(config: dict, configfiles: list[str], directive_files: list[str
     for key in config:
         if key in GLUE_KEYS:
             continue
-        directive = next((f for f in directive_files if key in _top_level(f)), None)
+        directive = next((f for f in directive_files if key in _top_level(f, strict=False)), None)
         if key in TOP_FIELDS and directive is not None and not any(key in data for data in files):
             raise MarinError(
                 f"configfile: {directive}: an experiment's '{key}:' came from a Snakefile's configfile: directive, "
@@ -153,8 +154,14 @@ def _flag(value: Any) -> bool | None:
     return {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}.get(str(value).lower())
 
 
-def _top_level(path: str) -> dict:
-    """A `--configfile`'s top-level mapping ({} when unreadable: the loader reports it)."""
+def _top_level(path: str, strict: bool = True) -> dict:
+    """A config file's top-level mapping. `strict` (a `--configfile`): read as the
+    experiment loader reads it, its problems that loader's one line (a value holding
+    itself, say, which comparing would recurse without end); else (a Snakefile's own
+    `configfile:`, not ours to judge) {} when unreadable."""
+    if strict:
+        data = load_yaml_file(path, "config file")
+        return data if isinstance(data, dict) else {}
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
