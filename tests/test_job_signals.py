@@ -156,3 +156,46 @@ def test_failed_step_error_is_in_its_log_and_shown_by_show_failed_logs(tmp_path,
     log = (tmp_path / ".snakemake/marin-logs/ck/b/v1/job.log").read_text()
     assert "step output line" in log and "RuntimeError: boom at step 3" in log
     assert "RuntimeError: boom at step 3" in proc.stdout + proc.stderr  # --show-failed-logs (profiles/default)
+
+
+STUBBORN = '''
+import time
+from marin_rules.artifacts import storage
+
+def stubborn(ctx):  # catches everything, as a careless step's retry loop does
+    print("stubborn step: started", flush=True)
+    for _ in range(600):
+        try:
+            time.sleep(0.2)
+        except BaseException:
+            break
+    storage.write_text_atomic(storage.join(ctx.output, "out.txt"), "cut short")
+    return {"finished": True}
+'''
+
+
+def test_a_step_that_catches_the_stop_and_returns_fails_as_stopped_without_a_success_record(tmp_path):
+    (tmp_path / "stubbornsteps.py").write_text(STUBBORN)
+    (tmp_path / "exp.yaml").write_text('artifacts:\n  ck/s@v1: {step: "stubbornsteps:stubborn"}\n')
+    prefix = tmp_path / "art"
+    command = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "exp.yaml", "--config", f"prefix={prefix}"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        log = tmp_path / ".snakemake/marin-logs/ck/s/v1/job.log"
+        started = lambda: log.exists() and "stubborn step: started" in log.read_text()  # noqa: E731
+        _wait_for(lambda: started() or proc.poll() is not None, 120, "the step to start")
+        assert proc.poll() is None, proc.communicate()[0]
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    folder = prefix / "ck/s/v1"
+    assert not (folder / ".artifact.json").exists()  # the step returned, but it was stopped
+    (failure,) = [json.loads(f.read_text()) for f in (folder / ".failures").glob("*.json")]
+    assert failure["error"]["type"] == "JobTerminated" and failure["error"]["exit_status"] == "SIGTERM"
+    assert "the step caught the stop" in failure["error"]["message"]
+    assert (folder / "out.txt").read_text() == "cut short"  # what it wrote stays, for a look

@@ -2,7 +2,8 @@
 
 Model: the step runs in the job process's main thread, which owns the signals. The
 first SIGTERM or SIGINT raises `JobTerminated` inside the step (wherever it is in
-Python code); later ones are ignored while the failure record is written. A lease
+Python code); later ones are ignored while the failure record is written, and a step
+that catches it and returns all the same fails as stopped (`_swallowed_stop`). A lease
 that is lost while the step runs (`stop_for_lost_lease`, called by the lease's
 heartbeat thread) is delivered the same way, through `_thread.interrupt_main`. Any
 failure writes `{location}/.failures/<time>.json` (a shard's too: the artifact's
@@ -76,6 +77,19 @@ def stop_for_lost_lease(reason: str) -> None:
     _thread.interrupt_main(signal.SIGTERM)
 
 
+def _swallowed_stop() -> JobTerminated:
+    """The stop a step caught (`except BaseException:`, a bare `except:`) before returning
+    as if it had finished: its work may be cut short, so it fails as stopped."""
+    stopping = _state["stopping"]
+    signum = None if stopping == "lease lost" else int(getattr(signal.Signals, stopping, signal.SIGTERM))
+    why = _state["lost"] if signum is None else f"terminated by signal {stopping}"
+    return JobTerminated(
+        signum,
+        f"{why}; the step caught the stop (an `except BaseException:` or a bare `except:`) and returned: "
+        "no success is recorded for a stopped step (let marin_rules.job.run.JobTerminated through)",
+    )
+
+
 def _completed(error: BaseException, hint_flags: str) -> BaseException:
     """`error` with its suggested command completed by `hint_flags` (`with_flags`; a new
     error with the same traceback), or `error` itself when it suggests none."""
@@ -119,10 +133,13 @@ def run_step(
     from marin_rules.artifacts import storage
 
     install_stop_handlers()
+    _state["stopping"] = None  # this step's stop, not an earlier step's in this process
     started = utc_now()
     storage.makedirs(ctx.output)
     try:
         result = function(ctx)
+        if _state["stopping"] is not None:
+            raise _swallowed_stop()
         if result is not None and not isinstance(result, dict):
             raise StepError(
                 f"result: the step returned a {type(result).__name__}; a step returns a JSON-able dict "
