@@ -17,10 +17,12 @@ from snakemake_interface_common.exceptions import WorkflowError
 
 from executor_helpers.fake_cloud import gcloud_calls, install_fake_cloud
 from marin_rules.artifacts.errors import MarinError
+from marin_rules.cluster import pod
 from marin_rules.cluster.pod import pod_process_from_env, refuse_unreachable_prefix
 from snakemake_executor_plugin_tpu import gcloud, placement, transfer
 from snakemake_executor_plugin_tpu.gcloud import TpuNode
-from snakemake_executor_plugin_tpu.local_pod import LocalPodSpec, ProcessGroup, process_env
+from snakemake_executor_plugin_tpu import local_pod
+from snakemake_executor_plugin_tpu.local_pod import LocalPodSpec, ProcessGroup, command_status, job_env, process_env
 
 VM = TpuNode("marin-x", "v5p-8", zone="us-east5-a", project="proj")
 QUEUED = TpuNode("marin-x", "v5p-32", zone="us-east5-a", queued=True, spot=True)
@@ -98,6 +100,11 @@ def test_worker_command_exits_with_the_jobs_status_after_packing(tmp_path, job_s
     assert proc.returncode == job_status
     listed = subprocess.run(["tar", "-tzf", str(tmp_path / "back.tar.gz")], capture_output=True, text=True, check=True)
     assert sorted(listed.stdout.split()) == (["logs/x.log", "o.txt"] if job_status == 0 else ["logs/x.log"])
+
+
+def test_worker_command_exports_the_jobs_submission_quoted_before_the_job():
+    cmd = gcloud.worker_command("run", "w", exports={"SNAKEMAKE_TPU_JOBID": "4", "SNAKEMAKE_TPU_SUBMITTER": "h 1 pid:[2]"})
+    assert cmd.endswith(" && export SNAKEMAKE_TPU_JOBID=4 && export SNAKEMAKE_TPU_SUBMITTER='h 1 pid:[2]' && run")
 
 
 def test_worker_command_without_copies_setup_or_outputs_only_changes_directory():
@@ -211,6 +218,49 @@ def test_one_failed_pod_process_terminates_the_others_within_the_grace(tmp_path)
     assert 1.0 <= time.monotonic() - started < 10  # the TERM-ignoring one got SIGKILL after the grace
     assert group.first_failure == (0, 3)
     assert [p.returncode for p in group.procs] == [3, -15, -9]
+
+
+FAILED_SHELL = """RuleException:
+CalledProcessError in file "/w/Snakefile", line 3:
+Command 'set -euo pipefail;  echo 'status 9.'
+exit {code}' returned non-zero exit status {code}.
+[Sat Dec  5 04:07:54 2026]
+Error in rule a:
+"""
+
+
+def test_the_job_commands_status_is_read_from_snakemakes_last_report_of_it():
+    assert command_status(FAILED_SHELL.format(code=7)) == "exited with 7"  # a command of two lines
+    killed = "CalledProcessError in file x, line 1:\nCommand 'kill -9 $$' died with <Signals.SIGKILL: 9>.\n"
+    assert command_status(killed) == "was killed by SIGKILL"
+    assert command_status(FAILED_SHELL.format(code=7) + FAILED_SHELL.format(code=4)) == "exited with 4"
+    # a step's own subprocess error, not Snakemake's report of the job's command: nothing said
+    assert command_status("subprocess.CalledProcessError: Command '['x']' returned non-zero exit status 2.\n") is None
+    assert command_status("MissingOutputException in rule a\n") is None
+
+
+def test_a_failed_process_is_described_by_its_own_status_without_a_report_in_its_log(tmp_path):
+    logs = [tmp_path / "0.log", tmp_path / "1.log"]
+    group = ProcessGroup.start(["echo no report here; exit 3"], [os.environ], logs[:1])
+    assert group.wait(timeout=30) == 3
+    assert group.failure() == "process 0 exited with 3"  # an old job's log, or another failure: as before
+    group = ProcessGroup.start([f"printf %s {shlex.quote(FAILED_SHELL.format(code=7))}; exit 1"], [os.environ], logs[:1])
+    assert group.wait(timeout=30) == 1
+    assert group.failure() == "process 0 exited with 1: the job's command exited with 7"
+    group = ProcessGroup.start(["true", "kill -9 $$"], [os.environ] * 2, logs)
+    assert group.wait(timeout=30) == -9
+    assert group.failure() == "process 1 was killed by SIGKILL"
+    logs[1].unlink()
+    assert group.failure() == "process 1 was killed by SIGKILL"  # a log gone: still one line
+
+
+def test_every_job_is_told_its_job_id_and_submitter_as_marin_jobs_read_them():
+    env = job_env({"KEEP": "1", "SNAKEMAKE_TPU_JOBID": "99"}, 4)
+    assert env["KEEP"] == "1" and pod.submitted_jobid(env) == "4"
+    assert pod.submitted_by(env) == local_pod.submitter() == pod.this_submitter()  # one format on both sides
+    group_env = job_env({"SNAKEMAKE_TPU_JOBID": "99"}, None)  # a group job: its members have their own ids
+    assert pod.submitted_jobid(group_env) is None and pod.submitted_by(group_env) == pod.this_submitter()
+    assert (pod.ENV_JOBID, pod.ENV_SUBMITTER) == (local_pod.ENV_JOBID, local_pod.ENV_SUBMITTER)
 
 
 # ---- the driver script against the fake gcloud -------------------------------------------

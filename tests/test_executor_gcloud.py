@@ -19,6 +19,7 @@ import pytest
 
 from conftest import REPO, SNAKEMAKE
 from executor_helpers.fake_cloud import gcloud_calls, install_fake_cloud
+from executor_helpers.snakemake_log import outer_jobid
 from marin_rules.artifacts import storage
 
 HELPERS = str(Path(__file__).resolve().parent)
@@ -78,11 +79,62 @@ def test_gcloud_backend_runs_the_pod_job_on_the_slice_and_brings_its_record_back
     record = storage.read_json(f"{gcs_prefix}/pods/where/v1/.artifact.json")
     assert record["result"]["distributed"] == "auto"  # MARIN_POD_COORDINATOR=auto on TPU VMs
     assert record["result"]["total"] == 36  # read the upstream's data from the prefix
+    # each job's id in this run (a TPU worker's and a host job's own snakemake calls it 0)
+    assert record["provenance"]["jobid"] == outer_jobid(proc.stderr, "pods/where/v1") != 0
+    upstream = storage.read_json(f"{gcs_prefix}/raw/numbers/v1/.artifact.json")
+    assert upstream["provenance"]["jobid"] == outer_jobid(proc.stderr, "raw/numbers/v1") != 0
     assert record["result"]["cwd"] == str(cloud / node / "worker-0" / "marin-rules")
     mirrored = list((wf / ".snakemake" / "marin-mirror").rglob("pods/where/v1/.artifact.json"))
     assert len(mirrored) == 1 and json.loads(mirrored[0].read_text()) == record
     driver_log = next((wf / ".snakemake" / "tpu" / "custom" / "pods" / "where" / "v1").glob("*/driver.log")).read_text()
     assert "setup ran" in driver_log and f"tpu executor: deleting queued resource {node}" in driver_log
+
+
+@pytest.mark.slow
+def test_a_pod_job_holding_its_lease_on_a_worker_after_its_run_stopped_is_not_named_as_another_runs(
+    tmp_path, gcs_env, gcs_prefix
+):  # fmt: skip
+    # a TPU worker's processes are out of reach of the cancel of the driver: the pod job
+    # holds the artifact's lease after this run ended; at its exit, this run names what
+    # another run holds (taken_by_another_run), and this is its own job, not another run's
+    import signal
+    import time
+
+    from marin_rules.artifacts.lease import read_lease
+
+    wf = _workflow_checkout(tmp_path / "wf")
+    release = tmp_path / "release"
+    (wf / "exp.yaml").write_text(
+        "artifacts:\n  pods/hold@v1:\n    step: executor_helpers.pod_steps:hold_until_released\n"
+        f"    config: {{release: {json.dumps(str(release))}}}\n    runtime: {{tpu: v5p-8}}\n"
+    )
+    env = {
+        **os.environ, **gcs_env, **install_fake_cloud(tmp_path / "bin", tmp_path / "cloud", workers=1),
+        "PYTHONPATH": HELPERS, "FAKE_GCLOUD_WORKER_ENV": " ".join([*gcs_env, "PYTHONPATH"]),
+        "FAKE_GCLOUD_WORKERS_DETACHED": "1",
+    }  # fmt: skip
+    command = [SNAKEMAKE, "--profile", "tpu", "--tpu-zone", "us-east5-a", "--tpu-setup", "true",
+               "--configfile", "exp.yaml", "--config", f"prefix={gcs_prefix}"]  # fmt: skip
+    location = f"{gcs_prefix}/pods/hold/v1"
+    proc = subprocess.Popen(command, cwd=wf, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while read_lease(location) is None:  # the worker's job has begun
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-6000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # the user stops the run
+        out = proc.communicate(timeout=120)[0]
+        assert proc.returncode != 0, out[-6000:]
+        assert read_lease(location) is not None, out[-6000:]  # the pod job still holds the lease
+        assert "another run is building it" not in out, out[-6000:]
+    finally:
+        release.write_text("")  # the worker's job ends, releasing its lease
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        deadline = time.monotonic() + 120
+        while read_lease(location) is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 def test_gcloud_backend_refuses_a_local_prefix_before_running_anything(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_snakemake
+from executor_helpers.snakemake_log import outer_jobid
 
 HELPERS = str(Path(__file__).resolve().parent)
 PROFILE = str(REPO / "tpu")  # the repo-root link `tpu -> profiles/tpu`, as `--profile tpu` finds it
@@ -56,6 +57,8 @@ def test_local_pod_job_joins_two_processes_and_only_process_0_writes_the_record(
     assert record["result"]["writer_pid"] == per_process[0]["pid"] != per_process[1]["pid"]
     assert not (out / ".failures").exists()
     assert record["runtime"] == {"tpu": "v5p-8"}  # recorded as given; `distributed` is per run
+    # the job's id in this run, not in the pod's own `snakemake --mode remote` (always 0 there)
+    assert record["provenance"]["jobid"] == outer_jobid(proc.stderr, "pods/psum/v1") != 0
     # where each job ran
     assert "localrule download:" in proc.stderr  # data rules are Snakemake local rules
     assert "tpu executor: rule custom (artifact=pods/psum/v1): local pod of 2 processes x 4 CPU devices" in proc.stderr

@@ -92,8 +92,26 @@ def test_a_gcloud_pod_job_brings_back_its_benchmark_and_a_failed_ones_log(tmp_pa
     assert (tmp_path / "bench" / "good.tsv").read_text().startswith("s\th:m:s")  # Snakemake's benchmark table
     assert "BAD-LOG-LINE" in (tmp_path / "logs" / "bad.log").read_text()
     assert "BAD-LOG-LINE" in proc.stdout + proc.stderr  # --show-failed-logs found it
+    # the driver's status is the worker's snakemake's (1); the job's own is in its output
+    assert "tpu executor: process 0 exited with 1: the job's command exited with 3; log .snakemake/tpu/bad/" in proc.stderr
     nodes = {c[4] for c in gcloud_calls(cloud) if c[2:4] == ["tpu-vm", "ssh"]}
     assert len(nodes) == 2 and not any((cloud / "nodes" / n).exists() for n in nodes)
+
+
+def test_a_failed_host_job_is_reported_with_its_commands_own_exit_status_or_signal(tmp_path):
+    # the process the executor runs is the job's `snakemake --mode remote`, which exits 1
+    # whatever its command did: the command's own status is read from what it printed
+    (tmp_path / "Snakefile").write_text(
+        "rule all:\n    input: 'seven.txt', 'killed.txt'\n"
+        "rule seven:\n    output: 'seven.txt'\n    shell: 'echo \"returned non-zero exit status 2.\"; exit 7'\n"
+        "rule killed:\n    output: 'killed.txt'\n    shell: 'kill -9 $$'\n"
+    )
+    proc = _snakemake(tmp_path, "--keep-going")
+    assert proc.returncode != 0
+    assert "tpu executor: process 0 exited with 1: the job's command exited with 7; log .snakemake/tpu/seven/" in proc.stderr
+    assert (
+        "tpu executor: process 0 exited with 1: the job's command was killed by SIGKILL; log .snakemake/tpu/killed/"
+    ) in proc.stderr
 
 
 def test_after_a_failed_host_job_the_waiting_ones_do_not_start_without_keep_going(tmp_path):

@@ -321,6 +321,22 @@ def test_a_live_holder_or_a_dead_pid_elsewhere_still_holds_the_lease(tmp_path, h
         acquire(location, is_done=lambda: False, wait=False, stale_s=3600)
 
 
+def test_a_lease_says_who_submitted_its_job_and_an_older_lease_that_does_not_reads_as_no_one(tmp_path):
+    from marin_rules.artifacts.lease import held_for
+
+    location = str(tmp_path / "a" / "v1")
+    lease = acquire(location, is_done=lambda: False, submitted_by="submitting-host 7 pid:[1]")
+    try:
+        holder = read_lease(location)
+        assert holder.submitted_by == "submitting-host 7 pid:[1]" and holder.token == lease.holder.token
+        assert held_for(holder, "submitting-host 7 pid:[1]") and not held_for(holder, "submitting-host 8 pid:[1]")
+    finally:
+        lease.release()
+    write_lease(location)  # written before leases named a submitter
+    holder = read_lease(location)
+    assert holder is not None and holder.submitted_by == "" and not held_for(holder, "")
+
+
 @pytest.mark.parametrize("fields, why", [
     ({"renewed": "2099-01-01T00:00:00.000Z"}, "renewed 2099-01-01T00:00:00.000Z, more than 300 s in the future"),
     ({"since": "x"}, "since 'x' is not an ISO time with a zone"),

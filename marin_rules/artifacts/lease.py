@@ -1,9 +1,11 @@
 """Leases: at most one build of an artifact at a time, across folders and machines.
 
-Model: `{location}/.lease.json` names its holder (user, host, pid, since, renewed, and a
-random token). The holder renews it every `heartbeat_s` (30 s); a lease not renewed for
-`stale_s` (90 s) is taken over, as Marin does. Every change is conditional on what the
-writer last saw, so of two contenders exactly one wins:
+Model: `{location}/.lease.json` names its holder (user, host, pid, since, renewed, a
+random token, and who submitted its job when another process did: `submitted_by`, as
+the executor named it, opaque here; `held_for`). The holder renews it every
+`heartbeat_s` (30 s); a lease not renewed for `stale_s` (90 s) is taken over, as Marin
+does. Every change is conditional on what the writer last saw, so of two contenders
+exactly one wins:
 
 - local folders: creation is atomic create-if-absent (the full JSON is written to a
   temporary file, then `os.link`ed to `.lease.json`, which fails with EEXIST if the lease
@@ -72,6 +74,7 @@ class LeaseHolder:
     renewed: str
     token: str
     pid_namespace: str = ""  # this process's /proc/self/ns/pid ("" where there is none, or in older leases)
+    submitted_by: str = ""  # the process that submitted the holder's job (a pod job's run), if told; "" in older leases
 
     def describe(self) -> str:
         """Who holds it, for messages (read from a lease file: shown `printable`)."""
@@ -146,11 +149,14 @@ def _decode(data: bytes | None) -> LeaseHolder | None:
     return _holder(json.loads(data))
 
 
+OPTIONAL_FIELDS = ("pid_namespace", "submitted_by")  # older leases lack them
+
+
 def _holder(fields: dict) -> LeaseHolder:
-    """A LeaseHolder from a lease's JSON fields (`pid_namespace` is optional: older leases lack it)."""
+    """A LeaseHolder from a lease's JSON fields (`OPTIONAL_FIELDS` may be missing)."""
     return LeaseHolder(
-        **{k: fields[k] for k in LeaseHolder.__dataclass_fields__ if k != "pid_namespace"},
-        pid_namespace=fields.get("pid_namespace", ""),
+        **{k: fields[k] for k in LeaseHolder.__dataclass_fields__ if k not in OPTIONAL_FIELDS},
+        **{k: fields.get(k, "") for k in OPTIONAL_FIELDS},
     )
 
 
@@ -180,6 +186,12 @@ def held_here_by(holder: LeaseHolder, pids: Iterable[int]) -> bool:
     """Is the holder one of the processes `pids` of this host and pid namespace?"""
     here = pid_namespace()
     return holder.host == socket.gethostname() and holder.pid_namespace == here and holder.pid in set(pids)
+
+
+def held_for(holder: LeaseHolder, submitter: str) -> bool:
+    """Is the holder's job one that `submitter` submitted (a pod job holds its lease
+    from a TPU worker, a process no registry of the submitting host lists)?"""
+    return bool(submitter) and holder.submitted_by == submitter
 
 
 def process_exists(pid: int) -> bool:
@@ -287,9 +299,10 @@ class Lease:
             self.lost = self.lost or "released"
 
 
-def new_holder() -> LeaseHolder:
+def new_holder(submitted_by: str = "") -> LeaseHolder:
     now = iso(utc_now())
-    return LeaseHolder(user(), socket.gethostname(), os.getpid(), now, now, uuid.uuid4().hex, pid_namespace())
+    return LeaseHolder(user(), socket.gethostname(), os.getpid(), now, now, uuid.uuid4().hex, pid_namespace(),
+                       submitted_by)  # fmt: skip
 
 
 def read_lease(location: str) -> LeaseHolder | None:
@@ -298,12 +311,13 @@ def read_lease(location: str) -> LeaseHolder | None:
 
 
 def _take(location: str, store: LeaseStore, data: bytes | None, version: Any, tried: LeaseHolder | None,
-          heartbeat_s: float, stale_s: float) -> tuple[Lease | None, LeaseHolder | None]:  # fmt: skip
+          heartbeat_s: float, stale_s: float, submitted_by: str,
+          ) -> tuple[Lease | None, LeaseHolder | None]:  # fmt: skip
     """One try to make the lease ours: create it if absent, else replace the stale or
     unreadable one we saw. Returns (the Lease or None, the holder tried)."""
     if tried is not None and _decode(data) == tried:  # an earlier write reported lost (retried) did land
         return Lease(location, tried, store, version, heartbeat_s, stale_s), tried
-    holder = new_holder()
+    holder = new_holder(submitted_by)
     written = store.create(_encode(holder)) if data is None else store.replace(_encode(holder), version)
     if written is None or _decode(store.read()[0]) != holder:  # read back: see the NOTE on the emulator
         return None, holder
@@ -312,10 +326,12 @@ def _take(location: str, store: LeaseStore, data: bytes | None, version: Any, tr
 
 def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
             on_wait: Callable[[LeaseHolder], None] | None = None, heartbeat_s: float = HEARTBEAT_S,
-            stale_s: float = STALE_S, poll_s: float = POLL_S, deadline_s: float | None = None) -> Lease | None:  # fmt: skip
+            stale_s: float = STALE_S, poll_s: float = POLL_S, deadline_s: float | None = None,
+            submitted_by: str = "") -> Lease | None:  # fmt: skip
     """The lease of `location`, or None when is_done() turned true (serve the finished
     artifact). A live holder is waited for (on_wait once per distinct holder), or with
-    wait=False reported by LeaseHeld; a stale one (renewed over stale_s ago) is taken over."""
+    wait=False reported by LeaseHeld; a stale one (renewed over stale_s ago) is taken over.
+    `submitted_by`: who submitted this job, recorded in the lease (`LeaseHolder`)."""
     store = store_for(location, LEASE_FILE)
     storage.makedirs(location)
     give_up = None if deadline_s is None else time.monotonic() + deadline_s
@@ -328,7 +344,7 @@ def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
         if why is not None:
             if why:
                 print(why, file=sys.stderr, flush=True)
-            lease, tried = _take(location, store, data, version, tried, heartbeat_s, stale_s)
+            lease, tried = _take(location, store, data, version, tried, heartbeat_s, stale_s, submitted_by)
             if lease is not None:
                 lease.taken_over = current if why else None
                 try:

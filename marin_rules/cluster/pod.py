@@ -11,6 +11,14 @@ job wrapper turns them into the step's `runtime.distributed`; only process 0 wri
 the success record, every process that fails its own failure record. Without them a
 job is a single process.
 
+The plugin also tells every job it runs (on the submitting host too) where it came
+from: `SNAKEMAKE_TPU_JOBID`, the job's id in the submitting run, which the record's
+`provenance.jobid` takes (`submitted_jobid`: the job command's own `{jobid}` is its id in
+its own `snakemake --mode remote`, 0), and `SNAKEMAKE_TPU_SUBMITTER`, the submitting
+process as `<host> <pid> <pid namespace>`, which a job's lease records (`submitted_by`),
+so that the run can tell its own pod job, holding a lease on a TPU worker, from another
+run's (`this_submitter`, `Session.taken_by_another_run`).
+
 `refuse_unreachable_prefix` is the workflow's own check (the plugin knows no
 prefixes): Cloud TPU workers share no disk with the submitting host and the plugin
 moves only declared files (the records), so the prefix must be a bucket there.
@@ -18,15 +26,20 @@ moves only declared files (the records), so the prefix must be a bucket there.
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.lease import pid_namespace
 
 ENV_COORDINATOR = "SNAKEMAKE_TPU_COORDINATOR"
 ENV_NUM_PROCESSES = "SNAKEMAKE_TPU_NUM_PROCESSES"
 ENV_PROCESS_ID = "SNAKEMAKE_TPU_PROCESS_ID"
+ENV_JOBID = "SNAKEMAKE_TPU_JOBID"
+ENV_SUBMITTER = "SNAKEMAKE_TPU_SUBMITTER"
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,22 @@ def pod_process_from_env(environ: Mapping[str, str]) -> PodProcess | None:
     if not 0 <= pid < num:
         raise ValueError(f"{ENV_PROCESS_ID}={pid} is outside [0, {num})")
     return PodProcess(coordinator, num, pid)
+
+
+def submitted_jobid(environ: Mapping[str, str]) -> str | None:
+    """The job's id in the run that submitted it through the tpu executor, or None."""
+    return environ.get(ENV_JOBID) or None
+
+
+def submitted_by(environ: Mapping[str, str]) -> str:
+    """The process that submitted this job through the tpu executor ("" for none)."""
+    return environ.get(ENV_SUBMITTER, "")
+
+
+def this_submitter() -> str:
+    """This process as the tpu executor names the submitter of the jobs it starts
+    (`<host> <pid> <pid namespace>`, the plugin's `local_pod.submitter`)."""
+    return f"{socket.gethostname()} {os.getpid()} {pid_namespace()}".rstrip()
 
 
 def refuse_unreachable_prefix(executor: str | None, executor_settings: Any, prefix: str) -> None:

@@ -2,7 +2,10 @@
 
 Model: a rule's `shell:` starts this with every value as its own quoted argument (the
 experiment file, prefix, the user's redacted command line, lease settings); nothing
-is read from the environment except a pod's place (`pod_process_from_env`). It runs as
+is read from the environment but what the tpu executor tells its jobs
+(`marin_rules.cluster.pod`): a pod's place (`pod_process_from_env`), the job's id in the
+submitting run (the record's `provenance.jobid`; `--jobid` is the job's id in the
+executor's own `snakemake --mode remote`, 0) and who submitted it (in the lease). It runs as
 `python -P -m marin_rules.job`: the working folder is not first on sys.path but last
 (`steps.use_job_path`), so a project file named like a library module (`logging.py`)
 replaces nothing, and user steps are found as planning found them. In order:
@@ -91,6 +94,9 @@ def tell(line: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     global _console
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from marin_rules.cluster.pod import submitted_jobid
+
+    args.jobid = submitted_jobid(os.environ) or args.jobid  # under the tpu executor: the submitting run's
     if args.threads and "RAYON_NUM_THREADS" not in os.environ:
         os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # before tokenizers starts its pool
     # This process owns SIGTERM (stop the step, record the failure). jax.distributed.initialize
@@ -397,6 +403,7 @@ def take_lease(args: argparse.Namespace, key: str, location: str, what: str, is_
     """The build lease of `location` with its heartbeat running, or None when is_done()
     turned true while a live holder was waited for (serve what it built)."""
     from marin_rules.artifacts import lease as leases
+    from marin_rules.cluster.pod import submitted_by
 
     settings = lease_settings(args.lease)
 
@@ -406,6 +413,7 @@ def take_lease(args: argparse.Namespace, key: str, location: str, what: str, is_
     held = leases.acquire(
         location, is_done=is_done, wait=settings["wait"], on_wait=on_wait,
         heartbeat_s=settings["heartbeat_s"], stale_s=settings["stale_s"], poll_s=settings["poll_s"],
+        submitted_by=submitted_by(os.environ),
     )  # fmt: skip
     if held is not None:
         held.start_heartbeat(stop_for_lost_lease)

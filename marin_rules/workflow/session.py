@@ -532,18 +532,21 @@ class Session:
         old one aside when its job starts), so this run's jobs and targets met a missing
         file, which Snakemake reports only as latency. A lease held by one of this run's
         own job processes (still registered: stopped by a signal, not yet ended) is not
-        another run's."""
-        from marin_rules.artifacts.lease import held_here_by, held_live, read_lease
+        another run's, nor one held by a job this process submitted through the tpu
+        executor (`held_for`: a pod job's process on a TPU worker, which no registry here
+        lists, ends after this run when its slice is deleted)."""
+        from marin_rules.artifacts.lease import held_for, held_here_by, held_live, read_lease
+        from marin_rules.cluster.pod import this_submitter
 
         # this run's own jobs that a signal stopped may still be ending, lease not yet
         # released, when Snakemake exits: they are registered here until they have ended
-        ours = signals.registered(self.registry)
+        ours, submitter = signals.registered(self.registry), this_submitter()
         lines = []
         for key in sorted(self._records):  # read while planning
             if os.path.exists(self.record_path(key)):
                 continue
             holder = read_lease(self.location(key))
-            if held_live(holder) and not held_here_by(holder, ours):
+            if held_live(holder) and not held_here_by(holder, ours) and not held_for(holder, submitter):
                 lines.append(
                     f"{key}: its record is not there: another run is building it (lease held by "
                     f"{holder.describe()}); run snakemake again once that run has finished, and this one serves it"

@@ -12,7 +12,10 @@ A worker shares nothing with the submitting process but what a TPU VM would have
 its environment is PATH (the fake tools and the software installed on the image),
 HOME, and the variables named in `$FAKE_GCLOUD_WORKER_ENV` (e.g. the GCS emulator's,
 standing in for the VM's service account). `$FAKE_GCLOUD_SSH_EXIT` makes ssh fail
-with that status instead of running anything. With `$FAKE_GCLOUD_DELETE_WAITS_FOR` set
+with that status instead of running anything. With `$FAKE_GCLOUD_WORKERS_DETACHED` set,
+each worker's command runs in a session of its own, as on a machine of its own: a
+signal to the driver's process group (a cancel) does not reach it, and it runs on
+after ssh is gone. With `$FAKE_GCLOUD_DELETE_WAITS_FOR` set
 to a path, a delete first waits (at most a minute) until that file exists: a real
 delete takes minutes, and a test decides when this one ends.
 """
@@ -105,7 +108,8 @@ def main(argv: list[str]) -> int:
             kept = os.environ.get("FAKE_GCLOUD_WORKER_ENV", "").split()
             env = {k: os.environ[k] for k in ("PATH", "FAKE_GCLOUD_WORKERS", *kept) if k in os.environ}
             env.update(HOME=str(home), FAKE_WORKER_ID=str(i))
-            procs.append(subprocess.Popen(["bash", "-c", command], cwd=home, env=env))
+            detached = bool(os.environ.get("FAKE_GCLOUD_WORKERS_DETACHED"))
+            procs.append(subprocess.Popen(["bash", "-c", command], cwd=home, env=env, start_new_session=detached))
         codes = [p.wait(timeout=300) for p in procs]
         return max(codes)
     print(f"fake gcloud: unsupported verb {verb}", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 
 def write_numbers(ctx):
@@ -66,3 +67,11 @@ def where_am_i(ctx):
     with open(os.path.join(ctx.deps["numbers"], "numbers.json")) as f:
         numbers = json.load(f)
     return {"distributed": ctx.runtime["distributed"], "cwd": os.getcwd(), "total": sum(numbers)}
+
+
+def hold_until_released(ctx):
+    """A pod step that runs until the file `config.release` exists (at most 120 s)."""
+    deadline = time.monotonic() + 120
+    while not os.path.exists(ctx.config["release"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {}

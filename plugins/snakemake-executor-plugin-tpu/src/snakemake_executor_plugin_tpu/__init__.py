@@ -7,7 +7,9 @@ with an optional `tpu_zone`; every other job runs on the submitting host. The pl
 reads only the job and these settings. The pod is a Cloud TPU slice (`--tpu-backend
 gcloud`) or N processes on this machine joined like one (`--tpu-backend local-pod`).
 On a pod every host runs the job, told its place by `SNAKEMAKE_TPU_COORDINATOR`,
-`SNAKEMAKE_TPU_NUM_PROCESSES` and `SNAKEMAKE_TPU_PROCESS_ID`.
+`SNAKEMAKE_TPU_NUM_PROCESSES` and `SNAKEMAKE_TPU_PROCESS_ID`. Every job is told its
+job id in this run (`SNAKEMAKE_TPU_JOBID`) and the process that submitted it
+(`SNAKEMAKE_TPU_SUBMITTER`), wherever it runs.
 
 This module is declarative: settings (each field becomes `--tpu-<field>` and the
 profile key `tpu-<field>`), common settings, and the executor from `executor.py`.

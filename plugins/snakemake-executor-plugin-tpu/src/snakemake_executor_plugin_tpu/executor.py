@@ -16,7 +16,11 @@ The job command is Snakemake's own (`python -m snakemake --target-jobs ... --mod
 remote`, from `format_job_exec`). The variables of `--envvars` / `envvars:` reach a
 job unchanged: host jobs and local pods inherit this process's environment; the gcloud
 driver exports them on the workers, quoted at run time from its own environment, so
-their values are never written to disk. A job succeeds iff every process exits 0.
+their values are never written to disk. Every job is also told its job id here and
+this process (`SNAKEMAKE_TPU_JOBID`, `SNAKEMAKE_TPU_SUBMITTER`: `submission_env`). A
+job succeeds iff every process exits 0; a failure names how the job's command ended
+where the process's log says (`ProcessGroup.failure`), not only its `snakemake --mode
+remote`'s status (1 for any failed job).
 Logs go to `.snakemake/tpu/<rule>/<wildcard values>/<UTC time>/`.
 
 Host jobs share this machine's cores and memory as Snakemake's local mode would: a
@@ -53,7 +57,7 @@ from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
 
 from snakemake_executor_plugin_tpu import gcloud, placement, transfer
-from snakemake_executor_plugin_tpu.local_pod import LocalPodSpec, ProcessGroup, start_local_pod
+from snakemake_executor_plugin_tpu.local_pod import LocalPodSpec, ProcessGroup, job_env, start_local_pod, submission_env
 
 LOG_ROOT = Path(".snakemake/tpu")
 POLL_SECONDS = 1  # status checks only poll local processes: cheap
@@ -131,11 +135,15 @@ class Executor(RemoteExecutor):
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
         job_dir = LOG_ROOT.joinpath(*placement.job_parts(name.replace(" ", "-"), wildcards), stamp)
         label = placement.job_label(description, tpu_type, self.settings.backend, self.settings)
+        jobid = None if job.is_group() else job.jobid  # a group's members have ids of their own
         if tpu_type is None:
             threads = min(max(int(job.threads or 1), 1), self.host_cores)
             mem_mb = min(placement.job_mem_mb(job.resources), self.host_mem_mb) if self.host_mem_mb else 0
             command = self.job_command(job, on_worker=False)  # here, in the scheduler's thread
-            aux = {"group": None, "dir": job_dir, "threads": threads, "mem_mb": mem_mb, "label": label, "command": command}
+            aux = {
+                "group": None, "dir": job_dir, "threads": threads, "mem_mb": mem_mb, "label": label,
+                "command": command, "env": job_env(os.environ, jobid),
+            }  # fmt: skip
             info = SubmittedJobInfo(job, aux=aux)
             self.report_job_submission(info)
             with self._host_lock:
@@ -143,7 +151,8 @@ class Executor(RemoteExecutor):
             self._start_waiting_host_jobs()
             return
         if self.settings.backend == "local-pod":
-            group = start_local_pod(self.job_command(job, on_worker=False), self.local_pod, job_dir, os.environ)
+            env = job_env(os.environ, jobid)
+            group = start_local_pod(self.job_command(job, on_worker=False), self.local_pod, job_dir, env)
         else:
             group = self._start_gcloud(job, wildcards, tpu_type, job_dir, description)
         self._running.add(group)
@@ -196,7 +205,7 @@ class Executor(RemoteExecutor):
                 return
             self._host_waiting.popleft()
             job_dir = info.aux["dir"]
-            info.aux["group"] = ProcessGroup.start([info.aux["command"]], [os.environ], [job_dir / "job.log"])
+            info.aux["group"] = ProcessGroup.start([info.aux["command"]], [info.aux["env"]], [job_dir / "job.log"])
             self._running.add(info.aux["group"])
             info.external_jobid = ",".join(map(str, info.aux["group"].pids))
             self._host_threads_running += threads
@@ -243,6 +252,7 @@ class Executor(RemoteExecutor):
         worker = gcloud.worker_command(
             self.job_command(job, on_worker=True), self.settings.workdir, self.settings.setup,
             archives=[remote for _, remote in uploads], outputs=outputs, logs=logs, outputs_archive=returned,
+            exports=submission_env(job.jobid),
         )  # fmt: skip
         download = (returned, str((job_dir / "outputs.tar.gz").resolve()), workdir) if outputs or logs else None
         script = gcloud.driver_script(
@@ -270,9 +280,7 @@ class Executor(RemoteExecutor):
             if code != 0:
                 index = group.first_failure[0] if group.first_failure else 0
                 self.report_job_error(
-                    info,
-                    msg=f"tpu executor: process {index} exited with {code}; log {group.logs[index]}:\n"
-                    f"{group.log_tail()}\n",
+                    info, msg=f"tpu executor: {group.failure()}; log {group.logs[index]}:\n{group.log_tail()}\n"
                 )
                 if not getattr(self.workflow.execution_settings, "keep_going", False):
                     # a job that failed because SIGTERM stopped it: the signal is the reason

@@ -188,12 +188,13 @@ def pod_env_exports() -> str:
 
 def worker_command(
     job_command: str, workdir: str, setup: str = "", archives: Sequence[str] = (), outputs: Sequence[str] = (),
-    outputs_archive: str = "", logs: Sequence[str] = (),
+    outputs_archive: str = "", logs: Sequence[str] = (), exports: Mapping[str, str] | None = None,
 ) -> str:  # fmt: skip
     """What every worker runs: unpack the copied archives into the workdir, cd, set up,
-    learn its place in the slice, run the job command; then worker 0 packs the job's
-    `outputs` and `logs` (paths relative to the workdir; after a failure the logs
-    alone) into `~/outputs_archive` for the driver. Exits with the job's status."""
+    learn its place in the slice, export `exports` (quoted), run the job command; then
+    worker 0 packs the job's `outputs` and `logs` (paths relative to the workdir; after
+    a failure the logs alone) into `~/outputs_archive` for the driver. Exits with the
+    job's status."""
     parts = []
     if archives:
         parts.append(f"mkdir -p {shlex.quote(workdir)}")
@@ -202,6 +203,7 @@ def worker_command(
     if setup:
         parts.append(f"( {setup} )")
     parts.append(pod_env_exports())
+    parts += [f"export {name}={shlex.quote(value)}" for name, value in (exports or {}).items()]
     if not (outputs or logs):
         return " && ".join([*parts, job_command])
 

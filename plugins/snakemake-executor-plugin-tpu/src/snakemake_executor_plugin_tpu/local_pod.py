@@ -10,16 +10,28 @@ process is given D fake CPU devices
 (`XLA_FLAGS=--xla_force_host_platform_device_count=D`, `JAX_PLATFORMS=cpu`), so
 multi-host code (gloo collectives, per-process data slices, orbax) runs unchanged.
 
+Every job the executor starts (on this host, a local pod or TPU workers) is also told
+where it came from (`submission_env`), as a batch system tells its jobs
+(`SLURM_JOB_ID`, `SLURM_SUBMIT_HOST`): `SNAKEMAKE_TPU_JOBID`, its job id in the
+submitting Snakemake run (the job command's own `{jobid}` is its id in its own
+`snakemake --mode remote`, always 0; not set for a group job, whose members have
+ids of their own), and `SNAKEMAKE_TPU_SUBMITTER`, the submitting process as
+`<host> <pid> <pid namespace>` (`submitter`), so that a job that outlives it on a
+TPU worker can say whose job it is.
+
 A `ProcessGroup` is the running job: it succeeds iff every process exits 0; when
 one process fails the others get SIGTERM, then SIGKILL after `grace` seconds (a JAX
 peer would otherwise wait for the dead one until its own timeout). Each process
 writes its own log file. The gcloud backend reuses `ProcessGroup` for its one
-driver process.
+driver process. A process's exit status is its `snakemake --mode remote`'s, 1 for any
+failed job; the job command's own status is read from the log, where Snakemake prints
+the command's `CalledProcessError` (`command_status`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -31,7 +43,16 @@ from typing import Mapping, Sequence
 ENV_COORDINATOR = "SNAKEMAKE_TPU_COORDINATOR"
 ENV_NUM_PROCESSES = "SNAKEMAKE_TPU_NUM_PROCESSES"
 ENV_PROCESS_ID = "SNAKEMAKE_TPU_PROCESS_ID"
+ENV_JOBID = "SNAKEMAKE_TPU_JOBID"
+ENV_SUBMITTER = "SNAKEMAKE_TPU_SUBMITTER"
 GRACE_SECONDS = 5.0  # from the first failure (or a cancel) to SIGKILL of the rest
+# What Snakemake prints when a job's shell command fails: its rule exception, then
+# Python's own CalledProcessError text (the command may span lines).
+COMMAND_FAILED = re.compile(
+    r"^CalledProcessError in file .*:\nCommand '(?:[^\n]*\n){0,200}?[^\n]*' "
+    r"(?:returned non-zero exit status (\d+)|died with <Signals\.(SIG[A-Z0-9]+): \d+>)\.$",
+    re.M,
+)
 
 
 @dataclass(frozen=True)
@@ -57,6 +78,51 @@ def free_port() -> int:
 def pod_env(coordinator: str, num_processes: int, process_id: int) -> dict[str, str]:
     """The variables that tell one process its place in the pod."""
     return {ENV_COORDINATOR: coordinator, ENV_NUM_PROCESSES: str(num_processes), ENV_PROCESS_ID: str(process_id)}
+
+
+def submitter() -> str:
+    """This process as `SNAKEMAKE_TPU_SUBMITTER` names it: `<host> <pid> <pid namespace>`
+    (the namespace tells apart containers that share a host name; "" where there is none)."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()} {os.getpid()} {namespace}".rstrip()
+
+
+def submission_env(jobid: int | None) -> dict[str, str]:
+    """The variables that tell a job where it came from (`jobid` None: a group job)."""
+    return {ENV_SUBMITTER: submitter(), **({} if jobid is None else {ENV_JOBID: str(jobid)})}
+
+
+def job_env(base: Mapping[str, str], jobid: int | None) -> dict[str, str]:
+    """`base` with the job's `submission_env` (an inherited job id is dropped for a group)."""
+    env = {k: v for k, v in base.items() if k != ENV_JOBID}
+    env.update(submission_env(jobid))
+    return env
+
+
+def command_status(log_text: str) -> str | None:
+    """How the job's shell command ended, from the output of its `snakemake --mode
+    remote` (`COMMAND_FAILED`, the last one): "exited with N" or "was killed by SIGX";
+    None when the log names none (another failure, or another Snakemake's wording)."""
+    found = None
+    for found in COMMAND_FAILED.finditer(log_text):
+        pass
+    if found is None:
+        return None
+    code, signame = found.groups()
+    return f"exited with {code}" if code is not None else f"was killed by {signame}"
+
+
+def exit_description(code: int) -> str:
+    """A process's end from its Popen return code: "exited with N" or "was killed by SIGX"."""
+    if code >= 0:
+        return f"exited with {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
 
 
 def process_env(base: Mapping[str, str], spec: LocalPodSpec, port: int, process_id: int) -> dict[str, str]:
@@ -144,16 +210,28 @@ class ProcessGroup:
         for p in self.procs:
             p.wait()
 
+    def _failing_log(self) -> str:
+        """The failing process's log (or the first one's); "" when it cannot be read."""
+        index = self.first_failure[0] if self.first_failure else 0
+        try:
+            return self.logs[index].read_text(errors="replace")
+        except OSError:
+            return ""
+
     def log_tail(self, lines: int = 30, width: int = 300) -> str:
         """The end of the failing process's log (or of the first one): its last lines,
         each cut to `width` characters (Snakemake's job command lines are long)."""
-        index = self.first_failure[0] if self.first_failure else 0
-        try:
-            text = self.logs[index].read_text(errors="replace")
-        except OSError:
-            return ""
-        tail = text.splitlines()[-lines:]
+        tail = self._failing_log().splitlines()[-lines:]
         return "\n".join(line if len(line) <= width else line[:width] + " ..." for line in tail)
+
+    def failure(self) -> str:
+        """One phrase on how the failing process ended: `process 0 exited with 1`, and
+        how the job's command in it ended where its log says (`command_status`):
+        `process 0 exited with 1: the job's command exited with 7`."""
+        index, code = self.first_failure if self.first_failure else (0, self.procs[0].returncode or 0)
+        said = f"process {index} {exit_description(code)}"
+        status = command_status(self._failing_log())
+        return said if status is None else f"{said}: the job's command {status}"
 
     def signal_running(self, signum: int) -> None:
         """Send `signum` to the process group of every process still running (no wait)."""
