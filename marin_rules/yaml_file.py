@@ -28,22 +28,26 @@ def _label(key_node: yaml.Node) -> str:
     return key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
 
 
-def _refuse_recursion(root: yaml.Node) -> None:
+def _refuse_recursion(root: yaml.Node, alias_marks: dict[tuple[int, Any], yaml.Mark]) -> None:
     """Raise `_Recursive` at the first alias that leads back to a value it lies in, naming
-    that value's key path (`artifacts.raw/a@v1.config.extra[0]`). Iterative, and each node
-    is walked once however many aliases share it."""
+    that value's key path (`artifacts.raw/a@v1.config.extra[0]`) and the alias's place
+    (`alias_marks`: (id of the parent node, item index or id of the key node) -> where
+    the alias was written, as `compose_node` saw it). Iterative, and each node is walked
+    once however many aliases share it."""
     done: set[int] = set()
     on_path: dict[int, str] = {}  # the nodes being walked -> their key path
     stack: list[tuple[yaml.Node, str, Any]] = [(root, "", None)]
     while stack:
         node, path, children = stack[-1]
-        if children is None:  # first visit
+        if children is None:  # first visit: (path, where it is written, child) of each child
             on_path[id(node)] = path
             if isinstance(node, yaml.MappingNode):
-                pairs = [(f"{path}.{_label(k)}".lstrip("."), k, v) for k, v in node.value]
-                pairs += [(f"{path}.{_label(k)}(key)".lstrip("."), k, k) for k, _ in node.value]
+                pairs = [(f"{path}.{_label(k)}".lstrip("."), alias_marks.get((id(node), id(k)), k.start_mark), v)
+                         for k, v in node.value]  # fmt: skip
+                pairs += [(f"{path}.{_label(k)}(key)".lstrip("."), k.start_mark, k) for k, _ in node.value]
             elif isinstance(node, yaml.SequenceNode):
-                pairs = [(f"{path}[{i}]", item, item) for i, item in enumerate(node.value)]
+                pairs = [(f"{path}[{i}]", alias_marks.get((id(node), i), node.start_mark), item)
+                         for i, item in enumerate(node.value)]  # fmt: skip
             else:
                 pairs = []
             children = iter(pairs)
@@ -54,22 +58,32 @@ def _refuse_recursion(root: yaml.Node) -> None:
             del on_path[id(node)]
             done.add(id(node))
             continue
-        child_path, mark_node, child = step
+        child_path, mark, child = step
         if id(child) in on_path:
             anchor = on_path[id(child)] or "the document"
             raise _Recursive(
                 None, None,
                 f"{child_path}: an alias of {anchor}, inside it: a value that holds itself has no end; "
                 "write it out, or alias a value defined elsewhere",
-                mark_node.start_mark,
+                mark,
             )  # fmt: skip
         if id(child) not in done:
             stack.append((child, child_path, None))
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
+    def __init__(self, stream: Any):
+        super().__init__(stream)
+        self.alias_marks: dict[tuple[int, Any], yaml.Mark] = {}  # see _refuse_recursion
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):  # an alias's node is its anchor's: keep where the alias is
+            where = id(index) if isinstance(index, yaml.Node) else index
+            self.alias_marks[(id(parent), where)] = self.peek_event().start_mark
+        return super().compose_node(parent, index)
+
     def construct_document(self, node: yaml.Node) -> Any:
-        _refuse_recursion(node)
+        _refuse_recursion(node, self.alias_marks)
         return super().construct_document(node)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:

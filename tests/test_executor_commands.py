@@ -229,11 +229,12 @@ Error in rule a:
 """
 
 
-def test_the_job_commands_status_is_read_from_snakemakes_last_report_of_it():
+def test_the_job_commands_status_is_read_from_snakemakes_first_report_of_it():
     assert command_status(FAILED_SHELL.format(code=7)) == "exited with 7"  # a command of two lines
     killed = "CalledProcessError in file x, line 1:\nCommand 'kill -9 $$' died with <Signals.SIGKILL: 9>.\n"
     assert command_status(killed) == "was killed by SIGKILL"
-    assert command_status(FAILED_SHELL.format(code=7) + FAILED_SHELL.format(code=4)) == "exited with 4"
+    # a gcloud driver's log holds every worker's report: the first to fail is the cause
+    assert command_status(FAILED_SHELL.format(code=7) + FAILED_SHELL.format(code=4)) == "exited with 7"
     # a step's own subprocess error, not Snakemake's report of the job's command: nothing said
     assert command_status("subprocess.CalledProcessError: Command '['x']' returned non-zero exit status 2.\n") is None
     assert command_status("MissingOutputException in rule a\n") is None

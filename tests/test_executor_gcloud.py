@@ -127,6 +127,7 @@ def test_a_pod_job_holding_its_lease_on_a_worker_after_its_run_stopped_is_not_na
         assert proc.returncode != 0, out[-6000:]
         assert read_lease(location) is not None, out[-6000:]  # the pod job still holds the lease
         assert "another run is building it" not in out, out[-6000:]
+        assert "pods/hold@v1: this run's pod job still holds its lease from a TPU worker" in out, out[-6000:]
     finally:
         release.write_text("")  # the worker's job ends, releasing its lease
         if proc.poll() is None:

@@ -383,10 +383,10 @@ RECURSIVE = "artifacts:\n  raw/a@v1:\n    step: download\n    config:\n"
 @pytest.mark.parametrize(
     "body,where,key,anchor",
     [
-        ("      heldout: &x [*x]\n", "exp.yaml:5:16", "artifacts.raw/a@v1.config.heldout[0]", "artifacts.raw/a@v1.config.heldout"),
-        ("      heldout: &x [[a, [*x]]]\n", "exp.yaml:5:16", "artifacts.raw/a@v1.config.heldout[0][1][0]", "artifacts.raw/a@v1.config.heldout"),
-        ("      extra: &m\n        self: *m\n", "exp.yaml:6:9", "artifacts.raw/a@v1.config.extra.self", "artifacts.raw/a@v1.config.extra"),
-        ("      extra: &m\n        x: 1\n        <<: *m\n", "exp.yaml:7:9", "artifacts.raw/a@v1.config.extra.<<", "artifacts.raw/a@v1.config.extra"),
+        ("      heldout: &x [*x]\n", "exp.yaml:5:20", "artifacts.raw/a@v1.config.heldout[0]", "artifacts.raw/a@v1.config.heldout"),
+        ("      heldout: &x [[a, [*x]]]\n", "exp.yaml:5:25", "artifacts.raw/a@v1.config.heldout[0][1][0]", "artifacts.raw/a@v1.config.heldout"),
+        ("      extra: &m\n        self: *m\n", "exp.yaml:6:15", "artifacts.raw/a@v1.config.extra.self", "artifacts.raw/a@v1.config.extra"),
+        ("      extra: &m\n        x: 1\n        <<: *m\n", "exp.yaml:7:13", "artifacts.raw/a@v1.config.extra.<<", "artifacts.raw/a@v1.config.extra"),
     ],
 )  # fmt: skip
 def test_a_value_holding_itself_through_an_alias_is_refused_naming_file_and_key(tmp_path, monkeypatch, body, where,

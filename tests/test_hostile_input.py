@@ -114,7 +114,7 @@ def test_shell_characters_in_an_artifact_name_are_refused(tmp_path, snakemake_cm
 
 
 SELF_ALIAS = 'artifacts:\n  raw/a@v1:\n    step: "hsteps:make"\n    config:\n      text: &x [*x]\n'
-SELF_ALIAS_LINE = ("rec.yaml:5:13: artifacts.raw/a@v1.config.text[0]: an alias of artifacts.raw/a@v1.config.text, "
+SELF_ALIAS_LINE = ("rec.yaml:5:17: artifacts.raw/a@v1.config.text[0]: an alias of artifacts.raw/a@v1.config.text, "
                    "inside it: a value that holds itself has no end; write it out, or alias a value defined elsewhere")  # fmt: skip
 
 

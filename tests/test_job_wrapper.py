@@ -125,6 +125,34 @@ def test_sigterm_during_a_step_leaves_a_failure_record_naming_the_signal(tmp_pat
     assert not (Path(out) / ".artifact.json").exists()
 
 
+def test_a_step_that_turns_the_stop_into_another_error_has_the_signal_as_its_exit_status(tmp_path):
+    out = str(tmp_path / "x/y/v1")
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from marin_rules.artifacts.context import StepContext
+        from marin_rules.artifacts.records import Provenance
+        from marin_rules.job.run import run_step
+
+        def step(ctx):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+            except BaseException:
+                raise RuntimeError("cleanup failed")
+
+        entry = {json.dumps(_entry(out))}
+        ctx = StepContext(name="x/y", version="v1", config={{}}, deps={{}}, runtime={{}}, output={out!r})
+        run_step(ctx, entry, Provenance(".", [], "r", 3), step)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    (failure,) = (Path(out) / ".failures").glob("*.json")
+    error = json.loads(failure.read_text())["error"]
+    assert error["type"] == "RuntimeError" and error["exit_status"] == "SIGTERM"
+    assert not (Path(out) / ".artifact.json").exists()
+
+
 def test_a_step_whose_lease_is_no_longer_held_records_failure_not_success(tmp_path):
     from marin_rules.artifacts.lease import LeaseLost
 

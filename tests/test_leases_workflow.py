@@ -278,7 +278,7 @@ def test_a_lease_of_this_runs_own_job_still_ending_is_not_named_as_another_run(t
         unregister()
 
 
-def test_a_lease_held_on_a_tpu_worker_by_a_job_this_run_submitted_is_not_named_as_another_run(tmp_path):
+def test_a_lease_held_on_a_tpu_worker_by_a_job_this_run_submitted_is_named_as_its_own_pod_job(tmp_path):
     # a pod job's process 0 holds the lease on a TPU worker: another host, a process no
     # registry here lists; the tpu executor told it who submitted it, and its lease says so
     import dataclasses
@@ -295,10 +295,10 @@ def test_a_lease_held_on_a_tpu_worker_by_a_job_this_run_submitted_is_not_named_a
         record_path=lambda key: str(location / ".artifact.json"),
     )  # fmt: skip
     worker = dataclasses.replace(new_holder(), host="t1v-n-0a1b2c3d-w-0", pid=4242)
-    for submitter, named in ((this_submitter(), False), ("another-host 4242 pid:[1]", True), ("", True)):
+    for submitter, ours in ((this_submitter(), True), ("another-host 4242 pid:[1]", False), ("", False)):
         holder = dataclasses.replace(worker, submitted_by=submitter)
         storage.write_json_atomic(str(location / ".lease.json"), dataclasses.asdict(holder))
-        lines = Session.taken_by_another_run(run)
-        assert len(lines) == named, (submitter, lines)
-        if named:
-            assert "@t1v-n-0a1b2c3d-w-0 pid 4242" in lines[0]
+        (line,) = Session.taken_by_another_run(run)
+        assert "@t1v-n-0a1b2c3d-w-0 pid 4242" in line
+        said = "this run's pod job still holds its lease" if ours else "another run is building it"
+        assert said in line, (submitter, line)

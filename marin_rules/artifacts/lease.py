@@ -149,14 +149,14 @@ def _decode(data: bytes | None) -> LeaseHolder | None:
     return _holder(json.loads(data))
 
 
-OPTIONAL_FIELDS = ("pid_namespace", "submitted_by")  # older leases lack them
+_OPTIONAL_FIELDS = ("pid_namespace", "submitted_by")  # older leases lack them
 
 
 def _holder(fields: dict) -> LeaseHolder:
-    """A LeaseHolder from a lease's JSON fields (`OPTIONAL_FIELDS` may be missing)."""
+    """A LeaseHolder from a lease's JSON fields (`_OPTIONAL_FIELDS` may be missing)."""
     return LeaseHolder(
-        **{k: fields[k] for k in LeaseHolder.__dataclass_fields__ if k not in OPTIONAL_FIELDS},
-        **{k: fields.get(k, "") for k in OPTIONAL_FIELDS},
+        **{k: fields[k] for k in LeaseHolder.__dataclass_fields__ if k not in _OPTIONAL_FIELDS},
+        **{k: fields.get(k, "") for k in _OPTIONAL_FIELDS},
     )
 
 

@@ -123,7 +123,7 @@ class ModelScorer:
         self._leaves, treedef = jax.tree.flatten(state)
         self._programs = programs(graphdef, treedef)
 
-    def score(self, batch: ScoreBatch) -> tuple[np.ndarray, np.ndarray]:
+    def score(self, batch: ScoreBatch) -> tuple[jax.Array, jax.Array]:
         tokens = spread_padding(batch.tokens, batch.segments < 0, self.model.config.vocab_size)
         # the five [R, T] arrays travel as one
         rows = np.stack([tokens, batch.positions, batch.segments, batch.branches, batch.targets]).astype(np.int32)

@@ -192,9 +192,14 @@ def _recorded_version(location: str) -> str | None:
     failure record, else the build a rebuild moved aside (`.history/.rebuilding`, then the
     newest record kept under `.history/`); None when none can be read or says."""
     rebuilding = storage.join(location, HISTORY_DIR, REBUILDING)
-    paths = [storage.join(location, RECORD_FILE), *failure_files(location)[-1:], rebuilding,
-             *reversed(history_files(location))]  # fmt: skip
-    for path in paths:
+
+    def paths():  # listed lazily: `.history/` may hold a long walk of set-aside checkpoints
+        yield storage.join(location, RECORD_FILE)
+        yield from failure_files(location)[-1:]
+        yield rebuilding
+        yield from reversed(history_files(location))
+
+    for path in paths():
         try:
             data = storage.read_json(path)
             version = (data.get("entry") if path == rebuilding else data).get("version")

@@ -2,8 +2,10 @@
 
 Model: the step runs in the job process's main thread, which owns the signals. The
 first SIGTERM or SIGINT raises `JobTerminated` inside the step (wherever it is in
-Python code); later ones are ignored while the failure record is written, and a step
-that catches it and returns all the same fails as stopped (`_swallowed_stop`). A lease
+Python code); later ones are ignored (the step's cleanup, committing a checkpoint say,
+and the failure record run to their end). A step that catches the stop and returns
+all the same fails as stopped (`_caught_stop`), and one that raises another error
+instead has the stop as its failure's exit status. A lease
 that is lost while the step runs (`stop_for_lost_lease`, called by the lease's
 heartbeat thread) is delivered the same way, through `_thread.interrupt_main`. Any
 failure writes `{location}/.failures/<time>.json` (a shard's too: the artifact's
@@ -32,7 +34,7 @@ from marin_rules.artifacts.records import Provenance, Record, error_message, utc
 # SIGHUP: the terminal or ssh session the run was started from closed. Left alone when
 # it is ignored (`nohup`: the user asked the run to outlive its terminal).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_state: dict[str, Any] = {"stopping": None, "lost": None}
+_state: dict[str, Any] = {"stopping": None, "lost": None}  # stopping: the stop's name ("SIGTERM", "lease lost")
 
 
 class JobTerminated(BaseException):
@@ -52,7 +54,9 @@ class JobTerminated(BaseException):
 
 def _on_signal(signum: int, frame: Any) -> None:
     if _state["stopping"] is not None:
-        return  # already stopping: let the failure record be written
+        # already stopping: the step's own cleanup (a checkpoint being committed) and the
+        # failure record run to their end; a pod's processes get SIGTERM more than once
+        return
     if _state["lost"] is not None:
         _state["stopping"] = "lease lost"
         raise JobTerminated(None, _state["lost"])
@@ -77,16 +81,17 @@ def stop_for_lost_lease(reason: str) -> None:
     _thread.interrupt_main(signal.SIGTERM)
 
 
-def _swallowed_stop() -> JobTerminated:
-    """The stop a step caught (`except BaseException:`, a bare `except:`) before returning
-    as if it had finished: its work may be cut short, so it fails as stopped."""
+def _caught_stop(what: str) -> JobTerminated:
+    """The stop that was caught (`except BaseException:`, a bare `except:`) by `what`
+    ("the step caught the stop and returned"): work that may be cut short, so it fails as
+    stopped."""
     stopping = _state["stopping"]
     signum = None if stopping == "lease lost" else int(getattr(signal.Signals, stopping, signal.SIGTERM))
     why = _state["lost"] if signum is None else f"terminated by signal {stopping}"
     return JobTerminated(
         signum,
-        f"{why}; the step caught the stop (an `except BaseException:` or a bare `except:`) and returned: "
-        "no success is recorded for a stopped step (let marin_rules.job.run.JobTerminated through)",
+        f"{why}; {what} (an `except BaseException:` or a bare `except:`): no success is recorded for a "
+        "stopped step (let marin_rules.job.run.JobTerminated through)",
     )
 
 
@@ -133,13 +138,14 @@ def run_step(
     from marin_rules.artifacts import storage
 
     install_stop_handlers()
-    _state["stopping"] = None  # this step's stop, not an earlier step's in this process
     started = utc_now()
     storage.makedirs(ctx.output)
     try:
+        if _state["stopping"] is not None:
+            raise _caught_stop("it was caught before the step began")
         result = function(ctx)
         if _state["stopping"] is not None:
-            raise _swallowed_stop()
+            raise _caught_stop("the step caught the stop and returned")
         if result is not None and not isinstance(result, dict):
             raise StepError(
                 f"result: the step returned a {type(result).__name__}; a step returns a JSON-able dict "
@@ -158,6 +164,8 @@ def run_step(
             status = "SIGINT"
         elif isinstance(error, SystemExit):
             status = error.code if isinstance(error.code, int) else 1
+        elif _state["stopping"] is not None:  # the step caught the stop and raised another error
+            status = _state["stopping"]
         where = write_failure(ctx.output, entry, error, provenance.as_dict(started, ended), status, process)
         # the error last: a command it ends with can be copied to the end of the line
         print(f"{ctx.key}: step failed, failure record {where}: {type(error).__name__}: {error_message(error)}",

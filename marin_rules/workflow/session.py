@@ -532,9 +532,9 @@ class Session:
         old one aside when its job starts), so this run's jobs and targets met a missing
         file, which Snakemake reports only as latency. A lease held by one of this run's
         own job processes (still registered: stopped by a signal, not yet ended) is not
-        another run's, nor one held by a job this process submitted through the tpu
-        executor (`held_for`: a pod job's process on a TPU worker, which no registry here
-        lists, ends after this run when its slice is deleted)."""
+        another run's; one held by a job this process submitted through the tpu executor
+        (`held_for`: a pod job's process on a TPU worker, which no registry here lists,
+        ends after this run when its slice is deleted) gets its own line, saying so."""
         from marin_rules.artifacts.lease import held_for, held_here_by, held_live, read_lease
         from marin_rules.cluster.pod import this_submitter
 
@@ -546,7 +546,14 @@ class Session:
             if os.path.exists(self.record_path(key)):
                 continue
             holder = read_lease(self.location(key))
-            if held_live(holder) and not held_here_by(holder, ours) and not held_for(holder, submitter):
+            if not held_live(holder) or held_here_by(holder, ours):
+                continue
+            if held_for(holder, submitter):
+                lines.append(
+                    f"{key}: this run's pod job still holds its lease from a TPU worker ({holder.describe()}) "
+                    "while it stops; the next run waits for it to end, or takes the lease over once it is stale"
+                )
+            else:
                 lines.append(
                     f"{key}: its record is not there: another run is building it (lease held by "
                     f"{holder.describe()}); run snakemake again once that run has finished, and this one serves it"

@@ -154,7 +154,7 @@ class Executor(RemoteExecutor):
             env = job_env(os.environ, jobid)
             group = start_local_pod(self.job_command(job, on_worker=False), self.local_pod, job_dir, env)
         else:
-            group = self._start_gcloud(job, wildcards, tpu_type, job_dir, description)
+            group = self._start_gcloud(job, jobid, wildcards, tpu_type, job_dir, description)
         self._running.add(group)
         self.logger.info(f"tpu executor: {label}; logs in {job_dir}/")
         self.report_job_submission(
@@ -229,7 +229,9 @@ class Executor(RemoteExecutor):
             )
         return None
 
-    def _start_gcloud(self, job, wildcards: dict, tpu_type: str, job_dir: Path, description: str) -> ProcessGroup:
+    def _start_gcloud(
+        self, job, jobid: int | None, wildcards: dict, tpu_type: str, job_dir: Path, description: str
+    ) -> ProcessGroup:
         workdir = os.getcwd()
         transfer.local_paths([self.get_snakefile()], "Snakefile", workdir)  # the workers run it from the workdir
         zone = placement.resource(job.resources, placement.ZONE_RESOURCE)
@@ -252,7 +254,7 @@ class Executor(RemoteExecutor):
         worker = gcloud.worker_command(
             self.job_command(job, on_worker=True), self.settings.workdir, self.settings.setup,
             archives=[remote for _, remote in uploads], outputs=outputs, logs=logs, outputs_archive=returned,
-            exports=submission_env(job.jobid),
+            exports=submission_env(jobid),
         )  # fmt: skip
         download = (returned, str((job_dir / "outputs.tar.gz").resolve()), workdir) if outputs or logs else None
         script = gcloud.driver_script(

@@ -104,11 +104,12 @@ def job_env(base: Mapping[str, str], jobid: int | None) -> dict[str, str]:
 
 def command_status(log_text: str) -> str | None:
     """How the job's shell command ended, from the output of its `snakemake --mode
-    remote` (`COMMAND_FAILED`, the last one): "exited with N" or "was killed by SIGX";
-    None when the log names none (another failure, or another Snakemake's wording)."""
-    found = None
-    for found in COMMAND_FAILED.finditer(log_text):
-        pass
+    remote` (`COMMAND_FAILED`): "exited with N" or "was killed by SIGX"; None when the
+    log names none (another failure, or another Snakemake's wording). The first report:
+    a gcloud driver's log holds every worker's, and the first to fail is the cause (its
+    peers fail after it). A `run:` block's `subprocess.run(check=True)` is reported in
+    the same words, so it is read as the job's command too."""
+    found = COMMAND_FAILED.search(log_text)
     if found is None:
         return None
     code, signame = found.groups()
