@@ -199,3 +199,33 @@ def test_a_step_that_catches_the_stop_and_returns_fails_as_stopped_without_a_suc
     assert failure["error"]["type"] == "JobTerminated" and failure["error"]["exit_status"] == "SIGTERM"
     assert "the step caught the stop" in failure["error"]["message"]
     assert (folder / "out.txt").read_text() == "cut short"  # what it wrote stays, for a look
+
+
+def test_sigint_sent_twice_as_timeout_sends_it_stops_the_run_once_without_tracebacks(tmp_path):
+    # GNU `timeout -s INT` signals snakemake, then its process group: Snakemake's own
+    # handler, called a second time while it shuts down, ends in chained event-loop tracebacks
+    (tmp_path / "slowsteps.py").write_text(SLOW)
+    (tmp_path / "exp.yaml").write_text('artifacts:\n  ck/s@v1: {step: "slowsteps:slow"}\n')
+    prefix = tmp_path / "art"
+    command = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "exp.yaml", "--config", f"prefix={prefix}"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        log = tmp_path / ".snakemake/marin-logs/ck/s/v1/job.log"
+        started = lambda: log.exists() and "slow step: started" in log.read_text()  # noqa: E731
+        _wait_for(lambda: started() or proc.poll() is not None, 120, "the step to start")
+        assert proc.poll() is None, proc.communicate()[0]
+        proc.send_signal(signal.SIGINT)
+        failures = prefix / "ck/s/v1/.failures"  # the step stopped: Snakemake is shutting down
+        _wait_for(lambda: proc.poll() is not None or (failures.exists() and any(failures.iterdir())), 60, "the stop")
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert "Traceback" not in out and "event loop" not in out, out[-4000:]
+    (failure,) = [json.loads(f.read_text()) for f in (prefix / "ck/s/v1/.failures").glob("*.json")]
+    assert failure["error"]["exit_status"] == "SIGINT"

@@ -91,3 +91,27 @@ def test_an_experiment_read_by_the_users_configfile_directive_is_refused_naming_
     ) in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "artifacts").exists()
     _snakemake(tmp_path, env, "-n")  # the fix it names (with the directive still there) plans
+
+
+def test_the_users_own_config_keys_and_config_file_pass_through_our_module(tmp_path):
+    # the README's module block hands the whole `config` on: a key of the user's own
+    # rules, and a --configfile of theirs without an experiment's fields, are theirs
+    rule = ('rule mine:\n    input: "artifacts/feat/a/v1/.artifact.json"\n    output: "mine.txt"\n'
+            '    shell: "echo {config[my_threshold]} {config[my_name]} > {output}"\n')  # fmt: skip
+    env = _user_workflow(tmp_path, MODULE + "\n" + rule)
+    (tmp_path / "mine.yaml").write_text("my_name: alice\n")
+    profile = ["--workflow-profile", str(PROFILE)]
+    proc = subprocess.run(
+        [SNAKEMAKE, "--configfile", "exp.yaml", "mine.yaml", "--config", "my_threshold=3", "--cores", "1", *profile,
+         "mine"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (tmp_path / "mine.txt").read_text() == "3 alice\n"
+    assert json.loads((tmp_path / "artifacts/feat/a/v1/.artifact.json").read_text())["result"] == {"ok": True}
+    # run as the main Snakefile, the same unknown key is still refused (a typo of ours, say)
+    (tmp_path / "plain").mkdir()
+    env = _user_workflow(tmp_path / "plain", "")
+    typo = subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "exp.yaml", "--config",
+                           "my_threshold=3", "-n"], cwd=tmp_path / "plain", env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert typo.returncode != 0 and "--config my_threshold=...: unknown key" in typo.stdout + typo.stderr

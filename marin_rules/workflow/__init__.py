@@ -22,6 +22,7 @@ import os
 import shlex
 import site
 import sys
+from pathlib import Path
 from typing import Any
 
 from marin_rules.artifacts import storage
@@ -29,6 +30,7 @@ from marin_rules.artifacts.errors import MarinError
 from marin_rules.experiment import load_experiment
 from marin_rules import mirror
 from marin_rules.workflow import dag_labels, options, signals
+from marin_rules.workflow.advisory import SNAKEFILE
 from marin_rules.workflow.session import Session, stop
 
 # Set by the main process for the jobs it starts, so that a job an executor runs as
@@ -83,10 +85,12 @@ def begin(workflow: Any, config: dict) -> Session:
     workflow_dir = os.path.dirname(os.path.abspath(workflow.main_snakefile))
     configfiles = [str(f) for f in (getattr(workflow, "overwrite_configfiles", None) or [])]
     directive_files = [str(f) for f in (getattr(workflow, "configfiles", None) or []) if str(f) not in configfiles]
+    # our Snakefile `include:`d or used as a `module` by the user's: its config keys are theirs too
+    users_workflow = Path(workflow.main_snakefile).resolve() != SNAKEFILE
     try:
-        options.check_config(config, configfiles, directive_files)
+        options.check_config(config, configfiles, directive_files, users_workflow)
         prefix = options.checked_prefix(config)
-        path = options.select_experiment(config, configfiles, workdir, workflow_dir)
+        path = options.select_experiment(config, configfiles, workdir, workflow_dir, users_workflow)
         options.refuse_braced_paths(path, prefix, workflow_dir)
         experiment = load_experiment(path, dev_user=options.dev_user(config))
         options.target_keys(experiment, config.get("target"))

@@ -116,7 +116,8 @@ def print_plan(experiment: Experiment, prefix: str, keys: list[str]) -> None:
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
-PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "default"  # the workflow profile beside our Snakefile
+SNAKEFILE = Path(__file__).resolve().parents[2] / "Snakefile"  # ours, at the repository's root
+PROFILE = SNAKEFILE.parent / "profiles" / "default"  # the workflow profile beside our Snakefile
 
 
 def missing_settings(workflow: Any) -> list[str]:

@@ -61,11 +61,15 @@ def rule_of(step: str) -> str:
     return step if step in BUILTIN_STEPS else CUSTOM_RULE
 
 
-def check_config(config: dict, configfiles: list[str], directive_files: list[str] = ()) -> None:
+def check_config(
+    config: dict, configfiles: list[str], directive_files: list[str] = (), users_workflow: bool = False
+) -> None:
     """Refuse unknown keys, experiment sections given as `--config` (or read by a
     Snakefile's `configfile:` directive, `directive_files`), and bad or unsafe values
     (one line each, before anything runs). Keys from a `--configfile` are left to the
-    experiment loader, which names the file."""
+    experiment loader, which names the file. `users_workflow`: our Snakefile is a
+    module or an include of the user's, whose rules have config keys of their own:
+    keys that are not ours are theirs, not refused."""
     files = [_top_level(f) for f in configfiles]
     for key in config:
         if key in GLUE_KEYS:
@@ -81,7 +85,7 @@ def check_config(config: dict, configfiles: list[str], directive_files: list[str
                 f"--config {key}=...: an experiment's '{key}:' is read from its file only; write it in "
                 "the experiment file (the one given by --configfile or --config experiment=)"
             )
-        if not any(key in data for data in files):
+        if not any(key in data for data in files) and not users_workflow:
             raise MarinError(
                 f"--config {key}=...: unknown key{suggestion(key, GLUE_KEYS | TOP_FIELDS)}; "
                 f"marin-rules reads {', '.join(sorted(GLUE_KEYS))}"
@@ -270,9 +274,13 @@ def rerun_flags(experiment_path: str, prefix: str, workflow_dir: str, snakefile:
     return shlex.join(flags)
 
 
-def select_experiment(config: dict, configfiles: list[str], workdir: str, workflow_dir: str) -> str:
-    """The experiment file: `--config experiment=`, else an experiment `--configfile`, else the default."""
-    experiment_files = [f for f in configfiles if _is_experiment_file(f)]
+def select_experiment(
+    config: dict, configfiles: list[str], workdir: str, workflow_dir: str, users_workflow: bool = False
+) -> str:
+    """The experiment file: `--config experiment=`, else an experiment `--configfile`, else
+    the default. `users_workflow` (`check_config`): a config file without an experiment's
+    fields is the user's workflow's own, not an experiment."""
+    experiment_files = [f for f in configfiles if _is_experiment_file(f, users_workflow)]
     chosen = config.get("experiment")
     if len(experiment_files) > 1:
         raise MarinError(f"more than one experiment --configfile given ({', '.join(experiment_files)}); pick one")
@@ -287,9 +295,11 @@ def select_experiment(config: dict, configfiles: list[str], workdir: str, workfl
     return os.path.join(workflow_dir, DEFAULT_EXPERIMENT)
 
 
-def _is_experiment_file(path: str) -> bool:
+def _is_experiment_file(path: str, users_workflow: bool = False) -> bool:
     """A --configfile is an experiment unless it only sets the glue's own keys: one
-    with a misspelled `artifacts:` must fail validation, not run the default."""
+    with a misspelled `artifacts:` must fail validation, not run the default. In the
+    user's own workflow (`users_workflow`) only a file with an experiment's fields
+    (`TOP_FIELDS`) is one: the others hold that workflow's settings."""
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
@@ -297,6 +307,8 @@ def _is_experiment_file(path: str) -> bool:
         return False
     except yaml.YAMLError:
         return True  # load_experiment reports the YAML error
+    if users_workflow:
+        return not isinstance(data, dict) or bool(TOP_FIELDS & set(data))
     return not (isinstance(data, dict) and set(data) <= GLUE_KEYS)
 
 

@@ -8,7 +8,8 @@ down on SIGINT, so a step started by a `timeout` or a CI cancel runs to its end.
 Snakefile's `onstart:` handler (public API: it runs in the main process after the
 scheduler has installed its own handler) calls `forward_signals`, which chains a
 handler in front of the current ones: it sends the signal to every registered job
-process, then calls the previous handler, so Snakemake stops as it would anyway. Each
+process, then calls the previous handler, so Snakemake stops as it would anyway (the first
+signal only: a second one reaches the jobs alone). Each
 job process stops its step, writes a failure record naming the signal and exits
 non-zero; no success record is written.
 
@@ -159,13 +160,22 @@ def forward_signals(registry: str) -> None:
         chain_handler(registry, signum, signal.getsignal(signum))
 
 
+_stopping: dict[str, bool] = {"passed_on": False}  # a stop signal has reached Snakemake's handler
+
+
 def chain_handler(registry: str, signum: int, previous: Any, as_signal: int | None = None) -> None:
     """Handle `signum`: forward it to the job processes, then call `previous` (with
     `as_signal` in place of `signum` when given), or die of the signal when `previous`
-    is the default action."""
+    is the default action. Only the first stop signal goes on to `previous`: later ones
+    are forwarded to the jobs only (`timeout -s INT` delivers SIGINT twice, and
+    Snakemake's handler called again while it shuts down ends in chained tracebacks of
+    its event loop)."""
 
     def handler(sig, frame):
         forward(registry, sig)
+        if _stopping["passed_on"]:
+            return
+        _stopping["passed_on"] = True
         passed = sig if as_signal is None else as_signal
         if callable(previous):
             previous(passed, frame)
