@@ -505,3 +505,27 @@ def test_left_out_counts_only_names_it_understands():
     assert forcing.left_out(upstreams, named, {"rule_a", "all"}, set()) == set()
     assert forcing.left_out(upstreams, named, set(), {"rule_a"}) == {"a", "b"}
     assert forcing.left_out(upstreams, named, set(), {"user_rule"}) == set()
+
+
+def test_two_experiments_on_one_prefix_cannot_nest_one_artifacts_folder_in_anothers(tmp_path, snakemake_cmd):
+    ws = Workspace(tmp_path, snakemake_cmd)
+    # one experiment file refuses raw/a@v1 beside raw/a/v1@x at load; two experiments on
+    # a shared prefix are refused where the folders meet, before anything is written
+    ws.write({"raw/a@v1": {"step": "usersteps:make", "config": {"text": "a"}}}, "outer.yaml")
+    ws.write({"raw/a/v1@x": {"step": "usersteps:make", "config": {"text": "x"}}}, "inner.yaml")
+    ws.snakemake(exp="outer.yaml")
+    inner = ws.snakemake(exp="inner.yaml", check=False)
+    assert inner.returncode != 0
+    said = inner.stdout + inner.stderr
+    assert ("marin-rules: raw/a/v1@x: its folder raw/a/v1/x/ would lie inside raw/a/v1/, the folder of another "
+            "artifact built on this prefix (its record is there): rename the artifact (its name or version)") in said
+    assert not Path(ws.prefix, "raw/a/v1/x").exists()
+    # built the other way round (the inner one first), forcing the outer one would carry
+    # the inner one into .history/: refused, both stay
+    other = Path(ws.prefix).parent / "art2"
+    ws.snakemake(exp="inner.yaml", prefix=str(other))
+    ws.snakemake(exp="outer.yaml", prefix=str(other))
+    forced = ws.snakemake("-f", str(other / "raw/a/v1/.artifact.json"), exp="outer.yaml", prefix=str(other), check=False)
+    assert forced.returncode != 0
+    assert "holds another artifact's folder (x/, with its record)" in forced.stdout + forced.stderr
+    assert (other / "raw/a/v1/x/.artifact.json").exists() and (other / "raw/a/v1/.artifact.json").exists()

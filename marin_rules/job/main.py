@@ -228,6 +228,7 @@ def build(args: argparse.Namespace) -> int:
         return build_shard(artifact, experiment, location, args)
     pod = pod_process_from_env(os.environ)
     process = None if pod is None else pod.process_id
+    refuse_nesting(artifact.key, artifact.id.path, args.prefix)
     is_done, made_from_others = done_check(artifact, experiment, location, args.prefix)
     if process and not await_process_0(artifact, location, args, pod, is_done):
         return 0  # built: process 0 serves it
@@ -272,6 +273,21 @@ def build(args: argparse.Namespace) -> int:
     finally:
         if held is not None:
             held.release()
+
+
+def refuse_nesting(key: str, path: str, prefix: str) -> None:
+    """Refuse to build `key` (folder `path` on the prefix) inside the folder of another
+    artifact built there (an experiment's load refuses such pairs within one file; two
+    experiments sharing a prefix can still name them): forcing that one would move this
+    one away with its old build, and its record would list this one's files as its data."""
+    parts = path.split("/")
+    for depth in range(1, len(parts) - 1):  # the folders above `name/version` that could be `name/version`
+        outer = "/".join(parts[:depth + 1])
+        if storage.exists(storage.join(prefix, outer, RECORD_FILE)):
+            raise MarinError(
+                f"{key}: its folder {path}/ would lie inside {outer}/, the folder of another artifact built on this "
+                "prefix (its record is there): rename the artifact (its name or version)"
+            )
 
 
 def retire_forced_build(
