@@ -19,7 +19,8 @@ included, is read there) and `--dev-user NAME` (whose dev versions to read, as
 in that user's folder the same way (`dev_versions.owned`). As for snakemake, the
 default experiment lies beside the Snakefile: the one here, else this project's.
 These commands only read records: they run no step and need no step module (the
-loader's `check_steps=False`). Nothing is run or written on the prefix.
+loader's `check_steps=False`). Nothing is run or written on the prefix; status, plan
+and dag say on stderr when it does not exist (every artifact reads as never built).
 Errors are one line on stderr and a non-zero exit status.
 """
 
@@ -260,6 +261,7 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
     if args.command == "status":
         rows = _only(st.experiment_status(experiment, prefix, every_version=args.all, hint_flags=flags),
                      args.keys, experiment)  # fmt: skip
+        _note_missing_prefix(prefix)
         if args.json:
             print(json.dumps([r.to_json() for r in rows], indent=2))
         else:
@@ -269,6 +271,7 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
         from marin_rules.inspect.plan import plan_lines
 
         keys = [_experiment_key(k, experiment, "plan") for k in args.keys] if args.keys else None
+        _note_missing_prefix(prefix)
         print("\n".join(plan_lines(experiment, prefix, keys, mfu=args.mfu)))
         return 0
     if args.command == "dag":
@@ -277,6 +280,7 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
         if args.output != "-" and not args.output.endswith(".svg"):
             raise MarinError(f"-o {args.output}: marin dag writes SVG; give a name ending in .svg, or - for stdout")
         rows = st.experiment_status(experiment, prefix)
+        _note_missing_prefix(prefix)
         svg = render_svg(experiment, {r.key: r.state for r in rows})
         if args.output == "-":
             sys.stdout.write(svg)
@@ -310,6 +314,17 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
         print(f"marin: {key}: last failure unknown: {e}", file=sys.stderr)
     print(reading.dumps(shown))
     return 0
+
+
+def _note_missing_prefix(prefix: str) -> None:
+    """Say on stderr, once, when a prefix other than the default does not exist
+    (`status.missing_prefix_note`): status, plan and dag show every artifact as never
+    built there (the default `artifacts/` is missing until a first run: nothing to say)."""
+    from marin_rules.inspect.status import missing_prefix_note
+
+    note = "" if prefix == DEFAULT_PREFIX else missing_prefix_note(prefix)
+    if note:
+        print(f"marin: {note}", file=sys.stderr)
 
 
 def _only(rows: list, keys: list[str], experiment: Experiment) -> list:

@@ -44,7 +44,7 @@ from marin_rules.steps import (
     import_function, is_valid_step,
 )
 from marin_rules.sweeps import expand_sweep
-from marin_rules.validation import Int, Number, Rule, Text, check_fields, default_at, suggest_key
+from marin_rules.validation import Int, Number, Rule, Text, bool_word_hint, check_fields, default_at, suggest_key
 from marin_rules.yaml_file import load_yaml_file
 
 __all__ = [
@@ -161,11 +161,13 @@ def build_experiment(
     unknown = sorted(set(data) - TOP_FIELDS, key=str)
     if unknown:
         raise ExperimentError(
-            f"{path}: unknown top-level key {unknown[0]!r}{suggest_key(unknown[0], TOP_FIELDS)}; "
+            f"{path}: unknown top-level key {unknown[0]!r}{suggest_key(unknown[0], TOP_FIELDS)}"
+            f"{bool_word_hint(unknown[0])}; "
             f"expected one of {', '.join(sorted(TOP_FIELDS))}"
         )
     if not isinstance(data.get("description", ""), str):
-        raise ExperimentError(f"{path}: description: expected text, got {data['description']!r}")
+        description = data["description"]
+        raise ExperimentError(f"{path}: description: expected text, got {description!r}{bool_word_hint(description)}")
     raw: dict[str, Any] = {}
     for section in ("artifacts", "sweeps"):
         value = data.get(section) or {}
@@ -269,7 +271,7 @@ def _checked_key(key: Any, seen: Mapping[str, Any], where: str) -> str:
     try:
         parsed = parse_key(key)
     except ConfigError as e:
-        raise ExperimentError(f"{where}{e.message}") from None
+        raise ExperimentError(f"{where}{e.message}{bool_word_hint(key)}") from None
     if parsed.key in seen:
         raise ExperimentError(f"{where}{parsed.key} is defined twice; give each entry its own name@version")
     return parsed.key
@@ -286,7 +288,9 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
     unknown = sorted(set(entry) - ENTRY_FIELDS, key=str)
     if unknown:
         raise fail(
-            unknown[0], f"unknown field{suggest_key(unknown[0], ENTRY_FIELDS)}; expected one of {', '.join(sorted(ENTRY_FIELDS))}"
+            unknown[0],
+            f"unknown field{suggest_key(unknown[0], ENTRY_FIELDS)}{bool_word_hint(unknown[0])}; "
+            f"expected one of {', '.join(sorted(ENTRY_FIELDS))}",
         )
     step = entry.get("step")
     if "adopt" in entry:
@@ -303,10 +307,11 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
         raise fail(
             "step",
             f"expected a built-in step ({', '.join(s for s in BUILTIN_STEPS if s != ADOPT)}), 'adopt:' "
-            f"or 'pkg.module:function', got {step!r}{suggest_key(step, BUILTIN_STEPS) if isinstance(step, str) else ''}",
+            f"or 'pkg.module:function', got {step!r}{suggest_key(step, BUILTIN_STEPS) if isinstance(step, str) else ''}"
+            f"{bool_word_hint(step)}",
         )
     if not isinstance(entry.get("description", ""), str):
-        raise fail("description", f"expected text, got {entry['description']!r}")
+        raise fail("description", f"expected text, got {entry['description']!r}{bool_word_hint(entry['description'])}")
     for name in ("config", "runtime", "deps"):  # null or left out: {}; [], "" or false: refused like [1]
         if entry.get(name) is not None and not isinstance(entry[name], Mapping):
             raise fail(name, f"expected a mapping, got {type(entry[name]).__name__}")
@@ -314,7 +319,7 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
     deps: dict[str, str | dict[str, float]] = {}
     for role, dep in deps_in.items():
         if not isinstance(role, str) or not ROLE.match(role):
-            raise fail(f"deps.{role}", "a role is an identifier such as 'data' or 'tokenizer'")
+            raise fail(f"deps.{role}", f"a role is an identifier such as 'data' or 'tokenizer'{bool_word_hint(role)}")
         if isinstance(dep, Mapping):
             mixture: dict[str, float] = {}
             for upstream, weight in dep.items():
@@ -337,6 +342,8 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
     if pin is not None and not (isinstance(pin, str) and re.fullmatch(r"[0-9a-f]{16}", pin)):
         raise fail("expect_fingerprint", f"expected a 16-digit hex fingerprint, got {pin!r}")
     try:
+        _refuse_boolean_keys(config, "config")
+        _refuse_boolean_keys(runtime, "runtime")
         config = canonical_value(config, "config")
         runtime = canonical_value(runtime, "runtime")
     except ConfigError as e:
@@ -350,6 +357,19 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
     return step, config, deps, runtime, pin
 
 
+def _refuse_boolean_keys(value: Any, path: str) -> None:
+    """Refuse a key YAML read as a boolean (`on:`, `no:`) saying so; canonical_value
+    refuses it too, as any key that is not a string, without saying why it is not one."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if isinstance(key, bool):
+                raise ConfigError(path, f"mapping key {key!r} is not a string{bool_word_hint(key)}")
+            _refuse_boolean_keys(item, f"{path}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _refuse_boolean_keys(item, f"{path}[{i}]")
+
+
 def _dep_key(text: Any, keys: Mapping[str, Any], fail: Callable[[str, str], ConfigError], where: str) -> str:
     """A dep reference as a key; a malformed one (no `@`, a typo) suggests the
     experiment's nearest key."""
@@ -359,7 +379,7 @@ def _dep_key(text: Any, keys: Mapping[str, Any], fail: Callable[[str, str], Conf
         close = suggest_key(text, keys) if isinstance(text, str) else ""
         if close:
             raise fail(where, f"expected 'name@version', got {text!r}{close}") from None
-        raise fail(where, e.message) from None
+        raise fail(where, e.message + bool_word_hint(text)) from None
 
 
 def _dependency_order(entries: Mapping[str, tuple]) -> list[str]:

@@ -282,3 +282,37 @@ def test_status_takes_keys_to_show_and_a_key_given_for_an_experiment_is_one_line
     assert capsys.readouterr().err == (
         "marin: raw/s: no such experiment file; an artifact key is name@version (raw/s@v1, say)\n"
     )
+
+
+def test_a_prefix_that_does_not_exist_is_said_once_on_stderr_and_status_still_lists_every_artifact(
+    experiment_file, tmp_path, capsys, gcs_prefix  # noqa: F811
+):
+    missing = str(tmp_path / "no-such-prefix")
+    note = (f"marin: {missing}: no such folder, so every artifact reads as never built; check --prefix "
+            "(and -d, the folder a relative prefix is read in)\n")  # fmt: skip
+    for command in ("status", "plan", "dag"):
+        assert main([command, experiment_file, "--prefix", missing]) == 0
+        assert capsys.readouterr().err == note, command
+    assert main(["status", experiment_file, "--prefix", missing, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert {r["state"] for r in json.loads(captured.out)} == {"missing"} and captured.err == note
+    assert main(["status", experiment_file, "--prefix", f"file://{missing}"]) == 0
+    assert "no such folder" in capsys.readouterr().err
+    build(str(tmp_path / "built"), load_experiment(experiment_file), "raw/s@v1")
+    (tmp_path / "empty").mkdir()
+    for prefix in ("built", "empty"):  # a folder that exists: nothing said, built or not
+        assert main(["status", experiment_file, "--prefix", str(tmp_path / prefix)]) == 0
+        assert capsys.readouterr().err == ""
+    # gs://: the bucket exists (else one error line, above) but the path holds nothing
+    bucket = gcs_prefix.split("/")[2]
+    assert main(["status", experiment_file, "--prefix", gcs_prefix]) == 0
+    assert capsys.readouterr().err == (
+        f"marin: {gcs_prefix}: nothing is stored under this path of bucket {bucket}, so every artifact reads as "
+        "never built; check --prefix\n"
+    )
+    build(gcs_prefix, load_experiment(experiment_file), "raw/s@v1")
+    assert main(["status", experiment_file, "--prefix", gcs_prefix]) == 0
+    assert capsys.readouterr().err == ""
+    (tmp_path / "fresh").mkdir()  # the default prefix, before a first run: nothing to say
+    assert main(["status", experiment_file, "-d", str(tmp_path / "fresh")]) == 0
+    assert capsys.readouterr().err == ""

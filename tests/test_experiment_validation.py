@@ -282,6 +282,50 @@ def test_text_that_is_not_a_number_gets_no_hint(tmp_path):
     assert message.endswith("expected a number > 0, got 'fast'")
 
 
+FALSE_HINT = "(YAML reads no and off as false: quote it, 'no' or 'off')"
+TRUE_HINT = "(YAML reads yes and on as true: quote it, 'yes' or 'on')"
+DOWNLOAD_YAML = """
+artifacts:
+  raw/tiny@v1:
+    step: download
+%s"""
+
+
+@pytest.mark.parametrize(
+    "entry, expected",
+    [
+        ("    config: {heldout: [no, hamlet]}",
+         "raw/tiny@v1: config.heldout: expected a list of document keys (e.g. [hamlet, macbeth]), "
+         f"got [False, 'hamlet'] {FALSE_HINT}"),
+        ("    config: {source: off}", f"raw/tiny@v1: config.source: expected a non-empty string, got False {FALSE_HINT}"),
+        ("    on: true", f"raw/tiny@v1: True: unknown field {TRUE_HINT}; expected one of adopt, config, deps, "
+         "description, expect_fingerprint, runtime, step"),
+        ("    config: {on: true}", f"raw/tiny@v1: config: mapping key True is not a string {TRUE_HINT}"),
+        ("    runtime: {tpu: no}", "raw/tiny@v1: runtime.tpu: expected an accelerator type such as v5p-8, v5litepod-16 "
+         f"or v6e-8, or 'default' (the executor's --tpu-type), got False {FALSE_HINT}"),
+        ("    description: no", f"raw/tiny@v1: description: expected text, got False {FALSE_HINT}"),
+    ],
+)  # fmt: skip
+def test_a_yaml_boolean_where_text_or_a_key_was_expected_says_yaml_read_it_so(tmp_path, entry, expected):
+    assert load_yaml_error(tmp_path, DOWNLOAD_YAML % entry) == expected
+
+
+def test_a_yaml_boolean_as_a_dep_or_role_or_top_level_key_says_yaml_read_it_so(tmp_path):
+    tokenizer = "  tokenizers/t@v1:\n    step: train_tokenizer\n    deps: %s\n"
+    message = load_yaml_error(tmp_path, DOWNLOAD_YAML % "" + tokenizer % "{corpus: off}")
+    assert message == f"tokenizers/t@v1: deps.corpus: expected 'name@version', got False {FALSE_HINT}"
+    message = load_yaml_error(tmp_path, DOWNLOAD_YAML % "" + tokenizer % "{on: raw/tiny@v1}")
+    assert message == f"tokenizers/t@v1: deps.True: a role is an identifier such as 'data' or 'tokenizer' {TRUE_HINT}"
+    message = load_yaml_error(tmp_path, "on: 1\n" + DOWNLOAD_YAML % "")
+    assert message.endswith(f"exp.yaml: unknown top-level key True {TRUE_HINT}; expected one of artifacts, description, sweeps")
+
+
+def test_a_yaml_boolean_where_a_boolean_or_number_is_expected_gets_no_quoting_hint(tmp_path):
+    message = load_yaml_error(tmp_path, TRAIN_YAML % ("", "", "no"))
+    assert message.endswith("expected a number > 0, got False")
+    assert yaml.safe_load("[y, n]") == ["y", "n"]  # PyYAML keeps y and n as text: the hint leaves them out
+
+
 # ---- 5. errors about a default the user did not write --------------------------------
 
 

@@ -19,6 +19,7 @@ embeddings, 100 steps x batch 8 x seq 64.
 from __future__ import annotations
 
 import socket
+import sys
 
 import pytest
 
@@ -115,3 +116,26 @@ def test_counts_read_in_units_up_to_trillions_then_in_powers_of_ten():
     from marin_rules.inspect.plan import count
 
     assert [count(n) for n in (999, 1234, 5.5e9, 2.5e14, 3.00003078e22)] == ["999", "1.23k", "5.50B", "250.00T", "3.00e22"]
+
+
+def test_a_corrupt_train_record_stops_the_plan_with_the_line_snakemake_n_stops_with(experiment_file, tmp_path, capsys):  # noqa: F811
+    import subprocess
+
+    from conftest import run_snakemake
+    from marin_rules.artifacts.identity import artifact_location
+
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    for key in experiment.artifacts:
+        build(prefix, experiment, key)
+    record = artifact_location(prefix, experiment["checkpoints/nano@v1"].id) + "/.artifact.json"
+    with open(record, "w") as f:
+        f.write("{not json")
+    dry = run_snakemake("-n", "--configfile", experiment_file, "--config", f"prefix={prefix}", cwd=tmp_path, check=False)
+    line = next(ln for ln in dry.stderr.splitlines() if ln.startswith("marin-rules: "))[len("marin-rules: "):]
+    assert dry.returncode != 0 and line.startswith(f"{record}: not valid JSON")
+    planned = subprocess.run([sys.executable, "-m", "marin_rules.cli", "plan", "--configfile", experiment_file,
+                              "--prefix", prefix], cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert planned.returncode == 1 and planned.stdout == "" and planned.stderr == f"marin: {line}\n"
+    assert main(["status", "checkpoints/nano@v1", "--configfile", experiment_file, "--prefix", prefix, "--json"]) == 0
+    assert f"{record}: not valid JSON" in capsys.readouterr().out  # status: state corrupt, the same line as its reason

@@ -11,7 +11,9 @@ FLOP/s past train records on the prefix achieved (tokens_per_s * flops_per_token
 the median, preferring records built on this host) + their median overhead beyond
 the timed steps (compile, evaluation, checkpoints); unknown without such records.
 The vocabulary comes from the model config, else the tokenizer upstream's
-`vocab_size`. Reads records; runs nothing.
+`vocab_size`. Reads records; runs nothing. The jobs that would run are the train
+artifacts with no success record; a corrupt one stops the plan with its one line, as
+it stops `snakemake -n`.
 """
 
 from __future__ import annotations
@@ -165,14 +167,12 @@ def past_train_records(experiment: Experiment, prefix: str) -> list[dict]:
 
 
 def jobs_to_run(experiment: Experiment, prefix: str) -> list[str]:
-    """Train artifacts without a usable success record (missing, failed, corrupt)."""
+    """Train artifacts without a success record (missing, failed). A corrupt record
+    raises its one line (`CorruptRecord`, naming the rebuild), as `snakemake -n` stops
+    on it: no run builds it until it is deleted or forced."""
     keys = []
     for key in [k for k, a in experiment.artifacts.items() if a.step == "train"]:
-        try:
-            record = reading.record_dict(artifact_location(prefix, experiment[key].id), experiment[key].id)
-        except MarinError:
-            record = None
-        if record is None:
+        if reading.record_dict(artifact_location(prefix, experiment[key].id), experiment[key].id) is None:
             keys.append(key)
     return keys
 

@@ -181,6 +181,23 @@ def never_built_reason(location: str) -> str:
             "file(s) (snakemake --delete-all-output?); the next run builds it")  # fmt: skip
 
 
+def missing_prefix_note(prefix: str) -> str:
+    """A line saying that the prefix holds nothing at all, "" when it exists: a mistyped
+    `--prefix` would otherwise read as an experiment never built. (A gs:// prefix whose
+    bucket does not exist was refused before: `storage.check_bucket`.)"""
+    if not storage.is_remote(prefix):
+        if os.path.isdir(storage.local_path(prefix)):
+            return ""
+        return (f"{prefix}: no such folder, so every artifact reads as never built; check --prefix "
+                "(and -d, the folder a relative prefix is read in)")  # fmt: skip
+    fs, path = storage.filesystem(prefix)
+    if fs.exists(path):
+        return ""
+    bucket = path.split("/", 1)[0]
+    return (f"{prefix}: nothing is stored under this path of bucket {bucket}, so every artifact reads as never "
+            "built; check --prefix")  # fmt: skip
+
+
 def _code_unknown(step: str, provenance: Any) -> bool:
     """Was the step's code hashed when this was built, but cannot be read now (a user
     step whose module is not found from here: `code.user_module_file`)?"""

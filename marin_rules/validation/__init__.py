@@ -19,12 +19,13 @@ from marin_rules.validation.rules import (
     Optional,
     Rule,
     Text,
+    bool_word_hint,
     is_number,
     suggest_key,
 )
 
 __all__ = [
     "INT32_MAX", "MAX_SEED",
-    "Bool", "Int", "ListOf", "Number", "OneOf", "Optional", "Rule", "Text",
+    "Bool", "Int", "ListOf", "Number", "OneOf", "Optional", "Rule", "Text", "bool_word_hint",
     "check_fields", "check_instance", "default_at", "is_number", "json_schema", "parse", "specs", "suggest_key",
 ]  # fmt: skip

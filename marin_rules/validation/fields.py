@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from marin_rules.artifacts.errors import ConfigError
-from marin_rules.validation.rules import Rule, suggest_key
+from marin_rules.validation.rules import Rule, bool_word_hint, suggest_key
 
 
 @dataclass(frozen=True)
@@ -62,11 +62,12 @@ def check_fields(cls: type, data: Any, field: str = "") -> dict[str, Any]:
     if not isinstance(data, Mapping):
         raise ConfigError(field, f"expected a mapping, got {data!r}")
     known = {s.name: s for s in specs(cls)}
-    unknown = sorted((str(k) for k in data if k not in known), key=str)
+    unknown = sorted((k for k in data if k not in known), key=str)
     if unknown:
         raise ConfigError(
-            _join(field, unknown[0]),
-            f"unknown setting{suggest_key(unknown[0], known)}; known: {', '.join(sorted(known))}",
+            _join(field, str(unknown[0])),
+            f"unknown setting{suggest_key(unknown[0], known)}{bool_word_hint(unknown[0])}; "
+            f"known: {', '.join(sorted(known))}",
         )
     out: dict[str, Any] = {}
     for spec in known.values():

@@ -3,7 +3,8 @@
 Model: a rule checks one value from an experiment file (`check(value, field)` returns
 the value to store or raises `ConfigError(field, message)`), says what it expects in
 words (`what`: "an integer >= 1", used by every message: `expected a number > 0, got
-'fast'`, with the YAML `3e-4`-is-text hint of `got`) and as JSON Schema (`schema()`).
+'fast'`, with the YAML `3e-4`-is-text hint of `got`, and for a rule that takes text the
+`no`-is-false hint of `bool_word_hint`) and as JSON Schema (`schema()`).
 A step-specific rule is a `Rule` subclass beside its config.
 """
 
@@ -15,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from marin_rules.artifacts.errors import ConfigError, got
+from marin_rules.artifacts.errors import ConfigError, number_text_hint
 
 
 def suggest_key(text: str, keys: Iterable[str], cutoff: float = 0.6) -> str:
@@ -27,6 +28,16 @@ def suggest_key(text: str, keys: Iterable[str], cutoff: float = 0.6) -> str:
     other_case = [k for k in keys if k.lower() == text.lower()]  # names are lower case: MID/B@v1 is mid/b@v1
     close = same_name[:3] or other_case[:1] or difflib.get_close_matches(text, keys, n=1, cutoff=cutoff)
     return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+def bool_word_hint(value: Any) -> str:
+    """` (YAML reads no and off as false: ...)` for a boolean where text or a key was
+    expected (YAML 1.1: unquoted yes/no/on/off are booleans; y and n stay text in PyYAML), else ``."""
+    if not isinstance(value, bool):
+        return ""
+    return " (YAML reads yes and on as true: quote it, 'yes' or 'on')" if value else (
+        " (YAML reads no and off as false: quote it, 'no' or 'off')"
+    )
 
 
 def _bounds(lo: float | None, lo_open: bool, hi: float | None, hi_open: bool) -> str:
@@ -61,8 +72,12 @@ class Rule:
     def schema(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def hint(self, value: Any) -> str:
+        """What a refused `value` may have meant: a number YAML read as text (`'3e-4'`)."""
+        return number_text_hint(value)
+
     def refuse(self, value: Any, field: str) -> ConfigError:
-        return ConfigError(field, f"expected {self.what}, got {got(value)}")
+        return ConfigError(field, f"expected {self.what}, got {value!r}{self.hint(value)}")
 
 
 @dataclass(frozen=True)
@@ -146,6 +161,10 @@ class OneOf(Rule):
             raise self.refuse(value, field)
         return value
 
+    def hint(self, value: Any) -> str:
+        takes_text = any(isinstance(c, str) for c in self.choices)
+        return (bool_word_hint(value) if takes_text else "") or number_text_hint(value)
+
     def schema(self) -> dict[str, Any]:
         return {"enum": list(self.choices)}
 
@@ -163,6 +182,9 @@ class Text(Rule):
         if self.pattern and not re.fullmatch(self.pattern, value):
             raise self.refuse(value, field)
         return value
+
+    def hint(self, value: Any) -> str:
+        return bool_word_hint(value) or number_text_hint(value)
 
     def schema(self) -> dict[str, Any]:
         if self.pattern:
@@ -183,6 +205,9 @@ class Optional(Rule):
     def check(self, value: Any, field: str) -> Any:
         return None if value is None else self.rule.check(value, field)
 
+    def hint(self, value: Any) -> str:
+        return self.rule.hint(value)
+
     def schema(self) -> dict[str, Any]:
         return {"anyOf": [self.rule.schema(), {"type": "null"}]}
 
@@ -202,7 +227,7 @@ class ListOf(Rule):
         try:
             items = tuple(self.item.check(v, field) for v in value)
         except ConfigError:
-            hint = next((got(v)[len(repr(v)):] for v in value if got(v) != repr(v)), "")
+            hint = next((h for h in map(self.item.hint, value) if h), "")
             raise ConfigError(field, f"expected {self.what}, got {value!r}{hint}") from None
         repeated = sorted({v for v in items if items.count(v) > 1}, key=str) if self.unique else []
         if repeated:

@@ -30,7 +30,6 @@ from marin_rules.artifacts.errors import MarinError
 from marin_rules.experiment import load_experiment
 from marin_rules import mirror
 from marin_rules.workflow import dag_labels, options, signals
-from marin_rules.workflow.advisory import SNAKEFILE
 from marin_rules.workflow.session import Session, stop
 
 # Set by the main process for the jobs it starts, so that a job an executor runs as
@@ -86,7 +85,7 @@ def begin(workflow: Any, config: dict) -> Session:
     configfiles = [str(f) for f in (getattr(workflow, "overwrite_configfiles", None) or [])]
     directive_files = [str(f) for f in (getattr(workflow, "configfiles", None) or []) if str(f) not in configfiles]
     # our Snakefile `include:`d or used as a `module` by the user's: its config keys are theirs too
-    users_workflow = Path(workflow.main_snakefile).resolve() != SNAKEFILE
+    users_workflow = Path(workflow.main_snakefile).resolve() != Path(options.PROJECT_SNAKEFILE).resolve()
     try:
         options.check_config(config, configfiles, directive_files, users_workflow)
         prefix = options.checked_prefix(config)

@@ -116,37 +116,53 @@ def print_plan(experiment: Experiment, prefix: str, keys: list[str]) -> None:
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
-SNAKEFILE = Path(__file__).resolve().parents[2] / "Snakefile"  # ours, at the repository's root
-PROFILE = SNAKEFILE.parent / "profiles" / "default"  # the workflow profile beside our Snakefile
+PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "default"  # the workflow profile beside our Snakefile
 
 
-def missing_settings(workflow: Any) -> list[str]:
-    """The keys of `profiles/default` that marin-rules' semantics need and this
-    invocation's settings (`workflow.dag_settings`, `workflow.execution_settings`, set
-    once the Snakefile is parsed) lack, as profile lines; [] when all are there."""
+NEEDED = {"rerun-triggers": "mtime", "keep-incomplete": "true", "ignore-incomplete": "true"}  # profiles/default
+
+
+def missing_settings(workflow: Any) -> list[tuple[str, str]]:
+    """The keys of `profiles/default` that marin-rules' semantics need (`NEEDED`) and
+    this invocation's settings (`workflow.dag_settings`, `workflow.execution_settings`,
+    set once the Snakefile is parsed) set otherwise, each with its value here:
+    `("rerun-triggers", "input")`; [] when all are there."""
     from snakemake.settings.enums import RerunTrigger
 
     missing = []
     dag = getattr(workflow, "dag_settings", None)
     if dag is not None and set(dag.rerun_triggers or ()) != {RerunTrigger.MTIME}:
-        missing.append("rerun-triggers: mtime")
+        triggers = sorted(dag.rerun_triggers or (), key=lambda t: t.value)
+        missing.append(("rerun-triggers", " ".join(t.item_to_choice() for t in triggers) or "none"))
     execution = getattr(workflow, "execution_settings", None)
     for key in ("keep_incomplete", "ignore_incomplete"):
         if execution is not None and not getattr(execution, key, False):
-            missing.append(f"{key.replace('_', '-')}: true")
+            missing.append((key.replace("_", "-"), "false"))
     return missing
 
 
-def settings_warning(missing: list[str]) -> str:
-    """One line naming the `missing_settings`, what goes wrong without them, and the fix."""
+def settings_warning(missing: list[tuple[str, str]]) -> str:
+    """One line naming the `missing_settings`, what goes wrong without them, and the fix.
+    With `keep-incomplete` and `ignore-incomplete` in effect the workflow profile was
+    applied (no option turns them off), so a rerun-triggers other than mtime was set on
+    the command line or by another profile: the line names its value here. Otherwise
+    the profile was not applied (a user's Snakefile using ours): the line says to add it."""
     where = str(PROFILE) if PROFILE.is_dir() else "marin-rules' profiles/default"
+    keys = [key for key, _ in missing]
     harm = []
-    if any(m.startswith("rerun-triggers") for m in missing):
+    if "rerun-triggers" in keys:
         harm.append("the jobs of finished artifacts, and rules that use their records, run again when params or "
                     "code change (\"Params have changed\")")
-    if any(m.endswith("incomplete: true") for m in missing):
+    if any(key.endswith("-incomplete") for key in keys):
         harm.append("a failed job may delete a record another run on the prefix just wrote")
+    if keys == ["rerun-triggers"]:
+        return (
+            f"marin-rules: warning: rerun-triggers is {missing[0][1]} here, but marin-rules needs mtime (as its "
+            f"workflow profile {where} sets it; the command line or another profile overrides it): {harm[0]}; "
+            "drop that setting, or set it to mtime"
+        )
     return (
-        f"marin-rules: warning: this run lacks settings of marin-rules' workflow profile ({'; '.join(missing)}): "
+        f"marin-rules: warning: this run lacks settings of marin-rules' workflow profile "
+        f"({'; '.join(f'{key}: {NEEDED[key]}' for key in keys)}): "
         f"{'; '.join(harm)}; add --workflow-profile {where}, or copy those keys into your own profile"
     )
