@@ -55,6 +55,7 @@ __all__ = [
 DEFAULT_EXPERIMENT = "experiments/default.yaml"  # relative to the workflow (repository) folder
 ENTRY_FIELDS = {"step", "adopt", "deps", "config", "runtime", "expect_fingerprint", "description"}
 TOP_FIELDS = {"artifacts", "sweeps", "description"}
+EXTENSION_PREFIX = "x-"  # a top-level `x-...:` key is ignored: a place for YAML anchors (`x-model: &model {...}`)
 ROLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ADOPT = "adopt"  # the built-in step of an entry's `adopt:` (marin_rules.adopt.STEP)
 TPU_TYPE = r"[a-z][a-z0-9]*-[0-9]+"  # an accelerator type, as gcloud and the tpu executor take it
@@ -158,12 +159,12 @@ def build_experiment(
 ) -> Experiment:
     if not isinstance(data, Mapping):
         raise ExperimentError(f"{path}: expected a mapping with an 'artifacts:' section")
-    unknown = sorted(set(data) - TOP_FIELDS, key=str)
+    unknown = sorted((k for k in set(data) - TOP_FIELDS if not str(k).startswith(EXTENSION_PREFIX)), key=str)
     if unknown:
         raise ExperimentError(
             f"{path}: unknown top-level key {unknown[0]!r}{suggest_key(unknown[0], TOP_FIELDS)}"
             f"{bool_word_hint(unknown[0])}; "
-            f"expected one of {', '.join(sorted(TOP_FIELDS))}"
+            f"expected one of {', '.join(sorted(TOP_FIELDS))} (or x-NAME, for YAML anchors)"
         )
     if not isinstance(data.get("description", ""), str):
         description = data["description"]

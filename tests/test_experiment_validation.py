@@ -317,7 +317,7 @@ def test_a_yaml_boolean_as_a_dep_or_role_or_top_level_key_says_yaml_read_it_so(t
     message = load_yaml_error(tmp_path, DOWNLOAD_YAML % "" + tokenizer % "{on: raw/tiny@v1}")
     assert message == f"tokenizers/t@v1: deps.True: a role is an identifier such as 'data' or 'tokenizer' {TRUE_HINT}"
     message = load_yaml_error(tmp_path, "on: 1\n" + DOWNLOAD_YAML % "")
-    assert message.endswith(f"exp.yaml: unknown top-level key True {TRUE_HINT}; expected one of artifacts, description, sweeps")
+    assert message.endswith(f"exp.yaml: unknown top-level key True {TRUE_HINT}; expected one of artifacts, description, sweeps (or x-NAME, for YAML anchors)")
 
 
 def test_a_yaml_boolean_where_a_boolean_or_number_is_expected_gets_no_quoting_hint(tmp_path):
@@ -517,3 +517,14 @@ def test_suggest_key_never_suggests_the_key_as_typed():
     assert suggest_key("raw/x@v1", ["raw/x@v1", "raw/x@v2"]) == " (did you mean raw/x@v2?)"
     assert suggest_key("raw/x@v1", ["raw/x@v1"]) == ""
     assert suggest_key("MID/B@v1", ["mid/b@v1", "top/c@v1"]) == " (did you mean mid/b@v1?)"
+
+
+def test_a_top_level_x_key_holds_yaml_anchors_and_is_otherwise_ignored(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exp.yaml").write_text(
+        "x-raw: &raw\n  step: download\n  config: {heldout: [hamlet]}\n"
+        "artifacts:\n  raw/a@v1: *raw\n  raw/b@v1: {<<: *raw, config: {heldout: [macbeth]}}\n"
+    )
+    experiment = load_experiment("exp.yaml")
+    assert sorted(experiment.artifacts) == ["raw/a@v1", "raw/b@v1"]
+    assert experiment["raw/b@v1"].config == {"heldout": ["macbeth"]}
