@@ -36,11 +36,11 @@ def built(tmp_path_factory) -> Path:
     return tokens
 
 
-def record_built(location: Path, step: str) -> None:
+def record_built(location: Path, step: str, config: dict | None = None, result: dict | None = None) -> None:
     """The success record a workflow run leaves (its absence means data adopted in place)."""
-    entry = {"name": f"x/{location.name}", "version": "v1", "step": step, "fingerprint": "0" * 16, "config": {},
-             "deps": {}, "runtime": {}}  # fmt: skip
-    write_success(str(location), entry, {}, {})
+    entry = {"name": f"x/{location.name}", "version": "v1", "step": step, "fingerprint": "0" * 16,
+             "config": config or {}, "deps": {}, "runtime": {}}  # fmt: skip
+    write_success(str(location), entry, result or {}, {})
 
 
 @pytest.fixture
@@ -360,3 +360,243 @@ def test_damaged_data_adopted_in_place_say_to_restore_them_not_to_run_a_rebuild_
     assert message.endswith(f"the data are damaged, and {tokens} is not built by this workflow (no .artifact.json: "
                             "an adopted source?); restore its files there, or adopt a good copy under a new version")
     assert "snakemake" not in message and "\n" not in message
+
+
+# ---- what a consumer reads is checked against its upstream's own record ----
+
+
+def recorded_model(trained_model: Path, tmp_path: Path, digests: bool = True) -> Path:
+    """A copy of the model and of its tokenizer (which its model.json then names), each with
+    the success record a workflow run writes: the train record's recipe holds the model's
+    config and seq_len, its result the digests of the final checkpoint (unless `digests`
+    is false: a record of an older build)."""
+    from marin_rules.train import checkpoint
+    from test_eval_lm import TINY_MODEL
+
+    model, tokenizer = tmp_path / "model", tmp_path / "tokenizer"
+    shutil.copytree(trained_model, model)
+    shutil.copytree(trained_model.parent / "tokenizer", tokenizer)
+    record_built(tokenizer, "train_tokenizer")
+    info = json.loads((model / "model.json").read_text())
+    (model / "model.json").write_text(json.dumps({**info, "tokenizer": str(tokenizer / "tokenizer.json")}))
+    result = {checkpoint.DIGESTS_KEY: checkpoint.model_digests(str(model), 1)} if digests else {}
+    record_built(model, "train", {"model": TINY_MODEL, "seq_len": 64}, result)
+    return model
+
+
+def consumer(step: str, model: Path, tmp_path: Path):
+    """The `evaluate` or `export_hf` step on `model`, and its output folder."""
+    from marin_rules.artifacts.context import StepContext
+    from marin_rules.eval.step import evaluate
+    from marin_rules.export.hf import export_hf
+
+    out = tmp_path / "out"
+    if step == "evaluate":
+        ctx = StepContext("evals/m", "v1", {"tasks": ["marin_shakespeare_bpb"], "limit": 2},
+                          {"model": str(model), "data": str(model.parent.parent / "raw")}, output=str(out))  # fmt: skip
+        return lambda: evaluate(ctx), out
+    return lambda: export_hf(StepContext("exports/m", "v1", {}, {"model": str(model)}, output=str(out))), out
+
+
+def written(out: Path) -> list[str]:
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*")) if out.exists() else []
+
+
+def garble_in_place(path: Path, at: int = 100) -> None:
+    """`printf XXXXXXXXXXXXXXXX | dd of=PATH bs=1 seek=100 conv=notrunc`: the size kept."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(b"X" * 16)
+
+
+def test_a_checkpoint_garbled_in_place_restores_as_other_weights_without_the_digests(trained_model, tmp_path):
+    """Why the digests: orbax's zstd frames carry no checksum, so these bytes restore."""
+    from marin_rules.train.load import load_trained
+
+    model = recorded_model(trained_model, tmp_path, digests=False)  # a record of an older build: loaded as before
+    garble_in_place(model / "checkpoints/1/model/params.embed.value/0.0")
+    assert float(np.abs(np.asarray(load_trained(str(model)).model.embed[...])).max()) > 1e30
+
+
+@pytest.mark.parametrize("step", ["evaluate", "export_hf"])
+def test_a_checkpoint_garbled_in_place_is_refused_by_its_recorded_digest_and_nothing_is_written(
+    trained_model, tmp_path, step
+):
+    from marin_rules.train.load import load_trained
+
+    model = recorded_model(trained_model, tmp_path)
+    load_trained(str(model))  # the digests recorded are those of the files as built
+    chunk = model / "checkpoints/1/model/params.embed.value/0.0"
+    garble_in_place(chunk)
+    run, out = consumer(step, model, tmp_path)
+    with pytest.raises(StepError) as error:
+        run()
+    message = str(error.value)
+    assert message.startswith(f"deps.model: {chunk} is unreadable (its bytes are not those whose digest the record "
+                              "of x/model@v1 holds in result.final_checkpoint_digests): "), message  # fmt: skip
+    assert message.endswith(f"the artifact is damaged; rebuild it with: snakemake -f {model / '.artifact.json'}")
+    assert "\n" not in message and written(out) == []
+
+
+def test_a_checkpoint_file_the_digests_list_but_lacks_is_named(trained_model, tmp_path):
+    from marin_rules.train.load import load_trained
+
+    model = recorded_model(trained_model, tmp_path)
+    (model / "checkpoints/1/model/params.norm.scale.value/.zarray").unlink()
+    missing = (r"params.norm.scale.value/.zarray is unreadable \(missing, though the record of x/model@v1 holds in "
+               r"result.final_checkpoint_digests its digest\)")  # fmt: skip
+    with pytest.raises(StepError, match=missing):
+        load_trained(str(model))
+
+
+def test_weights_that_are_not_finite_are_refused_naming_the_parameter(trained_model, tmp_path):
+    """Independently of any record: a checkpoint holding a NaN (a damaged or diverged run)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from marin_rules.train import checkpoint
+    from marin_rules.train.load import load_trained
+
+    model = tmp_path / "model"
+    shutil.copytree(trained_model, model)
+    _, params, state = nnx.split(load_trained(str(model)).model, nnx.Param, ...)
+    w_up = params["blocks"][1]["ffn"]["w_up"]
+    w_up[...] = w_up[...].at[0, 0, 0].set(jnp.nan)
+    manager = checkpoint.open_manager(str(model))
+    checkpoint.save(manager, 2, {"params": params, "state": state}, {"count": jnp.zeros((), jnp.int32)})
+    manager.close()
+    with pytest.raises(StepError) as error:
+        load_trained(str(model))
+    message = str(error.value)
+    assert message.startswith(f"deps.model: {model / 'checkpoints' / '2'} is unreadable (parameter "
+                              "params.blocks.1.ffn.w_up.value holds 1 non-finite value(s) (nan or inf): a damaged "
+                              "checkpoint, or a run that diverged): "), message  # fmt: skip
+    assert "\n" not in message
+    assert load_trained(str(model), step=1).step == 1  # the checkpoint before it is whole
+
+
+@pytest.mark.parametrize("field, value", [("top_k", 1), ("n_experts", 8), ("d_model", 64)])
+def test_a_model_json_edited_against_its_record_is_refused_naming_the_field(trained_model, tmp_path, field, value):
+    from marin_rules.train.load import load_trained
+
+    model = recorded_model(trained_model, tmp_path)
+    info = json.loads((model / "model.json").read_text())
+    recorded = info["model"][field]
+    info["model"][field] = value
+    (model / "model.json").write_text(json.dumps(info))
+    run, out = consumer("export_hf", model, tmp_path)
+    with pytest.raises(StepError) as error:
+        run()
+    message = str(error.value)
+    assert message.startswith(f"deps.model: {model / 'model.json'} is unreadable (model.{field} is {value}, but the "
+                              f"record of x/model@v1 gives config.model.{field} = {recorded}): "), message  # fmt: skip
+    assert message.endswith(f"rebuild it with: snakemake -f {model / '.artifact.json'}") and written(out) == []
+    info["model"][field] = recorded
+    info["seq_len"] = 32  # the recipe's seq_len, too
+    (model / "model.json").write_text(json.dumps(info))
+    with pytest.raises(StepError, match=r"seq_len is 32, but the record of x/model@v1 gives config.seq_len = 64"):
+        load_trained(str(model))
+
+
+def test_a_recipe_value_written_another_way_is_no_disagreement(trained_model, tmp_path):
+    """The recipe's values are compared as the model config parses them (1e4 is 10000.0)."""
+    from marin_rules.train.load import load_trained
+    from test_eval_lm import TINY_MODEL
+
+    model = recorded_model(trained_model, tmp_path, digests=False)
+    record_built(model, "train", {"model": {**TINY_MODEL, "rope_theta": 1e4, "init_std": 0.02}, "seq_len": 64})
+    assert load_trained(str(model)).config.top_k == TINY_MODEL["top_k"]
+
+
+@pytest.mark.parametrize("step", ["evaluate", "export_hf"])
+@pytest.mark.parametrize("damage", ["truncated", "garbled", "missing"])
+def test_the_models_tokenizer_is_checked_against_its_own_record_before_export_and_evaluation(
+    trained_model, tmp_path, step, damage
+):
+    model = recorded_model(trained_model, tmp_path, digests=False)
+    tokenizer = tmp_path / "tokenizer"
+    path = tokenizer / "tokenizer.json"
+    size = path.stat().st_size
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:3000])
+    elif damage == "garbled":
+        garble_first_bytes(path, 1)
+    else:
+        path.unlink()
+    run, out = consumer(step, model, tmp_path)
+    with pytest.raises(StepError) as error:
+        run()
+    message = str(error.value)
+    reason = {"truncated": f"the model's tokenizer x/tokenizer@v1: truncated tokenizer.json: 3000 of {size} bytes",
+              "garbled": "Exception: expected value at line 1 column 1",
+              "missing": "the model's tokenizer x/tokenizer@v1: missing tokenizer.json"}[damage]  # fmt: skip
+    assert message.startswith(f"deps.model: {path} is unreadable ({reason}"), message
+    assert message.endswith(f"the artifact is damaged; rebuild it with: snakemake -f {tokenizer / '.artifact.json'}")
+    assert "\n" not in message and written(out) == []
+
+
+def test_a_missing_tokenizer_json_is_named_by_evaluation_not_a_bare_file_not_found_error(built, tmp_path):
+    folder = tmp_path / "tok"
+    shutil.copytree(built.parent / "tokenizer", folder)
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(StepError) as error:
+        load_tokenizer(str(folder / "tokenizer.json"))
+    message = str(error.value)
+    assert message.startswith(f"deps.model: {folder / 'tokenizer.json'} is unreadable (missing): the artifact is "
+                              f"damaged; rebuild it with: snakemake -f {folder / '.artifact.json'}")  # fmt: skip
+
+
+def tokenize_result(tokens: Path) -> dict:
+    """The figures the `tokenize` step records in its result, as index.json holds them when built."""
+    index = json.loads((tokens / "index.json").read_text())
+    return {"vocab_size": index["vocab_size"], "dtype": index["dtype"],
+            "train_tokens": index["splits"]["train"]["tokens"],
+            "validation_tokens": index["splits"]["validation"]["tokens"]}  # fmt: skip
+
+
+@pytest.mark.parametrize("field, before, after", [("vocab_size", "512", "999"), ("dtype", "uint16", "uint32")])
+def test_an_index_json_edited_against_its_tokenize_record_is_refused_naming_the_field(tokens, field, before, after):
+    record_built(tokens, "tokenize", result=tokenize_result(tokens))
+    loader(tokens)  # as built: the index agrees with its record
+    text = (tokens / "index.json").read_text()
+    assert f'"{field}": "{before}"' in text or f'"{field}": {before}' in text
+    (tokens / "index.json").write_text(text.replace(f'"{field}": {before}', f'"{field}": {after}')
+                                       .replace(f'"{field}": "{before}"', f'"{field}": "{after}"'))  # same size
+    with pytest.raises(StepError) as error:
+        loader(tokens)
+    quoted = after if field == "vocab_size" else repr(after)
+    recorded = before if field == "vocab_size" else repr(before)
+    message = str(error.value)
+    assert message.startswith(f"deps.data: {tokens / 'index.json'} is unreadable ({field} is {quoted}, but the record "
+                              f"of x/tokens@v1 gives result.{field} = {recorded}): "), message  # fmt: skip
+
+
+def test_token_counts_that_disagree_with_the_tokenize_record_are_refused_naming_the_split(tokens):
+    result = tokenize_result(tokens)
+    record_built(tokens, "tokenize", result={**result, "validation_tokens": result["validation_tokens"] + 7})
+    with pytest.raises(StepError, match=r"splits.validation \(its shards' tokens\) is \d+, but the record of "
+                                        r"x/tokens@v1 gives result.validation_tokens = \d+\)"):  # fmt: skip
+        loader(tokens)
+
+
+def test_a_trained_models_checkpoint_garbled_in_place_stops_its_export_in_a_real_run(ws):  # noqa: F811
+    """The train step records the final checkpoint's digests (process 0, after the save is
+    committed); a chunk garbled in place afterwards (the tester's `dd`) stops `export_hf`
+    with one line naming the file, and the rebuild command of the model."""
+    ws.write({**TOKENS_AND_MODEL, "exports/nano@v1": {"step": "export_hf", "deps": {"model": "checkpoints/nano@v1"}}})
+    ws.snakemake("--config", f"prefix={ws.prefix}", "target=checkpoints/nano@v1")
+    model = Path(ws.prefix) / "checkpoints/nano/v1"
+    digests = ws.record("checkpoints/nano@v1")["result"]["final_checkpoint_digests"]
+    chunk = "checkpoints/4/model/params.embed.value/0.0"
+    assert digests[chunk].startswith("xxh3:") and "checkpoints/4/_CHECKPOINT_METADATA" in digests
+    assert "checkpoints/4/model/commit_success.txt" in digests  # as rewritten without its location
+    assert not any("/optimizer/" in rel for rel in digests)  # what consumers restore, not the optimizer state
+    garble_in_place(model / chunk)
+    proc = ws.snakemake(check=False)
+    assert proc.returncode != 0
+    line = next(ln for ln in (proc.stdout + proc.stderr).splitlines() if "is unreadable (" in ln)
+    assert line.startswith("exports/nano@v1: step failed, ") and "\n" not in line
+    assert f"deps.model: {model / chunk} is unreadable (its bytes are not those whose digest the record of " \
+           "checkpoints/nano@v1 holds in result.final_checkpoint_digests): the artifact is damaged; rebuild it " \
+           f"with: snakemake -f {model / '.artifact.json'} -s " in line  # fmt: skip
+    assert not (Path(ws.prefix) / "exports/nano/v1/model.safetensors").exists()

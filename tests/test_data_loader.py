@@ -151,3 +151,25 @@ def test_validation_split_loads_and_shares_no_window_with_train(data):
 def test_a_split_shorter_than_one_sequence_is_an_error_naming_deps_data(data):
     with pytest.raises(StepError, match=r"^deps\.data: the validation split of .* fewer than seq_len \+ 1"):
         make_loader(data["comedies"], split="validation", seq_len=10**7, batch_size=2, seed=0)
+
+
+@pytest.mark.parametrize("dtype", ["int8  ", "uint8", 5, None])
+def test_an_index_with_a_dtype_tokenize_never_writes_is_one_line_naming_file_field_and_rebuild(data, tmp_path, dtype):
+    import json
+
+    from marin_rules.artifacts.records import write_success
+
+    tokens = tmp_path / "tokens"
+    shutil.copytree(data["comedies"], tokens)
+    entry = {"name": "tokenized/c", "version": "v1", "step": "tokenize", "fingerprint": "0" * 16, "config": {},
+             "deps": {}, "runtime": {}}  # fmt: skip
+    write_success(str(tokens), entry, {}, {})  # built by the workflow: the fix is a rebuild
+    index = json.loads((tokens / "index.json").read_text())
+    (tokens / "index.json").write_text(json.dumps({**index, "dtype": dtype}))
+    with pytest.raises(StepError) as error:
+        make_loader(str(tokens), seq_len=16, batch_size=4, seed=0)
+    shown = repr(dtype).replace("  ", " ")  # the line keeps no run of spaces
+    assert str(error.value) == (
+        f"deps.data: {tokens / 'index.json'} is unreadable (dtype: expected one of 'uint16', 'uint32', got {shown}): "
+        f"the artifact is damaged; rebuild it with: snakemake -f {tokens / '.artifact.json'}"
+    )

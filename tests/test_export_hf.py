@@ -200,3 +200,20 @@ def test_export_to_gcs_writes_the_same_files(tokenizer_dir, tmp_path, gcs_prefix
     result = export_hf(StepContext("exports/m", "v1", {}, deps, output=remote))
     for name in result["files"]:
         assert storage.read_bytes(f"{remote}/{name}") == storage.read_bytes(f"{local}/{name}"), name
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_every_exported_file_has_the_mode_the_umask_gives_model_safetensors_too(tokenizer_dir, tmp_path, umask):
+    # safetensors' save_file writes 0600, whatever the umask: the weights were the one file others could not read
+    from marin_rules.export.hf import export_hf
+
+    save_model(str(tmp_path / "model"), BASE, tokenizer_dir)
+    out = tmp_path / "hf"
+    previous = os.umask(umask)
+    try:
+        result = export_hf(StepContext("exports/m", "v1", {}, {"model": str(tmp_path / "model")}, output=str(out)))
+    finally:
+        os.umask(previous)
+    modes = {name: oct(os.stat(out / name).st_mode & 0o777) for name in result["files"]}
+    assert modes == {name: oct(0o666 & ~umask) for name in result["files"]}
+    assert sorted(os.listdir(out)) == sorted(result["files"])  # no temporary file left behind

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import base64
 import re
+import struct
 import zipfile
+import zlib
 from html import escape
 
 import pytest
@@ -151,8 +153,8 @@ def test_gather_files_scaling_plots_under_scaling_and_skips_unbuilt_artifacts(wh
 
     experiment = load_experiment(str(REPO / "experiments" / "scaling.yaml"))
     prefix = str(tmp_path / "art") if where == "local" else request.getfixturevalue("gcs_prefix")
-    files = {"scaling/fit@v1": {"scaling.png": b"\x89PNG fit", "table.md": "| a | b |\n|---|---|\n| 1 | 2 |\n"},
-             "scaling/check@v1": {"check.png": b"\x89PNG check"}}  # fmt: skip
+    files = {"scaling/fit@v1": {"scaling.png": png(b"fit"), "table.md": "| a | b |\n|---|---|\n| 1 | 2 |\n"},
+             "scaling/check@v1": {"check.png": png(b"check")}}  # fmt: skip
     for key, written in files.items():
         location = artifact_location(prefix, experiment[key].id)
         for name, data in written.items():
@@ -165,6 +167,69 @@ def test_gather_files_scaling_plots_under_scaling_and_skips_unbuilt_artifacts(wh
         "Experiment/scaling/dag.svg", "Scaling/scaling/check@v1/check.png",
         "Scaling/scaling/fit@v1/scaling.png", "Scaling/scaling/fit@v1/table.html",
     ]  # fmt: skip
-    assert (out / "Scaling/scaling/check@v1/check.png").read_bytes() == b"\x89PNG check"
+    assert (out / "Scaling/scaling/check@v1/check.png").read_bytes() == png(b"check")
     assert "<tr><td>1</td><td>2</td></tr>" in (out / "Scaling/scaling/fit@v1/table.html").read_text()
     assert not (out / "Training").exists()  # no train run is built
+
+
+def png(text: bytes) -> bytes:
+    """A whole 1x1 PNG carrying `text` (chunks with their CRCs, as a plotting library writes)."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"tEXt", b"t\x00" + text)
+            + chunk(b"IDAT", zlib.compress(b"\x00\x00")) + chunk(b"IEND", b""))  # fmt: skip
+
+
+def garble(data: bytes, at: int, n: int = 10) -> bytes:
+    return data[:at] + b"\xff" * n + data[at + n :]  # same size: the record's size check cannot see it
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        ("truncate loss.png", "truncated loss.png: 40 of "),
+        ("garble loss.png", "its 'tEXt' chunk fails its checksum"),
+        ("garble results.md", "not UTF-8 text (invalid start byte at byte 3)"),
+    ],
+)
+def test_gather_leaves_a_damaged_file_out_with_one_line_and_still_builds_the_report(tmp_path, capsys, damage, reason):
+    """A train and an evaluate artifact with their success records (as a run leaves them);
+    one file damaged in place: it is left out, named with its artifact's rebuild command,
+    and every other file is gathered."""
+    from marin_rules.artifacts.identity import artifact_location
+    from marin_rules.artifacts.records import write_success
+    from marin_rules.experiment import load_experiment
+    from marin_rules.inspect.gather import gather
+
+    (tmp_path / "exp.yaml").write_text(EXPERIMENT)
+    experiment = load_experiment(str(tmp_path / "exp.yaml"))
+    prefix = str(tmp_path / "art")
+    table = "| task | model |\n|---|---|\n| bpb | 1.5 |\n"
+    files = {"checkpoints/nano@v1": {"loss.png": png(b"loss curve")},
+             "evals/nano@v1": {"results.md": table, "results.png": png(b"bars")}}  # fmt: skip
+    for key, written in files.items():
+        artifact = experiment[key]
+        location = artifact_location(prefix, artifact.id)
+        for name, data in written.items():
+            (storage.write_bytes_atomic if isinstance(data, bytes) else storage.write_text_atomic)(
+                storage.join(location, name), data
+            )
+        entry = {"name": artifact.id.name, "version": artifact.id.version, "step": artifact.step,
+                 "fingerprint": artifact.fingerprint, "config": {}, "deps": {}, "runtime": {}}  # fmt: skip
+        write_success(location, entry, {}, {})
+    action, name = damage.split()
+    key = "evals/nano@v1" if name.startswith("results") else "checkpoints/nano@v1"
+    path = tmp_path / "art" / key.replace("@", "/") / name
+    data = path.read_bytes()
+    path.write_bytes(data[:40] if action == "truncate" else garble(data, 3 if name.endswith(".md") else 45))
+
+    done = gather(experiment, prefix, str(tmp_path / "report"), set(files), flags="--config prefix=art")
+    shown = {"loss.png": "Training/checkpoints/nano@v1/loss.png", "results.md": "Evaluation/evals/nano@v1/results.html",
+             "results.png": "Evaluation/evals/nano@v1/results.png"}  # fmt: skip
+    assert sorted(done) == sorted(["Experiment/exp/dag.svg", *(v for k, v in shown.items() if k != name)])
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"marin report: {path}: {reason}") and "left out of the report" in line, line
+    assert line.endswith(f"rebuild it with: snakemake -f {path.parent / '.artifact.json'} --config prefix=art")

@@ -5,7 +5,11 @@ success record (and its temporary siblings), `.failures/`, `.history/`, `.attemp
 (`.lease.json` and its `.lock`, `.tmp-*` siblings), at the top and in shard folders
 (`shards/*/`, which hold their own lease and `.failures/`). The success record lists them with
 their sizes (one listing, local or remote); `file_problems` compares a listing made now
-against that list.
+against that list. A size cannot see a file garbled in place: where a step records the
+contents of files its consumers must trust (the final checkpoint of a `train` run),
+`file_digests` gives each one's digest, `xxh3:<hex>` of its bytes, or `crc32c:<base64>`
+where the listing already carries the store's own checksum (GCS: no download), and
+`digest_problems` compares them again.
 
 What an artifact keeps but does not serve (old builds, stale leftovers, damaged
 checkpoints) goes under `.history/<UTC time>[-why]/`, at the place it had in the artifact
@@ -15,6 +19,11 @@ history (a dev version, `dev_versions.keeps_history`) has it deleted instead (`d
 """
 
 from __future__ import annotations
+
+import posixpath
+from typing import Any, Mapping
+
+import xxhash
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE
@@ -72,6 +81,68 @@ def file_problems(location: str, expected: dict[str, int]) -> list[str]:
         elif found[rel] != size:
             problems.append(f"changed {rel}: {found[rel]} bytes, recorded {size}")
     return problems
+
+
+DIGESTS = ("xxh3", "crc32c")
+
+
+def file_digests(location: str, under: str, leave_out: tuple[str, ...] = ()) -> dict[str, str]:
+    """The digest of every file under `under` (a folder inside the artifact folder
+    `location`) but those in its subfolders `leave_out`: {path relative to `location`:
+    `crc32c:<base64>` where the listing gives the store's checksum, else `xxh3:<hex>`}."""
+    fs, root = storage.filesystem(location)
+    root = root.rstrip("/")
+    found = _listing(fs, f"{root}/{under.strip('/')}")
+    skipped = tuple(f"{under.strip('/')}/{name}/" for name in leave_out)
+    return {
+        rel: _digest(fs, path, info, "crc32c" if info.get("crc32c") else "xxh3")
+        for rel, (path, info) in sorted(_relative(found, root).items())
+        if not rel.startswith(skipped)
+    }
+
+
+def digest_problems(location: str, expected: Mapping[str, str]) -> list[str]:
+    """One line per file of `expected` (`file_digests`' form) that is missing or whose
+    digest is not the one expected ("changed <rel>: its content is not what was recorded");
+    [] when all match. An entry this store cannot check without reading another's
+    checksum (`crc32c` on a store whose listing has none: a local copy) is skipped."""
+    if not expected:
+        return []
+    fs, root = storage.filesystem(location)
+    root = root.rstrip("/")
+    common = posixpath.commonpath([posixpath.dirname(rel) for rel in expected])  # one listing of what they share
+    found = _relative(_listing(fs, f"{root}/{common}" if common else root), root)
+    problems = []
+    for rel, digest in expected.items():
+        algorithm = str(digest).partition(":")[0]
+        if rel not in found:
+            problems.append(f"missing {rel}")
+        elif algorithm not in DIGESTS or (algorithm == "crc32c" and not found[rel][1].get("crc32c")):
+            continue
+        elif _digest(fs, *found[rel], algorithm) != digest:
+            problems.append(f"changed {rel}: its content is not what was recorded ({digest})")
+    return problems
+
+
+def _listing(fs: Any, folder: str) -> dict[str, dict]:
+    try:
+        return {p: i for p, i in fs.find(folder, detail=True).items() if i.get("type") != "directory"}
+    except FileNotFoundError:
+        return {}
+
+
+def _relative(found: dict[str, dict], root: str) -> dict[str, tuple[str, dict]]:
+    return {p[len(root) + 1 :]: (p, i) for p, i in found.items() if p.startswith(root + "/")}
+
+
+def _digest(fs: Any, path: str, info: dict, algorithm: str) -> str:
+    if algorithm == "crc32c":
+        return f"crc32c:{info.get('crc32c')}"
+    hasher = xxhash.xxh3_64()
+    with fs.open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            hasher.update(block)
+    return f"xxh3:{hasher.hexdigest()}"
 
 
 def history_stamp(why: str = "", when: str | None = None) -> str:

@@ -18,8 +18,10 @@ data-parallel processes takes rows `[i * m/p, (i+1) * m/p)` of EACH micro-batch.
 every micro-batch holds the same rows whatever the process count: 2 processes x 2
 micro-batches train exactly what 1 process x 2 micro-batches does.
 
-A single location is a mixture of one. All sources must share one tokenizer
-(same tokenizer.json digest). Local shards are memory-mapped; remote ones
+index.json must agree with the `tokenize` record beside it (vocab_size, dtype, each
+split's token count: `_check_against_record`), so an index edited in place is refused,
+never trained on. A single location is a mixture of one. All sources must share one
+tokenizer (same tokenizer.json digest). Local shards are memory-mapped; remote ones
 (`gs://...`) are read whole into memory when the loader is made.
 """
 
@@ -37,8 +39,8 @@ import numpy as np
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, StepError
 from marin_rules.artifacts.files import is_inside
-from marin_rules.artifacts.records import unreadable_file
-from marin_rules.data.checks import check_mixture
+from marin_rules.artifacts.records import read_record, unreadable_file
+from marin_rules.data.checks import TOKEN_DTYPES, check_mixture
 from marin_rules.data.relative import resolve_location
 from marin_rules.data.tokenize import INDEX
 BLOCK = 2048  # rows per mixture block: proportions are exact to 1/BLOCK within a block
@@ -78,6 +80,7 @@ def load_source(location: str, split: str = "train") -> TokenSource:
     if not storage.exists(index_location):
         raise StepError(f"{FIELD}: {index_location} is missing: is {location} a finished `tokenize` artifact?")
     index = _read_index(index_location, location)
+    _check_against_record(index, index_location, location)
     capacity = int(np.iinfo(index["dtype"]).max) + 1
     if index["vocab_size"] > capacity:
         raise StepError(
@@ -97,7 +100,10 @@ def _read_index(index_location: str, location: str) -> dict[str, Any]:
     """index.json with the fields the loader reads; a damaged one is named (one line)."""
     try:
         index = storage.read_json(index_location)
-        np.iinfo(index["dtype"])
+        if index["dtype"] not in TOKEN_DTYPES:  # what tokenize writes; numpy's own error named no field
+            choices = ", ".join(map(repr, TOKEN_DTYPES))
+            why = f"dtype: expected one of {choices}, got {index['dtype']!r}"
+            raise unreadable_file(FIELD, index_location, location, why)
         int(index["vocab_size"]), str(index["tokenizer"]), str(index["tokenizer_digest"])  # noqa: B018
         for role in ("bos_id", "eos_id", "pad_id"):
             int(index[role])
@@ -109,6 +115,26 @@ def _read_index(index_location: str, location: str) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
         raise unreadable_file(FIELD, index_location, location, e) from None
     return index
+
+
+def _check_against_record(index: dict[str, Any], index_location: str, location: str) -> None:
+    """index.json against the result of the `tokenize` record at `location`: its
+    vocab_size, dtype and each split's token count (what its shards list) must be the
+    recorded ones, else the one-line `unreadable_file` naming the field (index.json
+    edited or damaged in place, its size kept). No such record (data adopted in
+    place), or a result without a figure: that figure is not compared."""
+    record = read_record(location)
+    if record is None or record.step != "tokenize" or not isinstance(record.result, dict):
+        return
+    result = record.result
+    found = {"vocab_size": index["vocab_size"], "dtype": index["dtype"]}
+    for split, entry in index["splits"].items():
+        found[f"{split}_tokens"] = sum(int(shard["tokens"]) for shard in entry["shards"])
+    for key, value in found.items():
+        if key in result and result[key] != value:
+            field = key if key in ("vocab_size", "dtype") else f"splits.{key[: -len('_tokens')]} (its shards' tokens)"
+            raise unreadable_file(FIELD, index_location, location, f"{field} is {value!r}, but the record of "
+                                  f"{record.key} gives result.{key} = {result[key]!r}")  # fmt: skip
 
 
 def _inside(path: str) -> bool:

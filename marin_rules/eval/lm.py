@@ -74,8 +74,8 @@ def load_tokenizer(location: str) -> tuple[Tokenizer, SpecialTokens]:
     try:
         # as the tokenize step: "<|endoftext|>" in a text is text
         tokenizer = bulk_encoder(storage.read_text(location))
-    except FileNotFoundError:
-        raise
+    except FileNotFoundError:  # named with its artifact's rebuild command, as a damaged one
+        raise unreadable_file("deps.model", location, storage.parent(location), "missing") from None
     except Exception as e:  # tokenizers raises a bare Exception on bad JSON
         raise unreadable_file("deps.model", location, storage.parent(location), e) from None
     sidecar = storage.join(storage.parent(location), "special_tokens.json")

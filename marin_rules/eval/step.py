@@ -59,6 +59,7 @@ def evaluate(ctx: StepContext) -> dict[str, Any]:
     from marin_rules.train.load import load_trained
 
     started = time.time()
+    trained = load_trained(ctx.deps["model"])  # first: a damaged model is refused before anything is written
     with _local_workdir(ctx.output) as work:
         task_folder = None
         counts: dict[str, int] = {}
@@ -72,7 +73,6 @@ def evaluate(ctx: StepContext) -> dict[str, Any]:
                 bpb=config.bpb,
             )
             task_folder, counts = built.folder, built.counts
-        trained = load_trained(ctx.deps["model"])
         model_lm = MarinLM.from_trained(trained, batch_size=config.batch_size)
         _log(f"evaluate: model on {', '.join(t.name for t in config.tasks)}")
         model_results = run_tasks(model_lm, config, task_folder)

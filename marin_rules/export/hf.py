@@ -7,9 +7,10 @@ weights (`load_trained`), picks the architecture that computes the same function
 5.x uses) and the tokenizer files beside the model (`tokenizer.json`,
 `tokenizer_config.json`, `special_tokens_map.json`), so that
 `AutoModelForCausalLM.from_pretrained(dir)` and `AutoTokenizer.from_pretrained(dir)`
-load it; `tokenizer_config.json` says `split_special_tokens: true`, so the exported
-tokenizer reads a literal `<|endoftext|>` in a text as text, as training and
-evaluation do. Weight mapping (ours are [in, out], torch Linear weights [out, in]):
+load it (the tokenizer files checked first against their own artifact's record, by
+`load_trained`; every file written with the mode the umask gives, as elsewhere);
+`tokenizer_config.json` says `split_special_tokens: true`, so the exported tokenizer
+reads a literal `<|endoftext|>` in a text as text, as training and evaluation do. Weight mapping (ours are [in, out], torch Linear weights [out, in]):
 q/k/v/o, router and dense SwiGLU matrices transposed; per expert `gate_up_proj` =
 concat(w_gate.T, w_up.T) [E, 2I, D] and `down_proj` = w_down.T [E, D, I]; RMSNorm
 scales as they are; the embedding as it is (the head tied to it, or `lm_head` =
@@ -18,6 +19,10 @@ head.T). Rotary is rotate-half in both: no permutation.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
+import uuid
 from typing import Any
 
 import numpy as np
@@ -25,6 +30,7 @@ import numpy as np
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import ConfigError, StepError
+from marin_rules.artifacts.records import unreadable_file
 from marin_rules.export.layout import MIXTRAL, architecture, check_export_hf, hf_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -83,16 +89,46 @@ def _special_ids(tokenizer_dir: str, eos_id: int | None) -> dict[str, int | None
     location = storage.join(tokenizer_dir, "special_tokens.json")
     ids: dict[str, int | None] = {"bos": None, "eos": eos_id, "pad": None}
     if storage.exists(location):
-        for role, entry in storage.read_json(location).items():
+        for role, entry in _read_mapping(location, tokenizer_dir).items():
             if isinstance(entry, dict) and isinstance(entry.get("id"), int):
                 ids[role] = entry["id"]
     return ids
 
 
+def _read_mapping(location: str, artifact: str) -> dict[str, Any]:
+    """A JSON object of the tokenizer's artifact; a damaged one is the one-line `unreadable_file`."""
+    try:
+        data = storage.read_json(location)
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise unreadable_file("deps.model", location, artifact, e) from None
+    return data
+
+
+def _save_local(weights: dict[str, np.ndarray], path: str) -> None:
+    """`model.safetensors` written atomically, with the mode the umask gives a new file, as
+    every other file of the artifact (safetensors' `save_file` makes it 0600)."""
+    from safetensors.numpy import save_file
+
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "wb"):  # created as any file is: its mode is the one to keep
+        pass
+    mode = stat.S_IMODE(os.stat(tmp).st_mode)
+    try:
+        save_file(weights, tmp, metadata={"format": "pt"})
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
 def export_hf(ctx: StepContext) -> dict[str, Any]:
     check_export_hf(ctx.config, ctx.deps)  # deps here: role -> location
     try:
-        from safetensors.numpy import save, save_file
+        from safetensors.numpy import save
     except ImportError:
         raise StepError(
             "export_hf writes model.safetensors with the `safetensors` package: pip install safetensors"
@@ -112,7 +148,7 @@ def export_hf(ctx: StepContext) -> dict[str, Any]:
     local = not storage.is_remote(ctx.output)
     target = storage.join(ctx.output, "model.safetensors")
     if local:
-        save_file(weights, storage.local_path(target), metadata={"format": "pt"})
+        _save_local(weights, storage.local_path(target))
     else:
         storage.write_bytes_atomic(target, save(weights, metadata={"format": "pt"}))
     storage.write_json_atomic(storage.join(ctx.output, "config.json"), hf_config(trained.config, special))
@@ -121,7 +157,7 @@ def export_hf(ctx: StepContext) -> dict[str, Any]:
         source = storage.join(tokenizer_dir, name)
         if storage.exists(source):
             if name == "tokenizer_config.json":  # also from tokenizers built before it said so
-                settings = {**storage.read_json(source), "split_special_tokens": True}
+                settings = {**_read_mapping(source, tokenizer_dir), "split_special_tokens": True}
                 storage.write_json_atomic(storage.join(ctx.output, name), settings)
             else:
                 storage.write_bytes_atomic(storage.join(ctx.output, name), storage.read_bytes(source))

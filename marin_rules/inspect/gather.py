@@ -12,6 +12,11 @@ experiment, what a reader wants to see into `{out}/{category}/{artifact key}/`:
   Scaling      scaling.png and table.html of a scaling_fit, check.png of a scaling_check
   Experiment   dag.svg (`marin dag`'s picture, coloured by state) under the experiment's name
 
+A file is copied only when it is what its artifact's record lists (`files.file_problems`:
+there, with its recorded size) and reads as what it claims to be (a .md file UTF-8
+text, a .png file a PNG whose chunks' checksums hold: `damage`); a damaged one is left
+out with one stderr line naming it and the rebuild command, and the report still builds.
+
 The rule declares `{out}` as a report directory with the pattern
 `{category}/{artifact}/{file}`, so the report groups files by category, then by
 artifact. Reads through `marin_rules.artifacts.storage`, so local and gs:// prefixes
@@ -24,10 +29,15 @@ import argparse
 import html
 import os
 import shutil
+import struct
 import sys
+import zlib
 
 from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.files import file_problems
 from marin_rules.artifacts.identity import artifact_location
+from marin_rules.artifacts.records import read_record, rebuild_hint
 from marin_rules.experiment import Experiment, load_experiment
 
 # step kind -> (category, files of the artifact to show; a .md file is shown as .html)
@@ -82,9 +92,64 @@ def markdown_to_html(text: str, title: str) -> str:
     )
 
 
-def gather(experiment: Experiment, prefix: str, out: str, built: set[str]) -> list[str]:
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_problem(data: bytes) -> str | None:
+    """Why `data` is not a whole PNG (its signature, each chunk's length and CRC, an
+    IEND at the end); None when it is one."""
+    if not data.startswith(PNG_SIGNATURE):
+        return "not a PNG file"
+    at = len(PNG_SIGNATURE)
+    while at + 12 <= len(data):
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
+        if len(body) < length or at + 12 + length > len(data):
+            break
+        (crc,) = struct.unpack(">I", data[at + 8 + length : at + 12 + length])
+        if zlib.crc32(kind + body) != crc:
+            return f"its {kind.decode('latin-1')!r} chunk fails its checksum"
+        if kind == b"IEND":
+            return None
+        at += 12 + length
+    return "cut off before its end (no IEND chunk)"
+
+
+def damage(name: str, data: bytes) -> str | None:
+    """Why the bytes of a file to show do not read as what its name says; None when they do."""
+    if name.endswith(".png"):
+        return png_problem(data)
+    if name.endswith(".md"):
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return f"not UTF-8 text ({e.reason} at byte {e.start})"
+    return None
+
+
+def recorded_problems(location: str, names: list[str]) -> dict[str, str]:
+    """name -> what is wrong with it, for the `names` (files of the built artifact at
+    `location`) that are not as its record lists them; a record that cannot be read
+    makes every name a problem."""
+    try:
+        record = read_record(location)
+    except MarinError as e:  # CorruptRecord
+        return {name: f"its artifact's record cannot be read ({getattr(e, 'problem', e)})" for name in names}
+    if record is None:
+        return {}
+    wanted = {name: record.files[name] for name in names if name in record.files}
+    return {p.split(" ", 2)[1].rstrip(":"): p for p in file_problems(location, wanted)} if wanted else {}
+
+
+def _left_out(source: str, problem: str, location: str, flags: str) -> None:
+    print(f"marin report: {source}: {problem}; left out of the report; {rebuild_hint(location, flags)}",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
+def gather(experiment: Experiment, prefix: str, out: str, built: set[str], flags: str = "") -> list[str]:
     """Fill `out` (replaced) with the pictures and tables of the `built` artifacts; the
-    files written, relative to `out`."""
+    files written, relative to `out`. A damaged file is left out with one stderr line,
+    whose rebuild command ends with `flags` (`workflow.options.rerun_flags`)."""
     from marin_rules.inspect.dag import render_svg
     from marin_rules.inspect.status import experiment_status
 
@@ -96,19 +161,29 @@ def gather(experiment: Experiment, prefix: str, out: str, built: set[str]) -> li
         category, files = WANTED[artifact.step]
         location = artifact_location(prefix, artifact.id)
         folder = os.path.join(out, category, key)
+        problems = recorded_problems(location, files)
         for name in files:
             source = storage.join(location, name)
-            if not storage.exists(source):
+            if name in problems:
+                _left_out(source, problems[name], location, flags)
+                continue
+            try:
+                data = storage.read_bytes(source)
+            except FileNotFoundError:
+                continue
+            problem = damage(name, data)
+            if problem:
+                _left_out(source, problem, location, flags)
                 continue
             os.makedirs(folder, exist_ok=True)
             if name.endswith(".md"):
                 target = os.path.join(folder, name[:-3] + ".html")
                 with open(target, "w", encoding="utf-8") as f:
-                    f.write(markdown_to_html(storage.read_text(source), f"{key}: {name}"))
+                    f.write(markdown_to_html(data.decode("utf-8"), f"{key}: {name}"))
             else:
                 target = os.path.join(folder, name)
                 with open(target, "wb") as f:
-                    f.write(storage.read_bytes(source))
+                    f.write(data)
             written.append(os.path.relpath(target, out))
     states = {r.key: r.state for r in experiment_status(experiment, prefix)}
     folder = os.path.join(out, "Experiment", os.path.splitext(os.path.basename(experiment.path))[0])
@@ -126,8 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--built", nargs="*", default=[], help="name@version of the built artifacts to show")
     args = p.parse_args(argv)
+    from marin_rules.workflow.options import PROJECT_SNAKEFILE, rerun_flags
+
     experiment = load_experiment(args.experiment)
-    written = gather(experiment, args.prefix, args.out, set(args.built))
+    here = os.getcwd()  # the rule runs in the workflow's working directory, where a relative prefix is read
+    flags = rerun_flags(args.experiment, args.prefix, os.path.dirname(PROJECT_SNAKEFILE), PROJECT_SNAKEFILE, here)
+    written = gather(experiment, args.prefix, args.out, set(args.built), flags)
     print(f"gathered {len(written)} file(s) into {args.out}")
     return 0
 

@@ -33,6 +33,13 @@ moved and the run stops with one line naming the folder and the fix (train from
 scratch) instead of silently throwing the training away. On a multi-process run the
 processes agree on every attempt, so all resume from the same step.
 
+A checkpoint garbled in place may still restore: orbax stores zstd frames without a
+checksum, so changed bytes can decode to other numbers (weights of 1e33). The run's
+result therefore records `final_checkpoint_digests` (`model_digests`: every file of the
+final checkpoint's `model` item and its step metadata, `files.file_digests`), written by
+process 0 once the last save is committed and its commit notes rewritten; `load_trained`
+compares them before restoring.
+
 Orbax understands local paths and `gs://` but not `file://`: `checkpoint_dir`
 strips it and makes local paths absolute. Arrays are stored as plain zarr
 (`use_ocdbt=False`): OCDBT's manifest needs conditional writes (object
@@ -59,7 +66,7 @@ import orbax.checkpoint as ocp
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import StepError
-from marin_rules.artifacts.files import discard, move_into_history
+from marin_rules.artifacts.files import discard, file_digests, move_into_history
 from marin_rules.artifacts.records import rebuild_hint
 from marin_rules.dev_versions import DISCARDED
 from marin_rules.train.recipe import COMMIT_NOTE  # orbax's mark of a finished checkpoint
@@ -239,6 +246,16 @@ def restore_latest(
         f"{storage.join(folder, str(step))}: checkpoint {step} does not restore ({reason}){earlier}; "
         f"delete {folder} to train from scratch, or {rebuild_hint(output)}"
     )
+
+
+DIGESTS_KEY = "final_checkpoint_digests"  # in a train record's result
+
+
+def model_digests(output: str, step: int) -> dict[str, str]:
+    """The digests of the files of checkpoint `step` that a consumer restores (all but
+    the `optimizer` item), by path relative to `output`. Call once saves have finished
+    and `neutral_commit_notes` has run, on one process."""
+    return file_digests(output, f"checkpoints/{step}", leave_out=("optimizer",))
 
 
 NEUTRAL_NOTE = "Checkpoint commit was successful"

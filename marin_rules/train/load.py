@@ -10,6 +10,19 @@ relative to the artifact). A checkpoint that does not restore (a damaged file of
 the right size, which `marin verify` cannot see) is one line naming `deps.model`,
 the checkpoint, the innermost cause and the rebuild command (`records.unreadable_file`).
 
+What the artifact's success record says is checked first, so a file edited or
+damaged in place is refused in one line of that form, never served:
+- the fields of `config.model` (and `config.seq_len`) the record's recipe gives must
+  be those `model.json` holds (`check_model_json`): the record is what was built;
+- the files of the checkpoint loaded must have the digests the record's
+  `result.final_checkpoint_digests` gives (`checkpoint.model_digests`: orbax keeps
+  no checksum, so bytes garbled in place may restore as other weights); a record
+  written before digests were recorded is loaded as before;
+- the tokenizer `model.json` names (in another artifact) must have the sizes its own
+  record gives and parse (`check_tokenizer`), so export and evaluation never copy or
+  use a cut-off one.
+After the restore every weight must be finite (`check_finite`: a damaged or diverged run).
+
 `dropless=True` (the default) swaps a `capacity` MoE backend for `ragged` (same
 weights, same math, no capacity limit; `moe.dropless`): with capacity drops, the
 tokens sharing a batch decide which of them are dropped, so a later token could
@@ -24,16 +37,24 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from marin_rules.artifacts import storage
-from marin_rules.artifacts.errors import MarinError, StepError
-from marin_rules.artifacts.records import unreadable_file
+from marin_rules.artifacts.errors import ConfigError, MarinError, StepError
+from marin_rules.artifacts.files import digest_problems, file_problems
+from marin_rules.artifacts.records import Record, read_record, unreadable_file
 from marin_rules.data.relative import resolve_location
 from marin_rules.model.config import ModelConfig
 from marin_rules.model.moe import dropless as dropless_impl
 from marin_rules.model.transformer import MoETransformer
 from marin_rules.train import checkpoint
+from marin_rules.validation import check_fields
+
+FIELD = "deps.model"
+# the tokenizer's files a consumer reads (export copies them, evaluation parses them)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "special_tokens.json")
 
 
 @dataclass(frozen=True)
@@ -56,7 +77,11 @@ def load_trained(location: str, step: int | None = None, *, dropless: bool = Tru
         info = storage.read_json(info_location)
         config = ModelConfig.from_dict(info["model"])
     except (ValueError, UnicodeDecodeError, KeyError, TypeError, MarinError) as e:
-        raise unreadable_file("deps.model", info_location, location, e) from None
+        raise unreadable_file(FIELD, info_location, location, e) from None
+    record = read_record(location)  # None: a model not built by this workflow (nothing to check against)
+    check_model_json(record, info, config, location)
+    tokenizer = resolve_location(location, info.get("tokenizer", ""))
+    check_tokenizer(tokenizer)
     if dropless:
         config = dataclasses.replace(config, moe_impl=dropless_impl(config.moe_impl))
     manager = checkpoint.open_manager(location, max_to_keep=None, read_only=True)
@@ -65,6 +90,7 @@ def load_trained(location: str, step: int | None = None, *, dropless: bool = Tru
         if step is None or step not in manager.all_steps():
             which = "no checkpoint" if step is None else f"no checkpoint {step}"
             raise StepError(f"{which} under {checkpoint.checkpoint_dir(location)}")
+        check_digests(record, location, step)
         abstract = nnx.eval_shape(lambda: MoETransformer(config, rngs=nnx.Rngs(0)))
         graphdef, params, state = nnx.split(abstract, nnx.Param, ...)
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -74,11 +100,12 @@ def load_trained(location: str, step: int | None = None, *, dropless: bool = Tru
         weights = _restore(manager, location, step, target)
     finally:
         manager.close()
+    check_finite(weights, location, step)
     model = nnx.merge(graphdef, weights["params"], weights["state"])
     return TrainedModel(
         model=model,
         config=config,
-        tokenizer=resolve_location(location, info.get("tokenizer", "")),
+        tokenizer=tokenizer,
         step=step,
         seq_len=info.get("seq_len", config.max_seq_len),
         eos_id=info.get("eos_id"),
@@ -98,5 +125,93 @@ def _restore(manager: Any, location: str, step: int, target: Any) -> Any:
         reason = checkpoint.failure_reason(e)
     if reason:
         folder = storage.join(checkpoint.checkpoint_dir(location), str(step))
-        raise unreadable_file("deps.model", folder, location, reason)
+        raise unreadable_file(FIELD, folder, location, reason)
     return weights
+
+
+def check_model_json(record: Record | None, info: dict, config: ModelConfig, location: str) -> None:
+    """`model.json` against the train record at `location`: each field of `config.model`
+    the recipe gives (compared as parsed, so `1e4` is `10000.0`), and `config.seq_len`,
+    must hold in `model.json` (`config`: its model, as parsed); else the one-line
+    `unreadable_file` naming the file and the field. No record: nothing to compare."""
+    recipe = record.config if record is not None else {}
+    given = recipe.get("model") if isinstance(recipe.get("model"), dict) else {}
+    try:
+        given = check_fields(ModelConfig, given)
+    except ConfigError:  # a recipe of another marin-rules version: its values as written
+        pass
+    stored = config.to_dict()
+    where = storage.join(location, "model.json")
+    for name, value in given.items():
+        if name in stored and stored[name] != value:
+            raise unreadable_file(FIELD, where, location, f"model.{name} is {stored[name]!r}, but the record of "
+                                  f"{record.key} gives config.model.{name} = {value!r}")  # fmt: skip
+    if "seq_len" in recipe and "seq_len" in info and info["seq_len"] != recipe["seq_len"]:
+        raise unreadable_file(FIELD, where, location, f"seq_len is {info['seq_len']!r}, but the record of "
+                              f"{record.key} gives config.seq_len = {recipe['seq_len']!r}")  # fmt: skip
+
+
+def check_digests(record: Record | None, location: str, step: int) -> None:
+    """The files of checkpoint `step` against the digests the train record at `location`
+    holds for them (`checkpoint.model_digests`), before they are restored: the first that
+    differs (or is missing) is the one-line `unreadable_file`. A record without digests
+    (built before they were recorded), or a checkpoint they do not cover, is not checked."""
+    result = record.result if record is not None and isinstance(record.result, dict) else {}
+    digests = result.get(checkpoint.DIGESTS_KEY)
+    if not isinstance(digests, dict):
+        return
+    mine = {rel: d for rel, d in digests.items() if isinstance(rel, str) and rel.startswith(f"checkpoints/{step}/")}
+    problems = digest_problems(location, mine)
+    if problems:
+        what, _, rel = problems[0].partition(" ")
+        rel = rel.split(":", 1)[0]
+        holds = f"the record of {record.key} holds in result.{checkpoint.DIGESTS_KEY}"
+        reason = f"its bytes are not those whose digest {holds}"
+        if what == "missing":
+            reason = f"missing, though {holds} its digest"
+        if len(problems) > 1:
+            reason += f"; {len(problems) - 1} more file(s) of checkpoint {step} differ too"
+        raise unreadable_file(FIELD, storage.join(location, rel), location, reason)
+
+
+def check_finite(weights: Any, location: str, step: int) -> None:
+    """Every floating weight restored from checkpoint `step` is finite, checked on host;
+    else the one-line `unreadable_file` naming the first parameter that is not."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(weights):
+        if not jnp.issubdtype(getattr(leaf, "dtype", np.int32), jnp.floating):
+            continue
+        finite = np.isfinite(np.asarray(leaf, np.float32))  # bfloat16 too
+        if not finite.all():
+            name = ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+            bad = int(finite.size - finite.sum())
+            folder = storage.join(checkpoint.checkpoint_dir(location), str(step))
+            raise unreadable_file(FIELD, folder, location, f"parameter {name} holds {bad} non-finite value(s) "
+                                  "(nan or inf): a damaged checkpoint, or a run that diverged")  # fmt: skip
+
+
+def check_tokenizer(tokenizer: str) -> None:
+    """The tokenizer.json `model.json` names (`tokenizer`: in its own artifact, reached
+    through deps.model) and the files beside it that consumers read: missing, or of
+    another size than that artifact's record lists (`files.file_problems`), or a
+    tokenizer.json that does not parse, is the one-line `unreadable_file` naming it
+    with that artifact's rebuild command."""
+    from tokenizers import Tokenizer
+
+    folder = storage.parent(tokenizer)
+    record = read_record(folder)
+    if record is not None:
+        recorded = {name: record.files[name] for name in TOKENIZER_FILES if name in record.files}
+        for problem in file_problems(folder, recorded):  # the first one is enough to say
+            name = problem.split(" ", 2)[1].rstrip(":")
+            reason = f"the model's tokenizer {record.key}: {problem}"
+            raise unreadable_file(FIELD, storage.join(folder, name), folder, reason)
+    try:
+        text = storage.read_text(tokenizer)
+    except FileNotFoundError:
+        raise unreadable_file(FIELD, tokenizer, folder, "missing, though the model's model.json names it") from None
+    except UnicodeDecodeError as e:
+        raise unreadable_file(FIELD, tokenizer, folder, e) from None
+    try:
+        Tokenizer.from_str(text)
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on bad JSON
+        raise unreadable_file(FIELD, tokenizer, folder, e) from None

@@ -7,12 +7,13 @@ mesh, the jitted steps of `steps.py`, the MFU ceiling), restores or initialises 
 trains on `loader.batch(s)`, so a run restored from checkpoint `s` continues exactly
 as if it had never stopped. At the end it saves the last checkpoint, measures the
 final validation loss and the unigram baseline, and the writer process writes
-`model.json` and `loss.png`. Every process of a multi-process run executes the same
-loop on its own rows of each batch; only process 0 writes metrics, plots and
-`model.json`. It says in one line which checkpoint a run resumes from; a run that
-starts from scratch first moves the `metrics.jsonl` and `loss.png` an earlier attempt
-left into the artifact's `.history/` (`say_where_it_starts`), so a retry never
-overwrites the log of the attempt that failed.
+`model.json` and `loss.png`, and records in the result the digests of the final
+checkpoint's files (`final_checkpoint_digests`: what `load_trained` checks). Every
+process of a multi-process run executes the same loop on its own rows of each batch;
+only process 0 writes metrics, plots and `model.json`. It says in one line which
+checkpoint a run resumes from; a run that starts from scratch first moves the
+`metrics.jsonl` and `loss.png` an earlier attempt left into the artifact's `.history/`
+(`say_where_it_starts`), so a retry never overwrites the log of the attempt that failed.
 
 Recorded steps count completed updates: the record of step `s` (1-based) holds the
 loss of the batch that update `s` trained on and the learning rate it used.
@@ -305,8 +306,10 @@ def run(
         log = MetricsLog.resume(storage.join(output, "metrics.jsonl"), start)
         ts, last, clock, peak = train_steps(plan, ts, start, manager, log)  # its last step saves a checkpoint
         manager.close()
+        digests: dict[str, str] = {}
         if writer:
             checkpoint.neutral_commit_notes(output)
+            digests = checkpoint.model_digests(output, config.num_train_steps)  # what consumers check before loading
         final_val = validation_loss(plan, ts)
     if last is None:  # resumed from the final checkpoint: nothing left to train
         last = next((r for r in reversed(log.records) if r.get("split") == "train"), {})
@@ -316,4 +319,5 @@ def run(
     losses = {"final_val": final_val, "unigram": unigram}
     if writer:
         write_outputs(config, output, log, losses, data.tokenizer, data.eos_id)
-    return summary(config, start, losses, last, clock, peak, (data_size, expert_size))
+    result = summary(config, start, losses, last, clock, peak, (data_size, expert_size))
+    return {**result, checkpoint.DIGESTS_KEY: digests} if writer else result
