@@ -469,7 +469,7 @@ def test_weights_that_are_not_finite_are_refused_naming_the_parameter(trained_mo
         load_trained(str(model))
     message = str(error.value)
     assert message.startswith(f"deps.model: {model / 'checkpoints' / '2'} is unreadable (parameter "
-                              "params.blocks.1.ffn.w_up.value holds 1 non-finite value(s) (nan or inf): a damaged "
+                              "params.blocks.1.ffn.w_up holds 1 non-finite value(s) (nan or inf): a damaged "
                               "checkpoint, or a run that diverged): "), message  # fmt: skip
     assert "\n" not in message
     assert load_trained(str(model), step=1).step == 1  # the checkpoint before it is whole

@@ -520,12 +520,15 @@ def test_two_experiments_on_one_prefix_cannot_nest_one_artifacts_folder_in_anoth
     assert ("marin-rules: raw/a/v1@x: its folder raw/a/v1/x/ would lie inside raw/a/v1/, the folder of another "
             "artifact built on this prefix (its record is there): rename the artifact (its name or version)") in said
     assert not Path(ws.prefix, "raw/a/v1/x").exists()
-    # built the other way round (the inner one first), forcing the outer one would carry
-    # the inner one into .history/: refused, both stay
+    # the other way round (the inner one built first), the outer one would take it as its
+    # data, and forcing it would carry it into .history/: refused, the inner one stays
     other = Path(ws.prefix).parent / "art2"
     ws.snakemake(exp="inner.yaml", prefix=str(other))
-    ws.snakemake(exp="outer.yaml", prefix=str(other))
-    forced = ws.snakemake("-f", str(other / "raw/a/v1/.artifact.json"), exp="outer.yaml", prefix=str(other), check=False)
-    assert forced.returncode != 0
-    assert "holds another artifact's folder (x/, with its record)" in forced.stdout + forced.stderr
-    assert (other / "raw/a/v1/x/.artifact.json").exists() and (other / "raw/a/v1/.artifact.json").exists()
+    outer = ws.snakemake(exp="outer.yaml", prefix=str(other), check=False)
+    assert outer.returncode != 0
+    assert ("marin-rules: raw/a@v1: its folder raw/a/v1/ holds another artifact's folder (x/, with its record), "
+            "built on this prefix: building or forcing this one there would take that one as its data; move that "
+            "folder elsewhere, or rename one of the two artifacts") in outer.stdout + outer.stderr
+    assert (other / "raw/a/v1/x/.artifact.json").exists() and not (other / "raw/a/v1/.artifact.json").exists()
+    # the inner one, built already, is still served (the check comes after that)
+    assert ws.snakemake(exp="inner.yaml", prefix=str(other)).returncode == 0

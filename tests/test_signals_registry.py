@@ -65,3 +65,32 @@ def test_a_job_that_registers_after_the_stop_signal_does_not_begin(tmp_path):
     (old / "stop").write_text("SIGTERM")
     register(str(registry.parent / "999999999"), os.getpid())()
     assert not old.exists() and (registry / "stop").exists()
+
+
+def test_a_second_delivery_of_a_signal_reaches_the_jobs_only_and_another_signal_goes_on(tmp_path):
+    # `timeout -s INT` delivers SIGINT twice; a SIGTERM (a CI cancel) then a Ctrl-C must still
+    # reach Snakemake's handler, which cancels jobs the registry does not list (TPU pods)
+    import signal as sig
+
+    from marin_rules.workflow.signals import forward_signals
+
+    calls = []
+    saved = {s: sig.getsignal(s) for s in (sig.SIGINT, sig.SIGTERM, sig.SIGHUP)}
+    try:
+        for s in saved:
+            sig.signal(s, lambda signum, frame: calls.append(signum))
+        forward_signals(str(tmp_path / "registry"))
+        handler = {s: sig.getsignal(s) for s in (sig.SIGINT, sig.SIGTERM)}
+        handler[sig.SIGINT](sig.SIGINT, None)
+        handler[sig.SIGINT](sig.SIGINT, None)  # the duplicate: jobs only
+        handler[sig.SIGTERM](sig.SIGTERM, None)
+        handler[sig.SIGINT](sig.SIGINT, None)  # a third Ctrl-C: the user insists
+        assert calls == [sig.SIGINT, sig.SIGTERM, sig.SIGINT]
+        for s in saved:  # a second run in this process: Snakemake's scheduler installs its handlers again
+            sig.signal(s, lambda signum, frame: calls.append(signum))
+        forward_signals(str(tmp_path / "registry"))  # ... and this run's counts start afresh
+        sig.getsignal(sig.SIGTERM)(sig.SIGTERM, None)
+        assert calls[-1] == sig.SIGTERM and len(calls) == 4
+    finally:
+        for s, h in saved.items():
+            sig.signal(s, h)

@@ -83,7 +83,28 @@ def file_problems(location: str, expected: dict[str, int]) -> list[str]:
     return problems
 
 
+def nested_records(location: str) -> list[str]:
+    """The records of other artifacts in subfolders of the artifact folder `location`
+    (`raw/a/v1@x`, of another experiment on the prefix, lies at raw/a/v1/x), relative,
+    outside the bookkeeping folders: one listing."""
+    fs, root = storage.filesystem(location)
+    relative = _relative(_listing(fs, root.rstrip("/")), root.rstrip("/"))
+    return sorted(rel for rel in relative if rel.endswith("/" + RECORD_FILE) and rel.split("/")[0] not in NOT_DATA)
+
+
+def enclosing_record(prefix: str, path: str) -> str | None:
+    """The folder above the artifact folder `path` (`name/version`) on `prefix` that holds
+    another artifact's record (`raw/a/v1` for `raw/a/v1/x`), relative; None when none does."""
+    parts = path.split("/")
+    for depth in range(2, len(parts)):  # the folders above `name/version` that could be `name/version`
+        outer = "/".join(parts[:depth])
+        if storage.exists(storage.join(prefix, outer, RECORD_FILE)):
+            return outer
+    return None
+
+
 DIGESTS = ("xxh3", "crc32c")
+FINAL_CHECKPOINT_DIGESTS = "final_checkpoint_digests"  # in a train record's result: {path: digest}
 
 
 def file_digests(location: str, under: str, leave_out: tuple[str, ...] = ()) -> dict[str, str]:

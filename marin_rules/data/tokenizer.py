@@ -48,6 +48,8 @@ from marin_rules.data.checks import SPECIAL_ROLES, check_train_tokenizer, specia
 
 TOKENIZER_FILE = "tokenizer.json"
 SPECIAL_TOKENS_FILE = "special_tokens.json"
+HF_TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json")  # what transformers reads
+TOKENIZER_ARTIFACT_FILES = (*HF_TOKENIZER_FILES, SPECIAL_TOKENS_FILE)  # what a train_tokenizer artifact holds
 LOSSLESS_SAMPLE_CHARS = 2**18  # characters of the first documents round-tripped (cost: see sample_round_trip)
 EXCERPT_CHARS = (16, 24)  # characters shown before and from where a text and its decoding differ
 

@@ -31,9 +31,9 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import ConfigError, StepError
 from marin_rules.artifacts.records import unreadable_file
+from marin_rules.data.tokenizer import HF_TOKENIZER_FILES
 from marin_rules.export.layout import MIXTRAL, architecture, check_export_hf, hf_config
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def _t(x: Any) -> np.ndarray:
@@ -153,7 +153,7 @@ def export_hf(ctx: StepContext) -> dict[str, Any]:
         storage.write_bytes_atomic(target, save(weights, metadata={"format": "pt"}))
     storage.write_json_atomic(storage.join(ctx.output, "config.json"), hf_config(trained.config, special))
     copied = []
-    for name in TOKENIZER_FILES:
+    for name in HF_TOKENIZER_FILES:
         source = storage.join(tokenizer_dir, name)
         if storage.exists(source):
             if name == "tokenizer_config.json":  # also from tokenizers built before it said so

@@ -4,17 +4,22 @@ Model: `A` and `B` are success records (any two artifacts, usually two versions 
 one name). The recipe part is the drift warning's field diff (`recipe_diff` of the
 two fingerprint payloads, lines `field: a -> b`, `field (added)`, `field (removed)`).
 The result part flattens both `result` mappings to dotted keys (`final_val_loss`,
-`marin_shakespeare_cloze.acc`) and shows A, B and, for two numbers, B - A; with
+`marin_shakespeare_cloze.acc`; a train run's checkpoint digests as one row, `N files
+<digest of them all>`) and shows A, B and, for two numbers, B - A; with
 `only_changed` the rows where A equals B are left out. Every value shown is
 `printable` (control and bidi-override characters escaped).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import xxhash
+
 from marin_rules.artifacts.drift import printable, recipe_diff
+from marin_rules.artifacts.files import FINAL_CHECKPOINT_DIGESTS
 from marin_rules.artifacts.records import recorded_payload
 
 
@@ -49,8 +54,21 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix or "(result)": value}
 
 
+# result fields of many entries that matter as a whole: one row each, "N files <short digest>"
+SUMMARISED = (FINAL_CHECKPOINT_DIGESTS,)
+
+
+def _summarised(result: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(result)
+    for key in SUMMARISED:
+        if isinstance(out.get(key), Mapping):
+            whole = xxhash.xxh3_64_hexdigest(json.dumps(out[key], sort_keys=True, default=str))
+            out[key] = f"{len(out[key])} files {whole[:8]}"
+    return out
+
+
 def result_rows(a: Mapping[str, Any], b: Mapping[str, Any], only_changed: bool = False) -> list[ResultRow]:
-    fa, fb = flatten(a.get("result") or {}), flatten(b.get("result") or {})
+    fa, fb = (flatten(_summarised(r.get("result") or {})) for r in (a, b))
     rows = [ResultRow(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb))]
     return [r for r in rows if r.changed or not only_changed]
 

@@ -228,8 +228,9 @@ def build(args: argparse.Namespace) -> int:
         return build_shard(artifact, experiment, location, args)
     pod = pod_process_from_env(os.environ)
     process = None if pod is None else pod.process_id
-    refuse_nesting(artifact.key, artifact.id.path, args.prefix)
     is_done, made_from_others = done_check(artifact, experiment, location, args.prefix)
+    if not process and not is_done():  # before the lease writes anything here (one built already is served)
+        refuse_enclosing(artifact.key, artifact.id.path, args.prefix)
     if process and not await_process_0(artifact, location, args, pod, is_done):
         return 0  # built: process 0 serves it
     held = None
@@ -251,6 +252,8 @@ def build(args: argparse.Namespace) -> int:
             tell(f"{artifact.key}: the build there was made from other upstream builds than today's "
                  f"({made_from_others[0]}): rebuilding it; that build moves to .history/")  # fmt: skip
     try:
+        if not process:
+            refuse_enclosed(artifact.key, artifact.id.path, location)
         moved, owed = retire_forced_build(artifact, experiment, location, args) if not process else (None, False)
         try:
             if not process and artifact.step not in SHARDED_STEPS:  # shards check their own (shards.py)
@@ -275,19 +278,33 @@ def build(args: argparse.Namespace) -> int:
             held.release()
 
 
-def refuse_nesting(key: str, path: str, prefix: str) -> None:
-    """Refuse to build `key` (folder `path` on the prefix) inside the folder of another
-    artifact built there (an experiment's load refuses such pairs within one file; two
-    experiments sharing a prefix can still name them): forcing that one would move this
-    one away with its old build, and its record would list this one's files as its data."""
-    parts = path.split("/")
-    for depth in range(1, len(parts) - 1):  # the folders above `name/version` that could be `name/version`
-        outer = "/".join(parts[:depth + 1])
-        if storage.exists(storage.join(prefix, outer, RECORD_FILE)):
-            raise MarinError(
-                f"{key}: its folder {path}/ would lie inside {outer}/, the folder of another artifact built on this "
-                "prefix (its record is there): rename the artifact (its name or version)"
-            )
+def refuse_enclosing(key: str, path: str, prefix: str) -> None:
+    """Process 0, before the lease: refuse to build `key` (folder `path`) inside the folder
+    of another artifact built on the prefix (an experiment's load refuses such pairs
+    within one file; two experiments sharing a prefix can still name them): forcing that
+    one would move this one away with its old build, and list its files as its data."""
+    from marin_rules.artifacts.files import enclosing_record
+
+    outer = enclosing_record(prefix, path)
+    if outer is not None:
+        raise MarinError(
+            f"{key}: its folder {path}/ would lie inside {outer}/, the folder of another artifact built on this "
+            "prefix (its record is there): rename the artifact (its name or version)"
+        )
+
+
+def refuse_enclosed(key: str, path: str, location: str) -> None:
+    """Process 0, under the lease, before anything moves: the same the other way round,
+    another artifact's folder with its record inside this one's (`refuse_enclosing`)."""
+    from marin_rules.artifacts.files import nested_records
+
+    inner = nested_records(location)
+    if inner:
+        raise MarinError(
+            f"{key}: its folder {path}/ holds another artifact's folder ({inner[0].removesuffix('/' + RECORD_FILE)}/, "
+            "with its record), built on this prefix: building or forcing this one there would take that one as its "
+            "data; move that folder elsewhere, or rename one of the two artifacts"
+        )
 
 
 def retire_forced_build(

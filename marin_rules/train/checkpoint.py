@@ -66,7 +66,7 @@ import orbax.checkpoint as ocp
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import StepError
-from marin_rules.artifacts.files import discard, file_digests, move_into_history
+from marin_rules.artifacts.files import FINAL_CHECKPOINT_DIGESTS, discard, file_digests, move_into_history
 from marin_rules.artifacts.records import rebuild_hint
 from marin_rules.dev_versions import DISCARDED
 from marin_rules.train.recipe import COMMIT_NOTE  # orbax's mark of a finished checkpoint
@@ -248,7 +248,7 @@ def restore_latest(
     )
 
 
-DIGESTS_KEY = "final_checkpoint_digests"  # in a train record's result
+DIGESTS_KEY = FINAL_CHECKPOINT_DIGESTS  # in a train record's result
 
 
 def model_digests(output: str, step: int) -> dict[str, str]:

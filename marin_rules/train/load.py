@@ -46,15 +46,15 @@ from marin_rules.artifacts.errors import ConfigError, MarinError, StepError
 from marin_rules.artifacts.files import digest_problems, file_problems
 from marin_rules.artifacts.records import Record, read_record, unreadable_file
 from marin_rules.data.relative import resolve_location
+from marin_rules.data.tokenizer import TOKENIZER_ARTIFACT_FILES
 from marin_rules.model.config import ModelConfig
 from marin_rules.model.moe import dropless as dropless_impl
+from marin_rules.model.sharding import path_names
 from marin_rules.model.transformer import MoETransformer
 from marin_rules.train import checkpoint
 from marin_rules.validation import check_fields
 
 FIELD = "deps.model"
-# the tokenizer's files a consumer reads (export copies them, evaluation parses them)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "special_tokens.json")
 
 
 @dataclass(frozen=True)
@@ -134,12 +134,14 @@ def check_model_json(record: Record | None, info: dict, config: ModelConfig, loc
     the recipe gives (compared as parsed, so `1e4` is `10000.0`), and `config.seq_len`,
     must hold in `model.json` (`config`: its model, as parsed); else the one-line
     `unreadable_file` naming the file and the field. No record: nothing to compare."""
-    recipe = record.config if record is not None else {}
-    given = recipe.get("model") if isinstance(recipe.get("model"), dict) else {}
-    try:
-        given = check_fields(ModelConfig, given)
+    if record is None or record.step != "train":  # a user step's config means what it means to that step
+        return
+    recipe = record.config
+    written = recipe.get("model") if isinstance(recipe.get("model"), dict) else {}
+    try:  # the fields the recipe writes out, as parsed; a default the recipe leaves out may have changed since
+        given = {k: v for k, v in check_fields(ModelConfig, written).items() if k in written}
     except ConfigError:  # a recipe of another marin-rules version: its values as written
-        pass
+        given = written
     stored = config.to_dict()
     where = storage.join(location, "model.json")
     for name, value in given.items():
@@ -175,15 +177,14 @@ def check_digests(record: Record | None, location: str, step: int) -> None:
 
 
 def check_finite(weights: Any, location: str, step: int) -> None:
-    """Every floating weight restored from checkpoint `step` is finite, checked on host;
+    """Every floating weight restored from checkpoint `step` is finite (counted on its device);
     else the one-line `unreadable_file` naming the first parameter that is not."""
     for path, leaf in jax.tree_util.tree_leaves_with_path(weights):
         if not jnp.issubdtype(getattr(leaf, "dtype", np.int32), jnp.floating):
             continue
-        finite = np.isfinite(np.asarray(leaf, np.float32))  # bfloat16 too
-        if not finite.all():
-            name = ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-            bad = int(finite.size - finite.sum())
+        bad = int(jnp.size(leaf) - jnp.count_nonzero(jnp.isfinite(leaf)))  # on the device: no host copy
+        if bad:
+            name = ".".join(path_names(path))
             folder = storage.join(checkpoint.checkpoint_dir(location), str(step))
             raise unreadable_file(FIELD, folder, location, f"parameter {name} holds {bad} non-finite value(s) "
                                   "(nan or inf): a damaged checkpoint, or a run that diverged")  # fmt: skip
@@ -200,7 +201,7 @@ def check_tokenizer(tokenizer: str) -> None:
     folder = storage.parent(tokenizer)
     record = read_record(folder)
     if record is not None:
-        recorded = {name: record.files[name] for name in TOKENIZER_FILES if name in record.files}
+        recorded = {name: record.files[name] for name in TOKENIZER_ARTIFACT_FILES if name in record.files}
         for problem in file_problems(folder, recorded):  # the first one is enough to say
             name = problem.split(" ", 2)[1].rstrip(":")
             reason = f"the model's tokenizer {record.key}: {problem}"

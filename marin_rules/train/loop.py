@@ -306,11 +306,11 @@ def run(
         log = MetricsLog.resume(storage.join(output, "metrics.jsonl"), start)
         ts, last, clock, peak = train_steps(plan, ts, start, manager, log)  # its last step saves a checkpoint
         manager.close()
-        digests: dict[str, str] = {}
         if writer:
             checkpoint.neutral_commit_notes(output)
-            digests = checkpoint.model_digests(output, config.num_train_steps)  # what consumers check before loading
-        final_val = validation_loss(plan, ts)
+        final_val = validation_loss(plan, ts)  # (every process: no one waits on the writer's digests first)
+        # what consumers check before loading
+        digests = checkpoint.model_digests(output, config.num_train_steps) if writer else {}
     if last is None:  # resumed from the final checkpoint: nothing left to train
         last = next((r for r in reversed(log.records) if r.get("split") == "train"), {})
     sample = min(config.num_train_steps, max(1, 2_000_000 // plan.tokens_per_step))

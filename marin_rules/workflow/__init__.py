@@ -150,7 +150,8 @@ def report_inputs() -> list[str]:
         return []
     from marin_rules.inspect.gather import built_keys, gather
 
-    gather(session.experiment, session.prefix, REPORT_FOLDER, set(built_keys(session.experiment, session.recorded)))
+    gather(session.experiment, session.prefix, REPORT_FOLDER, set(built_keys(session.experiment, session.recorded)),
+           session.hint_flags())  # fmt: skip
     return [REPORT_FOLDER]
 
 

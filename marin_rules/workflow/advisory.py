@@ -144,9 +144,12 @@ def missing_settings(workflow: Any) -> list[tuple[str, str]]:
 def settings_warning(missing: list[tuple[str, str]]) -> str:
     """One line naming the `missing_settings`, what goes wrong without them, and the fix.
     With `keep-incomplete` and `ignore-incomplete` in effect the workflow profile was
-    applied (no option turns them off), so a rerun-triggers other than mtime was set on
-    the command line or by another profile: the line names its value here. Otherwise
+    applied (no option turns them off), so a rerun-triggers other than mtime (and other
+    than Snakemake's default, all of them: then those two came from elsewhere) was set
+    on the command line or by another profile: the line names its value here. Otherwise
     the profile was not applied (a user's Snakefile using ours): the line says to add it."""
+    from snakemake.settings.enums import RerunTrigger
+
     where = str(PROFILE) if PROFILE.is_dir() else "marin-rules' profiles/default"
     keys = [key for key, _ in missing]
     harm = []
@@ -155,7 +158,8 @@ def settings_warning(missing: list[tuple[str, str]]) -> str:
                     "code change (\"Params have changed\")")
     if any(key.endswith("-incomplete") for key in keys):
         harm.append("a failed job may delete a record another run on the prefix just wrote")
-    if keys == ["rerun-triggers"]:
+    snakemakes_default = " ".join(sorted(t.item_to_choice() for t in RerunTrigger.all()))
+    if keys == ["rerun-triggers"] and " ".join(sorted(missing[0][1].split())) != snakemakes_default:
         return (
             f"marin-rules: warning: rerun-triggers is {missing[0][1]} here, but marin-rules needs mtime (as its "
             f"workflow profile {where} sets it; the command line or another profile overrides it): {harm[0]}; "

@@ -41,10 +41,7 @@ from typing import Any, Callable, Mapping
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE
 from marin_rules.artifacts.lease import LEASE_FILE
-from marin_rules.artifacts.errors import MarinError
-from marin_rules.artifacts.files import (
-    FORCED_MARKER, HISTORY_DIR, NOT_DATA, REBUILDING, discard, history_stamp, list_data_files,
-)
+from marin_rules.artifacts.files import FORCED_MARKER, HISTORY_DIR, REBUILDING, discard, history_stamp, list_data_files
 from marin_rules.artifacts.provenance import iso, utc_now
 
 MARKER = FORCED_MARKER  # not *.json: not an earlier record for readers of .history/
@@ -160,13 +157,6 @@ def move_old_build(location: str) -> str | None:
         saved = storage.read_bytes(marker)
     except FileNotFoundError:
         return None
-    nested = nested_records(location)
-    if nested:
-        raise MarinError(
-            f"{location}: holds another artifact's folder ({nested[0].removesuffix('/' + RECORD_FILE)}/, with its "
-            "record), which an experiment built there on the same prefix: forcing this build would move it into "
-            ".history/ with the old build; move that folder elsewhere, or rename one of the two artifacts"
-        )
     target = set_aside(location)
     if saved.strip() not in (b"", b"null"):
         storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
@@ -176,20 +166,6 @@ def move_old_build(location: str) -> str | None:
         discard(target)  # (at most its .attempt.json)
         return None
     return target
-
-
-def nested_records(location: str) -> list[str]:
-    """The records of other artifacts in subfolders of the artifact folder `location`
-    (`raw/a/v1@x`, of another experiment on the prefix, lies at raw/a/v1/x), relative,
-    outside `.history/` and `.failures/`: one listing."""
-    fs, root = storage.filesystem(location)
-    root = root.rstrip("/")
-    try:
-        found = fs.find(root)
-    except FileNotFoundError:
-        return []
-    relative = (path[len(root) + 1 :] for path in found if path.startswith(root + "/"))
-    return sorted(rel for rel in relative if rel.endswith("/" + RECORD_FILE) and rel.split("/")[0] not in NOT_DATA)
 
 
 def holds_build(moved: str) -> bool:

@@ -307,8 +307,10 @@ def _is_experiment_file(path: str, users_workflow: bool = False) -> bool:
         return False
     except yaml.YAMLError:
         return True  # load_experiment reports the YAML error
-    if users_workflow:
-        return not isinstance(data, dict) or bool(TOP_FIELDS & set(data))
+    if users_workflow:  # (a near miss of `artifacts:`/`sweeps:` is a misspelled experiment, for the loader to name)
+        return not isinstance(data, dict) or any(
+            k in TOP_FIELDS or suggestion(str(k), ("artifacts", "sweeps")) for k in data
+        )
     return not (isinstance(data, dict) and set(data) <= GLUE_KEYS)
 
 

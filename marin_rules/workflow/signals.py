@@ -8,8 +8,8 @@ down on SIGINT, so a step started by a `timeout` or a CI cancel runs to its end.
 Snakefile's `onstart:` handler (public API: it runs in the main process after the
 scheduler has installed its own handler) calls `forward_signals`, which chains a
 handler in front of the current ones: it sends the signal to every registered job
-process, then calls the previous handler, so Snakemake stops as it would anyway (the first
-signal only: a second one reaches the jobs alone). Each
+process, then calls the previous handler, so Snakemake stops as it would anyway (the second
+delivery of the same signal reaches the jobs alone). Each
 job process stops its step, writes a failure record naming the signal and exits
 non-zero; no success record is written.
 
@@ -153,29 +153,33 @@ def forward_signals(registry: str) -> None:
     """In the main process (from `onstart:`): forward SIGINT/SIGTERM to the job
     processes, then run the handler that was there before. SIGHUP (the terminal or ssh
     session closed) is forwarded too and then stops Snakemake as SIGTERM does (its
-    default would kill it outright, leaving its lock), unless it is ignored (`nohup`)."""
+    default would kill it outright, leaving its lock), unless it is ignored (`nohup`).
+    The second delivery of a signal is forwarded only (`chain_handler`)."""
+    received: dict[int, int] = {}  # this run's count of each signal received
     if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
-        chain_handler(registry, signal.SIGHUP, signal.getsignal(signal.SIGTERM), as_signal=signal.SIGTERM)
+        chain_handler(registry, signal.SIGHUP, signal.getsignal(signal.SIGTERM), as_signal=signal.SIGTERM,
+                      received=received)  # fmt: skip
     for signum in STOP_SIGNALS:
-        chain_handler(registry, signum, signal.getsignal(signum))
+        chain_handler(registry, signum, signal.getsignal(signum), received=received)
 
 
-_stopping: dict[str, bool] = {"passed_on": False}  # a stop signal has reached Snakemake's handler
-
-
-def chain_handler(registry: str, signum: int, previous: Any, as_signal: int | None = None) -> None:
+def chain_handler(
+    registry: str, signum: int, previous: Any, as_signal: int | None = None, received: dict[int, int] | None = None
+) -> None:
     """Handle `signum`: forward it to the job processes, then call `previous` (with
     `as_signal` in place of `signum` when given), or die of the signal when `previous`
-    is the default action. Only the first stop signal goes on to `previous`: later ones
-    are forwarded to the jobs only (`timeout -s INT` delivers SIGINT twice, and
-    Snakemake's handler called again while it shuts down ends in chained tracebacks of
-    its event loop)."""
+    is the default action. With `received` (counts shared by a run's handlers), the
+    second delivery of the same signal is forwarded to the jobs only: `timeout -s INT`
+    delivers SIGINT twice, and Snakemake's handler called again while it shuts down ends
+    in chained tracebacks of its event loop. Another signal, or a third Ctrl-C, goes on
+    to `previous` as the first did."""
 
     def handler(sig, frame):
         forward(registry, sig)
-        if _stopping["passed_on"]:
-            return
-        _stopping["passed_on"] = True
+        if received is not None:
+            received[sig] = received.get(sig, 0) + 1
+            if received[sig] == 2:
+                return
         passed = sig if as_signal is None else as_signal
         if callable(previous):
             previous(passed, frame)
