@@ -4,7 +4,7 @@
                                                each artifact's state, its reason, headline results
   marin show KEY [EXPERIMENT]                  the success record (and the last failure) as JSON
   marin path KEY [EXPERIMENT]                  the record path to give Snakemake as a target or -f
-  marin verify KEY [EXPERIMENT]                are the record's files all there, at their sizes?
+  marin verify KEY [EXPERIMENT]                are the record's files all there, at their sizes (and digests)?
   marin plan [EXPERIMENT] [--mfu 0.4]          params, tokens, FLOPs and hours of the training to run
   marin diff A@V B@V [--only-changed]          recipe fields and results of two builds side by side
   marin history KEY                            every attempt and forced rebuild of one artifact
@@ -185,6 +185,7 @@ def _prefix_key(text: str, experiment: Experiment | None, prefix: str, dev_user:
 def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: str) -> int:
     """`marin verify`; `flags`: what the suggested snakemake command needs besides its target."""
     from marin_rules.adopt import recorded_source, recorded_source_problems
+    from marin_rules.artifacts.files import recorded_digests
     from marin_rules.artifacts.records import read_record, rebuild_hint, verify_files
 
     record = read_record(location, artifact)
@@ -192,7 +193,7 @@ def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: s
         print(f"{key}: not built (no record under {location}); build it with: "
               f"{shlex.join(['snakemake', record_path(prefix, artifact), *shlex.split(flags)])}", file=sys.stderr)  # fmt: skip
         return 1
-    problems = verify_files(location, record)
+    problems = verify_files(location, record, contents=True)
     source = recorded_source(record.step, record.result)  # data adopted in place: its source too
     problems += [f"adopted source {source}: {p}" for p in recorded_source_problems(record.step, record.result)]
     if problems:
@@ -201,7 +202,9 @@ def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: s
         print(f"{key}: {len(problems)} problem(s); {rebuild_hint(location, flags)}", file=sys.stderr)
         return 1
     adopted = "" if source is None else f"; its adopted source {source} holds its {len(record.result['listing'])} file(s)"
-    print(f"{key}: all {len(record.files)} file(s) present at their recorded sizes{adopted}")
+    digests = recorded_digests(record.result)
+    checked = f", {len(digests)} of them also by content" if digests else ""
+    print(f"{key}: all {len(record.files)} file(s) present at their recorded sizes{checked}{adopted}")
     return 0
 
 

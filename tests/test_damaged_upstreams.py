@@ -594,9 +594,91 @@ def test_a_trained_models_checkpoint_garbled_in_place_stops_its_export_in_a_real
     garble_in_place(model / chunk)
     proc = ws.snakemake(check=False)
     assert proc.returncode != 0
-    line = next(ln for ln in (proc.stdout + proc.stderr).splitlines() if "is unreadable (" in ln)
+    said = proc.stdout + proc.stderr
+    line = next((ln for ln in said.splitlines() if "is unreadable (" in ln), said[-8000:])
     assert line.startswith("exports/nano@v1: step failed, ") and "\n" not in line
     assert f"deps.model: {model / chunk} is unreadable (its bytes are not those whose digest the record of " \
            "checkpoints/nano@v1 holds in result.final_checkpoint_digests): the artifact is damaged; rebuild it " \
            f"with: snakemake -f {model / '.artifact.json'} -s " in line  # fmt: skip
     assert not (Path(ws.prefix) / "exports/nano/v1/model.safetensors").exists()
+
+
+def record_of(location: Path) -> dict:
+    return json.loads((location / ".artifact.json").read_text())
+
+
+def tokenizer_recorded_as_built(tokenizer: Path) -> None:
+    """The tokenizer's record as `train_tokenizer` writes it now: its special-token ids
+    and the digests of its files."""
+    from marin_rules.artifacts.files import FILE_DIGESTS, named_digests
+
+    special = {role: e["id"] for role, e in json.loads((tokenizer / "special_tokens.json").read_text()).items()}
+    digests = named_digests(str(tokenizer), ("tokenizer.json", "special_tokens.json"))
+    record_built(tokenizer, "train_tokenizer", None, {"special_tokens": special, FILE_DIGESTS: digests})
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("step", ["evaluate", "export_hf"])
+def test_a_tokenizer_json_changed_in_place_but_parsing_is_refused_by_its_digest(trained_model, tmp_path, step):
+    # two vocabulary entries swapped: the same size, still a tokenizer, another one
+    model = recorded_model(trained_model, tmp_path, digests=False)
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer_recorded_as_built(tokenizer)
+    path = tokenizer / "tokenizer.json"
+    data = json.loads(path.read_text())
+    vocab = data["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[300:302]
+    text = path.read_text()
+    path.write_text(text.replace(f'"{a}":{vocab[a]}', "\0").replace(f'"{b}":{vocab[b]}', f'"{b}":{vocab[a]}')
+                    .replace("\0", f'"{a}":{vocab[b]}'))  # fmt: skip
+    assert path.stat().st_size == len(text.encode())
+    run, out = consumer(step, model, tmp_path)
+    with pytest.raises(StepError) as error:
+        run()
+    assert str(error.value).startswith(f"deps.model: {path} is unreadable (the model's tokenizer x/tokenizer@v1: "
+                                       "changed tokenizer.json: its content is not what was recorded")  # fmt: skip
+    assert written(out) == []
+
+
+def test_special_token_ids_edited_in_place_are_refused_against_the_tokenizers_record(trained_model, tmp_path):
+    model = recorded_model(trained_model, tmp_path, digests=False)
+    tokenizer = tmp_path / "tokenizer"
+    path = tokenizer / "special_tokens.json"
+    special = json.loads(path.read_text())
+    record_built(tokenizer, "train_tokenizer", None, {"special_tokens": {r: e["id"] for r, e in special.items()}})
+    path.write_text(json.dumps({**special, "eos": {**special["eos"], "id": special["eos"]["id"] + 5}}, indent=2,
+                               sort_keys=True) + "\n")  # the same size: eos 1 -> 6
+    assert path.stat().st_size == json.loads(json.dumps(record_of(tokenizer)))["files"]["special_tokens.json"]
+    run, out = consumer("export_hf", model, tmp_path)
+    with pytest.raises(StepError) as error:
+        run()
+    assert str(error.value).startswith(
+        f"deps.model: {path} is unreadable (the model's tokenizer x/tokenizer@v1: eos is {special['eos']['id'] + 5} "
+        f"there, but its record gives result.special_tokens.eos = {special['eos']['id']})"
+    )
+    assert written(out) == []
+
+
+def test_a_tokenizer_path_model_json_gets_wrong_is_the_models_damage(trained_model, tmp_path):
+    model = recorded_model(trained_model, tmp_path, digests=False)
+    info = json.loads((model / "model.json").read_text())
+    wrong = info["tokenizer"][:-1] + " "  # "tokenizer.jso ": the model.json is what is damaged
+    (model / "model.json").write_text(json.dumps({**info, "tokenizer": wrong}))
+    run, out = consumer("export_hf", model, tmp_path)
+    with pytest.raises(StepError) as error:
+        run()
+    assert str(error.value).endswith(f"rebuild it with: snakemake -f {model / '.artifact.json'}")
+
+
+def test_verify_with_contents_finds_a_checkpoint_chunk_changed_in_place(trained_model, tmp_path):
+    # `marin verify` reads the record's digests too; a consumer's check before its step, sizes only
+    from marin_rules.artifacts.records import read_record, verify_files
+
+    model = recorded_model(trained_model, tmp_path)
+    record = read_record(str(model))
+    assert verify_files(str(model), record, contents=True) == []
+    (chunk,) = (model / "checkpoints").glob("*/model/params.embed.value/0.0")
+    garble_in_place(chunk)
+    assert verify_files(str(model), record) == []  # its size is the same
+    (problem,) = verify_files(str(model), record, contents=True)
+    assert problem.startswith(f"changed {chunk.relative_to(model)}: its content is not what was recorded")

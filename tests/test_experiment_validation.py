@@ -320,9 +320,9 @@ def test_a_yaml_boolean_as_a_dep_or_role_or_top_level_key_says_yaml_read_it_so(t
     assert message.endswith(f"exp.yaml: unknown top-level key True {TRUE_HINT}; expected one of artifacts, description, sweeps (or x-NAME, for YAML anchors)")
 
 
-def test_a_yaml_boolean_where_a_boolean_or_number_is_expected_gets_no_quoting_hint(tmp_path):
+def test_a_yaml_boolean_where_a_number_is_expected_says_how_yaml_read_it_without_saying_to_quote_it(tmp_path):
     message = load_yaml_error(tmp_path, TRAIN_YAML % ("", "", "no"))
-    assert message.endswith("expected a number > 0, got False")
+    assert message.endswith("expected a number > 0, got False (YAML reads no and off as false)")
     assert yaml.safe_load("[y, n]") == ["y", "n"]  # PyYAML keeps y and n as text: the hint leaves them out
 
 
@@ -528,3 +528,4 @@ def test_a_top_level_x_key_holds_yaml_anchors_and_is_otherwise_ignored(tmp_path,
     experiment = load_experiment("exp.yaml")
     assert sorted(experiment.artifacts) == ["raw/a@v1", "raw/b@v1"]
     assert experiment["raw/b@v1"].config == {"heldout": ["macbeth"]}
+

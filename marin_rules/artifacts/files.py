@@ -105,6 +105,28 @@ def enclosing_record(prefix: str, path: str) -> str | None:
 
 DIGESTS = ("xxh3", "crc32c")
 FINAL_CHECKPOINT_DIGESTS = "final_checkpoint_digests"  # in a train record's result: {path: digest}
+FILE_DIGESTS = "file_digests"  # in a record's result: {path: digest} of the files a step names (`named_digests`)
+RECORDED_DIGESTS = (FINAL_CHECKPOINT_DIGESTS, FILE_DIGESTS)  # the result fields that hold digests
+
+
+def named_digests(location: str, names: Any) -> dict[str, str]:
+    """`file_digests`' form for the files `names` (paths relative to the artifact folder
+    `location`; those not there are left out)."""
+    fs, root = storage.filesystem(location)
+    root = root.rstrip("/")
+    found = {rel: pair for rel, pair in _relative(_listing(fs, root), root).items() if rel in set(names)}
+    return {rel: _digest(fs, path, info, "crc32c" if info.get("crc32c") else "xxh3")
+            for rel, (path, info) in sorted(found.items())}  # fmt: skip
+
+
+def recorded_digests(result: Any) -> dict[str, str]:
+    """Every digest a record's result holds (`RECORDED_DIGESTS`), by relative path."""
+    out: dict[str, str] = {}
+    for key in RECORDED_DIGESTS:
+        value = result.get(key) if isinstance(result, Mapping) else None
+        if isinstance(value, Mapping):
+            out.update({str(k): str(v) for k, v in value.items()})
+    return out
 
 
 def file_digests(location: str, under: str, leave_out: tuple[str, ...] = ()) -> dict[str, str]:

@@ -45,7 +45,9 @@ from marin_rules.artifacts.canonical import fingerprint
 from marin_rules.artifacts.drift import EDITED_FIX, DefaultLookup, drift_notice, printable, recipe_diff
 from marin_rules.artifacts.errors import ConfigError, MarinError, StepError, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, ArtifactId
-from marin_rules.artifacts.files import file_problems, history_stamp, is_inside, list_data_files
+from marin_rules.artifacts.files import (
+    digest_problems, file_problems, history_stamp, is_inside, list_data_files, recorded_digests,
+)
 from marin_rules.artifacts.provenance import Provenance, iso, utc_now
 
 __all__ = [
@@ -358,11 +360,18 @@ def unreadable_file(field: str, path: str, location: str, why: BaseException | s
     return UnreadableFile(field, path, location, " ".join(str(reason).split())[:200], built)
 
 
-def verify_files(location: str, record: Record) -> list[str]:
+def verify_files(location: str, record: Record, contents: bool = False) -> list[str]:
     """One line per data file that is missing or whose size differs from the record
-    ("missing model.json", "truncated tokens/train.bin: 100 of 4000 bytes"); [] when
-    every recorded file is there with its recorded size."""
-    return file_problems(location, record.files)
+    ("missing model.json", "truncated tokens/train.bin: 100 of 4000 bytes"), and with
+    `contents` (`marin verify`; consumers check what they load themselves) per file whose
+    content differs from the digest its result holds (`files.recorded_digests`: a train
+    run's final checkpoint, a tokenizer's files); [] when all agree."""
+    problems = file_problems(location, record.files)
+    if not contents:
+        return problems
+    missing = {p.split(" ", 2)[1].rstrip(":") for p in problems}
+    digests = {rel: d for rel, d in recorded_digests(record.result).items() if rel not in missing}
+    return problems + [p for p in digest_problems(location, digests) if not p.startswith("missing ")]
 
 
 def write_failure(

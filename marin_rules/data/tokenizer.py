@@ -42,6 +42,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.files import FILE_DIGESTS, named_digests
 from marin_rules.artifacts.records import unreadable_file
 from marin_rules.data import dolma
 from marin_rules.data.checks import SPECIAL_ROLES, check_train_tokenizer, special_tokens_from
@@ -97,6 +98,8 @@ def train_tokenizer(ctx: StepContext) -> dict[str, Any]:
     )
     return {
         **result,
+        # what consumers check the files against (a size cannot see an id changed in place)
+        FILE_DIGESTS: named_digests(ctx.output, (TOKENIZER_FILE, SPECIAL_TOKENS_FILE)),
         "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
         "requested_vocab_size": ctx.config.get("vocab_size"),
         "special_tokens": {role: ids[role] for role in SPECIAL_ROLES},

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import xxhash
 
 from marin_rules.artifacts.drift import printable, recipe_diff
-from marin_rules.artifacts.files import FINAL_CHECKPOINT_DIGESTS
+from marin_rules.artifacts.files import RECORDED_DIGESTS
 from marin_rules.artifacts.records import recorded_payload
 
 
@@ -55,7 +55,7 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 # result fields of many entries that matter as a whole: one row each, "N files <short digest>"
-SUMMARISED = (FINAL_CHECKPOINT_DIGESTS,)
+SUMMARISED = RECORDED_DIGESTS
 
 
 def _summarised(result: Mapping[str, Any]) -> dict[str, Any]:

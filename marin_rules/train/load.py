@@ -43,10 +43,10 @@ from flax import nnx
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, MarinError, StepError
-from marin_rules.artifacts.files import digest_problems, file_problems
+from marin_rules.artifacts.files import digest_problems, file_problems, recorded_digests
 from marin_rules.artifacts.records import Record, read_record, unreadable_file
 from marin_rules.data.relative import resolve_location
-from marin_rules.data.tokenizer import TOKENIZER_ARTIFACT_FILES
+from marin_rules.data.tokenizer import SPECIAL_TOKENS_FILE, TOKENIZER_ARTIFACT_FILES
 from marin_rules.model.config import ModelConfig
 from marin_rules.model.moe import dropless as dropless_impl
 from marin_rules.model.sharding import path_names
@@ -81,7 +81,7 @@ def load_trained(location: str, step: int | None = None, *, dropless: bool = Tru
     record = read_record(location)  # None: a model not built by this workflow (nothing to check against)
     check_model_json(record, info, config, location)
     tokenizer = resolve_location(location, info.get("tokenizer", ""))
-    check_tokenizer(tokenizer)
+    check_tokenizer(tokenizer, location)
     if dropless:
         config = dataclasses.replace(config, moe_impl=dropless_impl(config.moe_impl))
     manager = checkpoint.open_manager(location, max_to_keep=None, read_only=True)
@@ -190,26 +190,49 @@ def check_finite(weights: Any, location: str, step: int) -> None:
                                   "(nan or inf): a damaged checkpoint, or a run that diverged")  # fmt: skip
 
 
-def check_tokenizer(tokenizer: str) -> None:
+def check_special_ids(record: Record, folder: str) -> None:
+    """The special-token ids of `special_tokens.json` in the tokenizer artifact at `folder`
+    against those its record's result gives (`special_tokens`: {role: id}), for records
+    without digests; a difference is the one-line `unreadable_file`."""
+    recorded = record.result.get("special_tokens") if isinstance(record.result, dict) else None
+    path = storage.join(folder, SPECIAL_TOKENS_FILE)
+    if not isinstance(recorded, dict) or not storage.exists(path):
+        return
+    try:
+        stored = {role: entry["id"] for role, entry in storage.read_json(path).items()}
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise unreadable_file(FIELD, path, folder, e) from None
+    for role, id_ in recorded.items():
+        if stored.get(role) != id_:
+            raise unreadable_file(FIELD, path, folder, f"the model's tokenizer {record.key}: {role} is "
+                                  f"{stored.get(role)!r} there, but its record gives result.special_tokens.{role} = {id_!r}")  # fmt: skip
+
+
+def check_tokenizer(tokenizer: str, model_location: str) -> None:
     """The tokenizer.json `model.json` names (`tokenizer`: in its own artifact, reached
     through deps.model) and the files beside it that consumers read: missing, or of
     another size than that artifact's record lists (`files.file_problems`), or a
     tokenizer.json that does not parse, is the one-line `unreadable_file` naming it
-    with that artifact's rebuild command."""
+    with that artifact's rebuild command (the model's, at `model_location`, when the file
+    model.json names is one the tokenizer's record does not list)."""
     from tokenizers import Tokenizer
 
     folder = storage.parent(tokenizer)
     record = read_record(folder)
     if record is not None:
         recorded = {name: record.files[name] for name in TOKENIZER_ARTIFACT_FILES if name in record.files}
-        for problem in file_problems(folder, recorded):  # the first one is enough to say
+        digests = {n: d for n, d in recorded_digests(record.result).items() if n in TOKENIZER_ARTIFACT_FILES}
+        for problem in file_problems(folder, recorded) + digest_problems(folder, digests):  # the first will do
             name = problem.split(" ", 2)[1].rstrip(":")
             reason = f"the model's tokenizer {record.key}: {problem}"
             raise unreadable_file(FIELD, storage.join(folder, name), folder, reason)
+        check_special_ids(record, folder)
     try:
         text = storage.read_text(tokenizer)
     except FileNotFoundError:
-        raise unreadable_file(FIELD, tokenizer, folder, "missing, though the model's model.json names it") from None
+        # a name its tokenizer's record does not list: model.json is what is wrong (rebuild the model)
+        owner = folder if record is not None and tokenizer.rstrip("/").rsplit("/", 1)[-1] in record.files else model_location
+        raise unreadable_file(FIELD, tokenizer, owner, "missing, though the model's model.json names it") from None
     except UnicodeDecodeError as e:
         raise unreadable_file(FIELD, tokenizer, folder, e) from None
     try:

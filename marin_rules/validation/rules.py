@@ -30,14 +30,15 @@ def suggest_key(text: str, keys: Iterable[str], cutoff: float = 0.6) -> str:
     return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
-def bool_word_hint(value: Any) -> str:
+def bool_word_hint(value: Any, quote: bool = True) -> str:
     """` (YAML reads no and off as false: ...)` for a boolean where text or a key was
-    expected (YAML 1.1: unquoted yes/no/on/off are booleans; y and n stay text in PyYAML), else ``."""
+    expected (YAML 1.1: unquoted yes/no/on/off are booleans; y and n stay text in PyYAML),
+    else ``. Without `quote` (a number was expected) the hint does not say to quote it."""
     if not isinstance(value, bool):
         return ""
-    return " (YAML reads yes and on as true: quote it, 'yes' or 'on')" if value else (
-        " (YAML reads no and off as false: quote it, 'no' or 'off')"
-    )
+    words = "yes and on as true" if value else "no and off as false"
+    quoted = "'yes' or 'on'" if value else "'no' or 'off'"
+    return f" (YAML reads {words}: quote it, {quoted})" if quote else f" (YAML reads {words})"
 
 
 def _bounds(lo: float | None, lo_open: bool, hi: float | None, hi_open: bool) -> str:
@@ -73,8 +74,9 @@ class Rule:
         raise NotImplementedError
 
     def hint(self, value: Any) -> str:
-        """What a refused `value` may have meant: a number YAML read as text (`'3e-4'`)."""
-        return number_text_hint(value)
+        """What a refused `value` may have meant: a number YAML read as text (`'3e-4'`), or
+        a word YAML read as a boolean (`yes`)."""
+        return number_text_hint(value) or bool_word_hint(value, quote=False)
 
     def refuse(self, value: Any, field: str) -> ConfigError:
         return ConfigError(field, f"expected {self.what}, got {value!r}{self.hint(value)}")
