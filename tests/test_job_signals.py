@@ -4,6 +4,7 @@ the signal, no success record is written, and the job's log holds the step's out
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -174,26 +175,34 @@ def stubborn(ctx):  # catches everything, as a careless step's retry loop does
 '''
 
 
-def test_a_step_that_catches_the_stop_and_returns_fails_as_stopped_without_a_success_record(tmp_path):
-    (tmp_path / "stubbornsteps.py").write_text(STUBBORN)
-    (tmp_path / "exp.yaml").write_text('artifacts:\n  ck/s@v1: {step: "stubbornsteps:stubborn"}\n')
-    prefix = tmp_path / "art"
-    command = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "exp.yaml", "--config", f"prefix={prefix}"]
+@contextlib.contextmanager
+def _run_until_started(tmp_path, module: str, text: str, step: str, said: str):
+    """A real `snakemake` run of one artifact `ck/s@v1` (step `module:step`, from `text`),
+    yielded once its step printed `said` (killed at the end if still running)."""
+    (tmp_path / f"{module}.py").write_text(text)
+    (tmp_path / "exp.yaml").write_text(f'artifacts:\n  ck/s@v1: {{step: "{module}:{step}"}}\n')
+    command = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "exp.yaml", "--config",
+               f"prefix={tmp_path / 'art'}"]  # fmt: skip
     proc = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         log = tmp_path / ".snakemake/marin-logs/ck/s/v1/job.log"
-        started = lambda: log.exists() and "stubborn step: started" in log.read_text()  # noqa: E731
+        started = lambda: log.exists() and said in log.read_text()  # noqa: E731
         _wait_for(lambda: started() or proc.poll() is not None, 120, "the step to start")
         assert proc.poll() is None, proc.communicate()[0]
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=60)
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_step_that_catches_the_stop_and_returns_fails_as_stopped_without_a_success_record(tmp_path):
+    with _run_until_started(tmp_path, "stubbornsteps", STUBBORN, "stubborn", "stubborn step: started") as proc:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
     assert proc.returncode != 0
-    folder = prefix / "ck/s/v1"
+    folder = tmp_path / "art/ck/s/v1"
     assert not (folder / ".artifact.json").exists()  # the step returned, but it was stopped
     (failure,) = [json.loads(f.read_text()) for f in (folder / ".failures").glob("*.json")]
     assert failure["error"]["type"] == "JobTerminated" and failure["error"]["exit_status"] == "SIGTERM"
@@ -204,28 +213,14 @@ def test_a_step_that_catches_the_stop_and_returns_fails_as_stopped_without_a_suc
 def test_sigint_sent_twice_as_timeout_sends_it_stops_the_run_once_without_tracebacks(tmp_path):
     # GNU `timeout -s INT` signals snakemake, then its process group: Snakemake's own
     # handler, called a second time while it shuts down, ends in chained event-loop tracebacks
-    (tmp_path / "slowsteps.py").write_text(SLOW)
-    (tmp_path / "exp.yaml").write_text('artifacts:\n  ck/s@v1: {step: "slowsteps:slow"}\n')
-    prefix = tmp_path / "art"
-    command = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "exp.yaml", "--config", f"prefix={prefix}"]
-    proc = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    try:
-        log = tmp_path / ".snakemake/marin-logs/ck/s/v1/job.log"
-        started = lambda: log.exists() and "slow step: started" in log.read_text()  # noqa: E731
-        _wait_for(lambda: started() or proc.poll() is not None, 120, "the step to start")
-        assert proc.poll() is None, proc.communicate()[0]
-        proc.send_signal(signal.SIGINT)
-        failures = prefix / "ck/s/v1/.failures"  # the step stopped: Snakemake is shutting down
+    failures = tmp_path / "art/ck/s/v1/.failures"
+    with _run_until_started(tmp_path, "slowsteps", SLOW, "slow", "slow step: started") as proc:
+        proc.send_signal(signal.SIGINT)  # the step stops: Snakemake is shutting down
         _wait_for(lambda: proc.poll() is not None or (failures.exists() and any(failures.iterdir())), 60, "the stop")
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode != 0
     assert "Traceback" not in out and "event loop" not in out, out[-4000:]
-    (failure,) = [json.loads(f.read_text()) for f in (prefix / "ck/s/v1/.failures").glob("*.json")]
+    (failure,) = [json.loads(f.read_text()) for f in failures.glob("*.json")]
     assert failure["error"]["exit_status"] == "SIGINT"

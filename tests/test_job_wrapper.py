@@ -97,9 +97,10 @@ def test_an_error_whose_message_cannot_be_made_still_leaves_a_failure_record(tmp
     assert error["message"] == "<the Unprintable's message could not be made: RuntimeError>"
 
 
-def test_sigterm_during_a_step_leaves_a_failure_record_naming_the_signal(tmp_path):
-    out = str(tmp_path / "x/y/v1")
-    script = textwrap.dedent(
+def _run_step_in_a_process(out: str, step_body: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """`run_step` of a step whose body is `step_body` (it may signal its own process), in
+    a process of its own; (that process, the error of the one failure record written)."""
+    template = textwrap.dedent(
         f"""
         import os, signal
         from marin_rules.artifacts.context import StepContext
@@ -107,48 +108,41 @@ def test_sigterm_during_a_step_leaves_a_failure_record_naming_the_signal(tmp_pat
         from marin_rules.job.run import run_step
 
         def step(ctx):
-            open(os.path.join(ctx.output, "partial.bin"), "w").write("half")
-            os.kill(os.getpid(), signal.SIGTERM)
-            raise AssertionError("not reached")
+        BODY
 
         entry = {json.dumps(_entry(out))}
         ctx = StepContext(name="x/y", version="v1", config={{}}, deps={{}}, runtime={{}}, output={out!r})
         run_step(ctx, entry, Provenance(".", [], "r", 3), step)
         """
     )
+    script = template.replace("BODY", textwrap.indent(textwrap.dedent(step_body).strip("\n"), "    "))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert proc.returncode != 0
     (failure,) = (Path(out) / ".failures").glob("*.json")
-    record = json.loads(failure.read_text())
-    assert record["error"]["exit_status"] == "SIGTERM" and record["error"]["type"] == "JobTerminated"
+    return proc, json.loads(failure.read_text())["error"]
+
+
+def test_sigterm_during_a_step_leaves_a_failure_record_naming_the_signal(tmp_path):
+    out = str(tmp_path / "x/y/v1")
+    proc, error = _run_step_in_a_process(out, """
+        open(os.path.join(ctx.output, "partial.bin"), "w").write("half")
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("not reached")
+    """)  # fmt: skip
+    assert proc.returncode != 0
+    assert error["exit_status"] == "SIGTERM" and error["type"] == "JobTerminated"
     assert (Path(out) / "partial.bin").read_text() == "half"
     assert not (Path(out) / ".artifact.json").exists()
 
 
 def test_a_step_that_turns_the_stop_into_another_error_has_the_signal_as_its_exit_status(tmp_path):
     out = str(tmp_path / "x/y/v1")
-    script = textwrap.dedent(
-        f"""
-        import os, signal
-        from marin_rules.artifacts.context import StepContext
-        from marin_rules.artifacts.records import Provenance
-        from marin_rules.job.run import run_step
-
-        def step(ctx):
-            try:
-                os.kill(os.getpid(), signal.SIGTERM)
-            except BaseException:
-                raise RuntimeError("cleanup failed")
-
-        entry = {json.dumps(_entry(out))}
-        ctx = StepContext(name="x/y", version="v1", config={{}}, deps={{}}, runtime={{}}, output={out!r})
-        run_step(ctx, entry, Provenance(".", [], "r", 3), step)
-        """
-    )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    proc, error = _run_step_in_a_process(out, """
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except BaseException:
+            raise RuntimeError("cleanup failed")
+    """)  # fmt: skip
     assert proc.returncode != 0
-    (failure,) = (Path(out) / ".failures").glob("*.json")
-    error = json.loads(failure.read_text())["error"]
     assert error["type"] == "RuntimeError" and error["exit_status"] == "SIGTERM"
     assert not (Path(out) / ".artifact.json").exists()
 
