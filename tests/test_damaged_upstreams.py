@@ -549,14 +549,18 @@ def test_a_missing_tokenizer_json_is_named_by_evaluation_not_a_bare_file_not_fou
 def tokenize_result(tokens: Path) -> dict:
     """The figures the `tokenize` step records in its result, as index.json holds them when built."""
     index = json.loads((tokens / "index.json").read_text())
-    return {"vocab_size": index["vocab_size"], "dtype": index["dtype"],
+    return {"vocab_size": index["vocab_size"], "dtype": index["dtype"], "eos_id": index["eos_id"],
             "train_tokens": index["splits"]["train"]["tokens"],
             "validation_tokens": index["splits"]["validation"]["tokens"]}  # fmt: skip
 
 
-@pytest.mark.parametrize("field, before, after", [("vocab_size", "512", "999"), ("dtype", "uint16", "uint32")])
+@pytest.mark.parametrize("field, before, after",
+                         [("vocab_size", "512", "999"), ("dtype", "uint16", "uint32"), ("eos_id", None, None)])
 def test_an_index_json_edited_against_its_tokenize_record_is_refused_naming_the_field(tokens, field, before, after):
     record_built(tokens, "tokenize", result=tokenize_result(tokens))
+    if field == "eos_id":  # one digit for another: the same size
+        before = str(tokenize_result(tokens)["eos_id"])
+        after = str((int(before) + 5) % 10)
     loader(tokens)  # as built: the index agrees with its record
     text = (tokens / "index.json").read_text()
     assert f'"{field}": "{before}"' in text or f'"{field}": {before}' in text
@@ -564,8 +568,8 @@ def test_an_index_json_edited_against_its_tokenize_record_is_refused_naming_the_
                                        .replace(f'"{field}": "{before}"', f'"{field}": "{after}"'))  # same size
     with pytest.raises(StepError) as error:
         loader(tokens)
-    quoted = after if field == "vocab_size" else repr(after)
-    recorded = before if field == "vocab_size" else repr(before)
+    quoted = repr(after) if field == "dtype" else after
+    recorded = repr(before) if field == "dtype" else before
     message = str(error.value)
     assert message.startswith(f"deps.data: {tokens / 'index.json'} is unreadable ({field} is {quoted}, but the record "
                               f"of x/tokens@v1 gives result.{field} = {recorded}): "), message  # fmt: skip

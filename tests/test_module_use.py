@@ -112,6 +112,10 @@ def test_the_users_own_config_keys_and_config_file_pass_through_our_module(tmp_p
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (tmp_path / "mine.txt").read_text() == "3 alice\n"
+    assert "warning: --config my_threshold" not in proc.stderr  # nothing like a key of ours
+    typo = _snakemake(tmp_path, env, *profile, "-n", "--config", "prefx=elsewhere")
+    assert ("marin-rules: warning: --config prefx=...: not a marin-rules key (did you mean prefix?); left to your "
+            "workflow") in typo.stderr
     assert json.loads((tmp_path / "artifacts/feat/a/v1/.artifact.json").read_text())["result"] == {"ok": True}
     # run as the main Snakefile, the same unknown key is still refused (a typo of ours, say)
     (tmp_path / "plain").mkdir()

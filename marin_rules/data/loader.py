@@ -119,7 +119,7 @@ def _read_index(index_location: str, location: str) -> dict[str, Any]:
 
 def _check_against_record(index: dict[str, Any], index_location: str, location: str) -> None:
     """index.json against the result of the `tokenize` record at `location`: its
-    vocab_size, dtype and each split's token count (what its shards list) must be the
+    vocab_size, dtype, special-token ids and each split's token count (what its shards list) must be the
     recorded ones, else the one-line `unreadable_file` naming the field (index.json
     edited or damaged in place, its size kept). No such record (data adopted in
     place), or a result without a figure: that figure is not compared."""
@@ -127,12 +127,12 @@ def _check_against_record(index: dict[str, Any], index_location: str, location: 
     if record is None or record.step != "tokenize" or not isinstance(record.result, dict):
         return
     result = record.result
-    found = {"vocab_size": index["vocab_size"], "dtype": index["dtype"]}
+    found = {key: index.get(key) for key in ("vocab_size", "dtype", "bos_id", "eos_id", "pad_id")}
     for split, entry in index["splits"].items():
         found[f"{split}_tokens"] = sum(int(shard["tokens"]) for shard in entry["shards"])
     for key, value in found.items():
         if key in result and result[key] != value:
-            field = key if key in ("vocab_size", "dtype") else f"splits.{key[: -len('_tokens')]} (its shards' tokens)"
+            field = f"splits.{key[: -len('_tokens')]} (its shards' tokens)" if key.endswith("_tokens") else key
             raise unreadable_file(FIELD, index_location, location, f"{field} is {value!r}, but the record of "
                                   f"{record.key} gives result.{key} = {result[key]!r}")  # fmt: skip
 

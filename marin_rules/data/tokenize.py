@@ -220,6 +220,7 @@ def gather_tokens(ctx: StepContext, shards: list[dict[str, Any]]) -> dict[str, A
         "validation_token_share": round(validation_share, 4),
         "vocab_size": vocab["vocab_size"],
         "dtype": vocab["dtype"],
+        **{f"{role}_id": vocab[f"{role}_id"] for role in ("bos", "eos", "pad")},  # index.json's, for its readers
         "num_workers": shards[0]["num_workers"],
         "shards": len(shards),
         "seconds": round(seconds, 3),  # encoding time summed over the shards

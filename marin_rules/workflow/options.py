@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sys
 from typing import Any, Iterable
 
 import yaml
@@ -69,7 +70,7 @@ def check_config(
     (one line each, before anything runs). Keys from a `--configfile` are left to the
     experiment loader, which names the file. `users_workflow`: our Snakefile is a
     module or an include of the user's, whose rules have config keys of their own:
-    keys that are not ours are theirs, not refused."""
+    keys that are not ours are theirs, not refused (one near ours gets a warning line)."""
     files = [_top_level(f) for f in configfiles]
     for key in config:
         if key in GLUE_KEYS:
@@ -85,7 +86,12 @@ def check_config(
                 f"--config {key}=...: an experiment's '{key}:' is read from its file only; write it in "
                 "the experiment file (the one given by --configfile or --config experiment=)"
             )
-        if not any(key in data for data in files) and not users_workflow:
+        if not any(key in data for data in files) and users_workflow:
+            near = suggestion(key, GLUE_KEYS)  # a typo of ours would pass to the user's workflow unsaid
+            if near:
+                print(f"marin-rules: warning: --config {key}=...: not a marin-rules key{near}; left to your workflow",
+                      file=sys.stderr)  # fmt: skip
+        elif not any(key in data for data in files):
             raise MarinError(
                 f"--config {key}=...: unknown key{suggestion(key, GLUE_KEYS | TOP_FIELDS)}; "
                 f"marin-rules reads {', '.join(sorted(GLUE_KEYS))}"
