@@ -164,7 +164,7 @@ def test_a_checkpoint_of_optax_muons_state_resumes_under_the_trainers_muon(tmp_p
 
 
 def test_the_digests_of_a_checkpoint_cover_what_consumers_restore_and_see_bytes_garbled_in_place(tmp_path):
-    from marin_rules.artifacts.files import digest_problems
+    from marin_rules.artifacts.files import content_problems
 
     output = tmp_path / "run"
     saved_run(output, (1, 2))
@@ -173,14 +173,14 @@ def test_the_digests_of_a_checkpoint_cover_what_consumers_restore_and_see_bytes_
     assert "checkpoints/2/model/params.w/0" in digests and "checkpoints/2/_CHECKPOINT_METADATA" in digests
     assert all(rel.startswith("checkpoints/2/") and "/optimizer/" not in rel for rel in digests)
     assert all(d.startswith("xxh3:") for d in digests.values())
-    assert digest_problems(str(output), digests) == []
+    assert content_problems(str(output), digests) == {}
     chunk = output / "checkpoints/2/model/params.w/0"
     data = bytearray(chunk.read_bytes())
     data[10:14] = b"XXXX"  # same size: the record's size check cannot see it
     chunk.write_bytes(bytes(data))
     (output / "checkpoints/2/model/_METADATA").unlink()
     garbled = digests["checkpoints/2/model/params.w/0"]
-    assert digest_problems(str(output), digests) == [  # in the order of the digests: sorted by path
+    assert list(content_problems(str(output), digests).values()) == [  # in the order of the digests: by path
         "missing checkpoints/2/model/_METADATA",
         f"changed checkpoints/2/model/params.w/0: its content is not what was recorded ({garbled})",
     ]
@@ -190,7 +190,7 @@ def test_on_gcs_the_digests_are_the_stores_own_crc32c_and_still_see_bytes_garble
     import xxhash
 
     from marin_rules.artifacts import storage
-    from marin_rules.artifacts.files import digest_problems, file_digests
+    from marin_rules.artifacts.files import content_problems, file_digests
 
     for rel, data in {"checkpoints/3/model/a/0": b"a" * 40, "checkpoints/3/_CHECKPOINT_METADATA": b"{}",
                       "checkpoints/3/optimizer/mu/0": b"m" * 40}.items():  # fmt: skip
@@ -199,7 +199,8 @@ def test_on_gcs_the_digests_are_the_stores_own_crc32c_and_still_see_bytes_garble
     assert sorted(digests) == ["checkpoints/3/_CHECKPOINT_METADATA", "checkpoints/3/model/a/0"]
     assert all(d.startswith("crc32c:") for d in digests.values())  # from the listing: nothing downloaded
     local = {"checkpoints/3/model/a/0": "xxh3:" + xxhash.xxh3_64_hexdigest(b"a" * 40)}  # a prefix copied from disk
-    assert digest_problems(gcs_prefix, digests) == [] and digest_problems(gcs_prefix, local) == []
+    assert content_problems(gcs_prefix, digests) == {} and content_problems(gcs_prefix, local) == {}
     storage.write_bytes_atomic(f"{gcs_prefix}/checkpoints/3/model/a/0", b"a" * 20 + b"X" * 4 + b"a" * 16)
-    assert [p.split(":")[0] for p in digest_problems(gcs_prefix, digests)] == ["changed checkpoints/3/model/a/0"]
-    assert [p.split(":")[0] for p in digest_problems(gcs_prefix, local)] == ["changed checkpoints/3/model/a/0"]
+    for expected in (digests, local):
+        (line,) = content_problems(gcs_prefix, expected).values()
+        assert line.startswith("changed checkpoints/3/model/a/0: its content is not what was recorded")

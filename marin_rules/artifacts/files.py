@@ -4,12 +4,12 @@ Model: an artifact's data is every file under its folder except the bookkeeping:
 success record (and its temporary siblings), `.failures/`, `.history/`, `.attempt.json` and the lease
 (`.lease.json` and its `.lock`, `.tmp-*` siblings), at the top and in shard folders
 (`shards/*/`, which hold their own lease and `.failures/`). The success record lists them with
-their sizes (one listing, local or remote); `file_problems` compares a listing made now
-against that list. A size cannot see a file garbled in place: where a step records the
+their sizes (one listing, local or remote); `size_problems` compares a listing made now
+against that list (`file_problems`: its lines). A size cannot see a file garbled in place: where a step records the
 contents of files its consumers must trust (the final checkpoint of a `train` run),
 `file_digests` gives each one's digest, `xxh3:<hex>` of its bytes, or `crc32c:<base64>`
 where the listing already carries the store's own checksum (GCS: no download), and
-`digest_problems` compares them again.
+`content_problems` compares them again.
 
 What an artifact keeps but does not serve (old builds, stale leftovers, damaged
 checkpoints) goes under `.history/<UTC time>[-why]/`, at the place it had in the artifact
@@ -48,39 +48,38 @@ def list_data_files(location: str) -> dict[str, int]:
     """Every data file under an artifact folder (relative path -> size), from one listing."""
     fs, root = storage.filesystem(location)
     root = root.rstrip("/")
-    try:
-        found = fs.find(root, detail=True)
-    except FileNotFoundError:
-        return {}
     files = {}
-    for path, info in found.items():
-        rel = path[len(root) + 1 :] if path.startswith(root + "/") else path
+    for rel, (_, info) in _relative(_listing(fs, root), root).items():
         parts = rel.split("/")
         if (
             parts[0] in NOT_DATA
             or parts[0].startswith(RECORD_FILE)
             or parts[-1].startswith(LEASE_FILE)
             or any(p in (FAILURES_DIR, HISTORY_DIR) for p in parts[:-1])
-            or info.get("type") == "directory"
         ):
             continue
         files[rel] = int(info.get("size") or 0)
     return dict(sorted(files.items()))
 
 
-def file_problems(location: str, expected: dict[str, int]) -> list[str]:
-    """One line per expected file that is missing, shorter ("truncated") or of another
-    size ("changed") than expected; [] when all are there as expected."""
+def size_problems(location: str, expected: dict[str, int]) -> dict[str, str]:
+    """For each expected file that is missing, shorter ("truncated") or of another size
+    ("changed") than expected, its line, by relative path; {} when all are as expected."""
     found = list_data_files(location)
-    problems = []
+    problems = {}
     for rel, size in expected.items():
         if rel not in found:
-            problems.append(f"missing {rel}")
+            problems[rel] = f"missing {rel}"
         elif found[rel] < size:
-            problems.append(f"truncated {rel}: {found[rel]} of {size} bytes")
+            problems[rel] = f"truncated {rel}: {found[rel]} of {size} bytes"
         elif found[rel] != size:
-            problems.append(f"changed {rel}: {found[rel]} bytes, recorded {size}")
+            problems[rel] = f"changed {rel}: {found[rel]} bytes, recorded {size}"
     return problems
+
+
+def file_problems(location: str, expected: dict[str, int]) -> list[str]:
+    """The lines of `size_problems`; [] when all are there as expected."""
+    return list(size_problems(location, expected).values())
 
 
 def nested_records(location: str) -> list[str]:
@@ -114,9 +113,8 @@ def named_digests(location: str, names: Any) -> dict[str, str]:
     `location`; those not there are left out)."""
     fs, root = storage.filesystem(location)
     root = root.rstrip("/")
-    found = {rel: pair for rel, pair in _relative(_listing(fs, root), root).items() if rel in set(names)}
-    return {rel: _digest(fs, path, info, "crc32c" if info.get("crc32c") else "xxh3")
-            for rel, (path, info) in sorted(found.items())}  # fmt: skip
+    wanted = set(names)
+    return _digests(fs, {rel: pair for rel, pair in _relative(_listing(fs, root), root).items() if rel in wanted})
 
 
 def recorded_digests(result: Any) -> dict[str, str]:
@@ -135,35 +133,32 @@ def file_digests(location: str, under: str, leave_out: tuple[str, ...] = ()) -> 
     `crc32c:<base64>` where the listing gives the store's checksum, else `xxh3:<hex>`}."""
     fs, root = storage.filesystem(location)
     root = root.rstrip("/")
-    found = _listing(fs, f"{root}/{under.strip('/')}")
+    found = _relative(_listing(fs, f"{root}/{under.strip('/')}"), root)
     skipped = tuple(f"{under.strip('/')}/{name}/" for name in leave_out)
-    return {
-        rel: _digest(fs, path, info, "crc32c" if info.get("crc32c") else "xxh3")
-        for rel, (path, info) in sorted(_relative(found, root).items())
-        if not rel.startswith(skipped)
-    }
+    return _digests(fs, {rel: pair for rel, pair in found.items() if not rel.startswith(skipped)})
 
 
-def digest_problems(location: str, expected: Mapping[str, str]) -> list[str]:
-    """One line per file of `expected` (`file_digests`' form) that is missing or whose
-    digest is not the one expected ("changed <rel>: its content is not what was recorded");
-    [] when all match. An entry this store cannot check without reading another's
-    checksum (`crc32c` on a store whose listing has none: a local copy) is skipped."""
+def content_problems(location: str, expected: Mapping[str, str]) -> dict[str, str]:
+    """For each file of `expected` (`file_digests`' form) that is missing or whose digest
+    is not the one expected ("changed <rel>: its content is not what was recorded"), its
+    line, by relative path; {} when all match. An entry this store cannot check without
+    reading another's checksum (`crc32c` on a store whose listing has none: a local copy)
+    is skipped."""
     if not expected:
-        return []
+        return {}
     fs, root = storage.filesystem(location)
     root = root.rstrip("/")
     common = posixpath.commonpath([posixpath.dirname(rel) for rel in expected])  # one listing of what they share
     found = _relative(_listing(fs, f"{root}/{common}" if common else root), root)
-    problems = []
+    problems = {}
     for rel, digest in expected.items():
         algorithm = str(digest).partition(":")[0]
         if rel not in found:
-            problems.append(f"missing {rel}")
+            problems[rel] = f"missing {rel}"
         elif algorithm not in DIGESTS or (algorithm == "crc32c" and not found[rel][1].get("crc32c")):
             continue
         elif _digest(fs, *found[rel], algorithm) != digest:
-            problems.append(f"changed {rel}: its content is not what was recorded ({digest})")
+            problems[rel] = f"changed {rel}: its content is not what was recorded ({digest})"
     return problems
 
 
@@ -176,6 +171,13 @@ def _listing(fs: Any, folder: str) -> dict[str, dict]:
 
 def _relative(found: dict[str, dict], root: str) -> dict[str, tuple[str, dict]]:
     return {p[len(root) + 1 :]: (p, i) for p, i in found.items() if p.startswith(root + "/")}
+
+
+def _digests(fs: Any, found: dict[str, tuple[str, dict]]) -> dict[str, str]:
+    """`file_digests`' form of `found` (relative path -> (path, listing info)): the store's
+    crc32c where the listing has it, else xxh3 of the bytes."""
+    return {rel: _digest(fs, path, info, "crc32c" if info.get("crc32c") else "xxh3")
+            for rel, (path, info) in sorted(found.items())}  # fmt: skip
 
 
 def _digest(fs: Any, path: str, info: dict, algorithm: str) -> str:

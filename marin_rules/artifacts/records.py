@@ -46,7 +46,7 @@ from marin_rules.artifacts.drift import EDITED_FIX, DefaultLookup, drift_notice,
 from marin_rules.artifacts.errors import ConfigError, MarinError, StepError, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, ArtifactId
 from marin_rules.artifacts.files import (
-    digest_problems, file_problems, history_stamp, is_inside, list_data_files, recorded_digests,
+    content_problems, history_stamp, is_inside, list_data_files, recorded_digests, size_problems,
 )
 from marin_rules.artifacts.provenance import Provenance, iso, utc_now
 
@@ -366,12 +366,12 @@ def verify_files(location: str, record: Record, contents: bool = False) -> list[
     `contents` (`marin verify`; consumers check what they load themselves) per file whose
     content differs from the digest its result holds (`files.recorded_digests`: a train
     run's final checkpoint, a tokenizer's files); [] when all agree."""
-    problems = file_problems(location, record.files)
+    problems = size_problems(location, record.files)
     if not contents:
-        return problems
-    missing = {p.split(" ", 2)[1].rstrip(":") for p in problems}
-    digests = {rel: d for rel, d in recorded_digests(record.result).items() if rel not in missing}
-    return problems + [p for p in digest_problems(location, digests) if not p.startswith("missing ")]
+        return list(problems.values())
+    digests = {rel: d for rel, d in recorded_digests(record.result).items() if rel not in problems}
+    changed = [line for line in content_problems(location, digests).values() if not line.startswith("missing ")]
+    return [*problems.values(), *changed]
 
 
 def write_failure(

@@ -12,7 +12,7 @@ experiment, what a reader wants to see into `{out}/{category}/{artifact key}/`:
   Scaling      scaling.png and table.html of a scaling_fit, check.png of a scaling_check
   Experiment   dag.svg (`marin dag`'s picture, coloured by state) under the experiment's name
 
-A file is copied only when it is what its artifact's record lists (`files.file_problems`:
+A file is copied only when it is what its artifact's record lists (`files.size_problems`:
 there, with its recorded size) and reads as what it claims to be (a .md file UTF-8
 text, a .png file a PNG whose chunks' checksums hold: `damage`); a damaged one is left
 out with one stderr line naming it and the rebuild command, and the report still builds.
@@ -35,7 +35,7 @@ import zlib
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
-from marin_rules.artifacts.files import file_problems
+from marin_rules.artifacts.files import size_problems
 from marin_rules.artifacts.identity import artifact_location
 from marin_rules.artifacts.records import read_record, rebuild_hint
 from marin_rules.experiment import Experiment, load_experiment
@@ -138,7 +138,7 @@ def recorded_problems(location: str, names: list[str]) -> dict[str, str]:
     if record is None:
         return {}
     wanted = {name: record.files[name] for name in names if name in record.files}
-    return {p.split(" ", 2)[1].rstrip(":"): p for p in file_problems(location, wanted)} if wanted else {}
+    return size_problems(location, wanted) if wanted else {}
 
 
 def _left_out(source: str, problem: str, location: str, flags: str) -> None:

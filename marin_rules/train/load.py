@@ -43,7 +43,7 @@ from flax import nnx
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, MarinError, StepError
-from marin_rules.artifacts.files import digest_problems, file_problems, recorded_digests
+from marin_rules.artifacts.files import content_problems, recorded_digests, size_problems
 from marin_rules.artifacts.records import Record, read_record, unreadable_file
 from marin_rules.data.relative import resolve_location
 from marin_rules.data.tokenizer import SPECIAL_TOKENS_FILE, TOKENIZER_ARTIFACT_FILES
@@ -163,13 +163,12 @@ def check_digests(record: Record | None, location: str, step: int) -> None:
     if not isinstance(digests, dict):
         return
     mine = {rel: d for rel, d in digests.items() if isinstance(rel, str) and rel.startswith(f"checkpoints/{step}/")}
-    problems = digest_problems(location, mine)
+    problems = content_problems(location, mine)
     if problems:
-        what, _, rel = problems[0].partition(" ")
-        rel = rel.split(":", 1)[0]
+        rel, line = next(iter(problems.items()))
         holds = f"the record of {record.key} holds in result.{checkpoint.DIGESTS_KEY}"
         reason = f"its bytes are not those whose digest {holds}"
-        if what == "missing":
+        if line.startswith("missing "):
             reason = f"missing, though {holds} its digest"
         if len(problems) > 1:
             reason += f"; {len(problems) - 1} more file(s) of checkpoint {step} differ too"
@@ -211,7 +210,7 @@ def check_special_ids(record: Record, folder: str) -> None:
 def check_tokenizer(tokenizer: str, model_location: str) -> None:
     """The tokenizer.json `model.json` names (`tokenizer`: in its own artifact, reached
     through deps.model) and the files beside it that consumers read: missing, or of
-    another size than that artifact's record lists (`files.file_problems`), or a
+    another size than that artifact's record lists (`files.size_problems`), or a
     tokenizer.json that does not parse, is the one-line `unreadable_file` naming it
     with that artifact's rebuild command (the model's, at `model_location`, when the file
     model.json names is one the tokenizer's record does not list)."""
@@ -222,8 +221,8 @@ def check_tokenizer(tokenizer: str, model_location: str) -> None:
     if record is not None:
         recorded = {name: record.files[name] for name in TOKENIZER_ARTIFACT_FILES if name in record.files}
         digests = {n: d for n, d in recorded_digests(record.result).items() if n in TOKENIZER_ARTIFACT_FILES}
-        for problem in file_problems(folder, recorded) + digest_problems(folder, digests):  # the first will do
-            name = problem.split(" ", 2)[1].rstrip(":")
+        problems = [*size_problems(folder, recorded).items(), *content_problems(folder, digests).items()]
+        for name, problem in problems:  # the first will do
             reason = f"the model's tokenizer {record.key}: {problem}"
             raise unreadable_file(FIELD, storage.join(folder, name), folder, reason)
         check_special_ids(record, folder)
