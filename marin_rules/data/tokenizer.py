@@ -268,23 +268,24 @@ def hf_files(special: dict[str, str]) -> dict[str, dict[str, Any]]:
     }
 
 
-def load_special_tokens(location: str) -> dict[str, dict[str, Any]]:
+def load_special_tokens(location: str, field: str = "deps.tokenizer") -> dict[str, dict[str, Any]]:
     """The `special_tokens.json` of a tokenizer artifact (`{role: {"token": str, "id": int}}`
-    for each of SPECIAL_ROLES); missing or damaged, one line naming it."""
+    for each of SPECIAL_ROLES); missing or damaged, one line naming it and `field` (the
+    dependency it was reached through)."""
     path = storage.join(location, SPECIAL_TOKENS_FILE)
     if not storage.exists(path):
-        raise StepError(f"deps.tokenizer: {path} is missing: is {location} a finished `train_tokenizer` artifact?")
+        raise StepError(f"{field}: {path} is missing: is {location} a finished `train_tokenizer` artifact?")
     try:
         special = storage.read_json(path)
     except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
-        raise unreadable_file("deps.tokenizer", path, location, e) from None
+        raise unreadable_file(field, path, location, e) from None
     if type(special) is not dict:
-        raise unreadable_file("deps.tokenizer", path, location, f"it is {dolma.json_kind(special)}, not a JSON object")
+        raise unreadable_file(field, path, location, f"it is {dolma.json_kind(special)}, not a JSON object")
     for role in SPECIAL_ROLES:
         entry = special.get(role)
         if type(entry) is not dict or type(entry.get("token")) is not str or type(entry.get("id")) is not int:
             why = f'`{role}` is not {{"token": <string>, "id": <integer>}}'
-            raise unreadable_file("deps.tokenizer", path, location, why)
+            raise unreadable_file(field, path, location, why)
     return special
 
 

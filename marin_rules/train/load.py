@@ -46,7 +46,7 @@ from marin_rules.artifacts.errors import ConfigError, MarinError, StepError
 from marin_rules.artifacts.files import content_problems, recorded_digests, size_problems
 from marin_rules.artifacts.records import Record, read_record, unreadable_file
 from marin_rules.data.relative import resolve_location
-from marin_rules.data.tokenizer import SPECIAL_TOKENS_FILE, TOKENIZER_ARTIFACT_FILES
+from marin_rules.data.tokenizer import SPECIAL_TOKENS_FILE, TOKENIZER_ARTIFACT_FILES, load_special_tokens
 from marin_rules.model.config import ModelConfig
 from marin_rules.model.moe import dropless as dropless_impl
 from marin_rules.model.sharding import path_names
@@ -197,10 +197,7 @@ def check_special_ids(record: Record, folder: str) -> None:
     path = storage.join(folder, SPECIAL_TOKENS_FILE)
     if not isinstance(recorded, dict) or not storage.exists(path):
         return
-    try:
-        stored = {role: entry["id"] for role, entry in storage.read_json(path).items()}
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise unreadable_file(FIELD, path, folder, e) from None
+    stored = {role: entry["id"] for role, entry in load_special_tokens(folder, FIELD).items()}
     for role, id_ in recorded.items():
         if stored.get(role) != id_:
             raise unreadable_file(FIELD, path, folder, f"the model's tokenizer {record.key}: {role} is "
