@@ -13,6 +13,7 @@ import sys
 
 import fsspec
 import pytest
+import xxhash
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
@@ -112,6 +113,9 @@ def test_evaluate_writes_results_table_and_headline_metrics(artifacts, tmp_path)
     assert f"| marin_shakespeare_bpb | bits_per_byte | {bpb['bits_per_byte']:.4f} ± {bpb['bits_per_byte_stderr']:.4f} |" in table
     assert "unigram baseline" in table
     assert os.path.getsize(os.path.join(out, "results.png")) > 1000
+    # each output file by content, for `marin verify` and the report (xxh3 of its bytes)
+    assert result["file_digests"] == {name: "xxh3:" + xxhash.xxh3_64_hexdigest(open(os.path.join(out, name), "rb").read())
+                                      for name in ("results.json", "baseline_results.json", "results.md", "results.png")}
     assert bpb["lossless"] is True and "lossless" not in cloze and "not meaningful" not in table  # byte-level BPE
 
 

@@ -157,9 +157,9 @@ def test_gather_files_scaling_plots_under_scaling_and_skips_unbuilt_artifacts(wh
              "scaling/check@v1": {"check.png": png(b"check")}}  # fmt: skip
     for key, written in files.items():
         location = artifact_location(prefix, experiment[key].id)
-        for name, data in written.items():
-            (storage.write_bytes_atomic if isinstance(data, bytes) else storage.write_text_atomic)(
-                storage.join(location, name), data
+        for file, content in written.items():
+            (storage.write_bytes_atomic if isinstance(content, bytes) else storage.write_text_atomic)(
+                storage.join(location, file), content
             )
     out = tmp_path / "marin-report"
     done = gather(experiment, prefix, str(out), set(files))
@@ -193,12 +193,18 @@ def garble(data: bytes, at: int, n: int = 10) -> bytes:
         ("truncate loss.png", "truncated loss.png: 40 of "),
         ("garble loss.png", "its 'tEXt' chunk fails its checksum"),
         ("garble results.md", "not UTF-8 text (invalid start byte at byte 3)"),
+        ("edit results.md", "changed results.md: its content is not what was recorded (xxh3:"),
+        ("edit loss.png", "changed loss.png: its content is not what was recorded (xxh3:"),
     ],
 )
 def test_gather_leaves_a_damaged_file_out_with_one_line_and_still_builds_the_report(tmp_path, capsys, damage, reason):
     """A train and an evaluate artifact with their success records (as a run leaves them);
     one file damaged in place: it is left out, named with its artifact's rebuild command,
-    and every other file is gathered."""
+    and every other file is gathered. An edit that keeps the size and the format (a
+    score changed in results.md, another PNG of the same size) is found by the digest
+    the result records; a garbled file, in a record without digests (as older versions
+    wrote), by its format."""
+    from marin_rules.artifacts.files import FILE_DIGESTS, named_digests
     from marin_rules.artifacts.identity import artifact_location
     from marin_rules.artifacts.records import write_success
     from marin_rules.experiment import load_experiment
@@ -210,21 +216,23 @@ def test_gather_leaves_a_damaged_file_out_with_one_line_and_still_builds_the_rep
     table = "| task | model |\n|---|---|\n| bpb | 1.5 |\n"
     files = {"checkpoints/nano@v1": {"loss.png": png(b"loss curve")},
              "evals/nano@v1": {"results.md": table, "results.png": png(b"bars")}}  # fmt: skip
+    action, name = damage.split()
     for key, written in files.items():
         artifact = experiment[key]
         location = artifact_location(prefix, artifact.id)
-        for name, data in written.items():
-            (storage.write_bytes_atomic if isinstance(data, bytes) else storage.write_text_atomic)(
-                storage.join(location, name), data
+        for file, content in written.items():
+            (storage.write_bytes_atomic if isinstance(content, bytes) else storage.write_text_atomic)(
+                storage.join(location, file), content
             )
         entry = {"name": artifact.id.name, "version": artifact.id.version, "step": artifact.step,
                  "fingerprint": artifact.fingerprint, "config": {}, "deps": {}, "runtime": {}}  # fmt: skip
-        write_success(location, entry, {}, {})
-    action, name = damage.split()
+        write_success(location, entry, {FILE_DIGESTS: named_digests(location, written)} if action != "garble" else {}, {})
     key = "evals/nano@v1" if name.startswith("results") else "checkpoints/nano@v1"
     path = tmp_path / "art" / key.replace("@", "/") / name
     data = path.read_bytes()
-    path.write_bytes(data[:40] if action == "truncate" else garble(data, 3 if name.endswith(".md") else 45))
+    edited = data.replace(b"1.5", b"2.5") if name.endswith(".md") else png(b"loss curvE")  # same size, still valid
+    assert len(edited) == len(data) and edited != data
+    path.write_bytes({"truncate": data[:40], "edit": edited}.get(action) or garble(data, 3 if name.endswith(".md") else 45))
 
     done = gather(experiment, prefix, str(tmp_path / "report"), set(files), flags="--config prefix=art")
     shown = {"loss.png": "Training/checkpoints/nano@v1/loss.png", "results.md": "Evaluation/evals/nano@v1/results.html",

@@ -112,6 +112,16 @@ def test_result_reports_losses_baseline_throughput_and_mfu(baseline):
     assert result["resumed_from_step"] == 0
 
 
+def test_result_gives_the_digests_of_the_files_beside_the_checkpoints(baseline):
+    """metrics.jsonl, loss.png and model.json by content (`marin verify`, the report)."""
+    from marin_rules.artifacts.files import content_problems, named_digests
+
+    result, output = baseline
+    names = ("metrics.jsonl", "loss.png", "model.json")
+    assert result["file_digests"] == named_digests(str(output), names) and set(result["file_digests"]) == set(names)
+    assert content_problems(str(output), result["file_digests"]) == {}
+
+
 def test_load_trained_gives_the_final_validation_loss(baseline, tokens):
     import jax
 

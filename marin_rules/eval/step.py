@@ -26,7 +26,9 @@ baseline_<metric>, baseline_<metric>_stderr}; a task scored with
 tokenizer gave back every text scored (decode(encode(text)) == text; `lm.py`), and
 where it did not, `lossless_example`, the rows "not meaningful" in results.md and
 one stderr line: bits per byte divides by bytes its tokens do not describe.
-results.json keeps the check per task under `lossless`.
+results.json keeps the check per task under `lossless`. `file_digests` gives the
+content digest of each file of OUTPUT_FILES, which `marin verify` and the report's
+gather check (a same-size edit of results.md is found too).
 
 Scoring runs a dropless MoE dispatch whatever the model trained with
 (model_scorer.py), so a request's score never depends on the rest of its batch.
@@ -44,10 +46,12 @@ from typing import Any, Iterator
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.files import FILE_DIGESTS, named_digests
 from marin_rules.eval.config import EvaluateConfig, TaskSpec, parse_evaluate
 from marin_rules.eval.report import fill_ratio_stderrs, headline_metrics, lossy_note, plot_results, results_table
 
 RESULT_SECTIONS = ("results", "configs", "versions", "n-shot", "higher_is_better", "n-samples")
+OUTPUT_FILES = ("results.json", "baseline_results.json", "results.md", "results.png")
 BOOTSTRAP_ITERS = 100  # lm-eval bootstraps only a few metrics (perplexity, f1, ...); acc has a closed form
 
 
@@ -103,6 +107,7 @@ def evaluate(ctx: StepContext) -> dict[str, Any]:
         "documents": counts,
         "max_length": model_lm.max_length,
         "seconds": round(time.time() - started, 1),
+        FILE_DIGESTS: named_digests(ctx.output, OUTPUT_FILES),  # by content too: `marin verify`, the report
     }
 
 

@@ -13,7 +13,8 @@ experiment, what a reader wants to see into `{out}/{category}/{artifact key}/`:
   Experiment   dag.svg (`marin dag`'s picture, coloured by state) under the experiment's name
 
 A file is copied only when it is what its artifact's record lists (`files.size_problems`:
-there, with its recorded size) and reads as what it claims to be (a .md file UTF-8
+there, with its recorded size; `files.content_problems`: with its recorded digest,
+where the record's result gives one) and reads as what it claims to be (a .md file UTF-8
 text, a .png file a PNG whose chunks' checksums hold: `damage`); a damaged one is left
 out with one stderr line naming it and the rebuild command, and the report still builds.
 
@@ -35,7 +36,7 @@ import zlib
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
-from marin_rules.artifacts.files import size_problems
+from marin_rules.artifacts.files import content_problems, recorded_digests, size_problems
 from marin_rules.artifacts.identity import artifact_location
 from marin_rules.artifacts.records import read_record, rebuild_hint
 from marin_rules.experiment import Experiment, load_experiment
@@ -138,7 +139,10 @@ def recorded_problems(location: str, names: list[str]) -> dict[str, str]:
     if record is None:
         return {}
     wanted = {name: record.files[name] for name in names if name in record.files}
-    return size_problems(location, wanted) if wanted else {}
+    problems = size_problems(location, wanted) if wanted else {}
+    digests = {name: digest for name, digest in recorded_digests(record.result).items()
+               if name in names and name not in problems}  # fmt: skip
+    return {**problems, **content_problems(location, digests)} if digests else problems
 
 
 def _left_out(source: str, problem: str, location: str, flags: str) -> None:

@@ -8,7 +8,8 @@ trains on `loader.batch(s)`, so a run restored from checkpoint `s` continues exa
 as if it had never stopped. At the end it saves the last checkpoint, measures the
 final validation loss and the unigram baseline, and the writer process writes
 `model.json` and `loss.png`, and records in the result the digests of the final
-checkpoint's files (`final_checkpoint_digests`: what `load_trained` checks). Every
+checkpoint's files (`final_checkpoint_digests`: what `load_trained` checks) and of its
+own files (`file_digests`: `marin verify` and the report check them). Every
 process of a multi-process run executes the same loop on its own rows of each batch;
 only process 0 writes metrics, plots and `model.json`. It says in one line which
 checkpoint a run resumes from; a run that starts from scratch first moves the
@@ -38,7 +39,7 @@ from tqdm import tqdm
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import StepError
-from marin_rules.artifacts.files import discard, history_entry, move_into_history
+from marin_rules.artifacts.files import FILE_DIGESTS, discard, history_entry, move_into_history, named_digests
 from marin_rules.dev_versions import DISCARDED
 from marin_rules.model.flops import flops_per_token
 from marin_rules.model.peak import run_peak_flops
@@ -48,7 +49,7 @@ from marin_rules.train.config import TrainConfig
 from marin_rules.train.metrics import MetricsLog
 from marin_rules.train.optim import make_optimizer
 from marin_rules.train.recipe import claim_checkpoints
-from marin_rules.train.report import Clock, summary, train_record, write_outputs
+from marin_rules.train.report import OUTPUT_FILES, Clock, summary, train_record, write_outputs
 from marin_rules.train.steps import batch_sharding, global_batch, init_model, make_eval_step, make_train_step
 from marin_rules.train.unigram import unigram_counts, unigram_loss
 
@@ -320,4 +321,7 @@ def run(
     if writer:
         write_outputs(config, output, log, losses, data.tokenizer, data.eos_id)
     result = summary(config, start, losses, last, clock, peak, (data_size, expert_size))
-    return {**result, checkpoint.DIGESTS_KEY: digests} if writer else result
+    if not writer:
+        return result
+    # the files beside the checkpoints, by content too (`marin verify`, the report's gather)
+    return {**result, checkpoint.DIGESTS_KEY: digests, FILE_DIGESTS: named_digests(output, OUTPUT_FILES)}

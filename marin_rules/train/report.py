@@ -116,6 +116,9 @@ def plot_title(model: ModelConfig) -> str:
     return f"{depth}, {model.n_experts} experts{shared}, top-{model.top_k}"
 
 
+OUTPUT_FILES = ("metrics.jsonl", "loss.png", "model.json")  # the writer's files beside the checkpoints
+
+
 def write_outputs(config: TrainConfig, output: str, log: MetricsLog, losses: dict, tokenizer: str,
                   eos_id: int | None) -> None:  # fmt: skip
     """The writer's files: the final validation record, `loss.png`, `model.json`
