@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
+from marin_rules.artifacts.files import content_problems
 from marin_rules.model.config import ModelConfig
 from marin_rules.model.flops import flops_per_token
 
@@ -99,6 +100,8 @@ def test_fit_recovers_the_standin_law_and_writes_its_plot_table_and_intervals(bu
     folder = root / "artifacts" / "scaling" / "fit" / "v1"
     assert (folder / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (folder / "table.md").read_text().count("| runs/b") == 12 and "Warnings" not in (folder / "table.md").read_text()
+    assert sorted(result["file_digests"]) == ["fit.json", "scaling.png", "table.md"]  # by content: marin verify, the report
+    assert content_problems(str(folder), result["file_digests"]) == {}
 
 
 def test_check_compares_the_real_verification_runs_loss_with_the_prediction(built):
@@ -112,6 +115,8 @@ def test_check_compares_the_real_verification_runs_loss_with_the_prediction(buil
     assert check["reliable"] is True and check["fit_warnings"] == [] and check["passed"] == check["within_target"]
     assert isinstance(check["within_band"], bool) and check["summary"].startswith("checkpoints/verify@v1: actual")
     assert (root / "artifacts" / "scaling" / "check" / "v1" / "check.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(check["file_digests"]) == ["check.json", "check.png"]
+    assert content_problems(str(root / "artifacts" / "scaling" / "check" / "v1"), check["file_digests"]) == {}
 
 
 def test_a_second_run_has_nothing_to_do(built):
@@ -221,4 +226,5 @@ def test_check_of_a_fit_with_warnings_is_unreliable_and_no_pass_whatever_its_err
     assert shaky["reliable"] is False and shaky["fit_warnings"] == [warning]
     assert shaky["within_band"] is None and shaky["within_target"] is True and shaky["passed"] is False
     assert "NOT a pass: the data do not pin this fit (1 warning(s) in fit.json, the first: power_law.alpha" in shaky["summary"]
-    assert json.loads((tmp_path / "shaky" / "check.json").read_text()) == shaky
+    written = json.loads((tmp_path / "shaky" / "check.json").read_text())
+    assert written == {k: v for k, v in shaky.items() if k != "file_digests"}  # the result, less its files' digests

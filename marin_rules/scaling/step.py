@@ -17,6 +17,7 @@ check then says `reliable: false` and carries them as `fit_warnings`; `within_ba
 is null (a band the fit's own estimate can fall outside of, or that a bound cuts, is
 no 95% band), `within_target` stays the measured fact, and `passed` (within target
 and reliable) is false whatever the error. `summary` says all of it in one line.
+Each result gives its files by content (`file_digests`: `marin verify`, the report).
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ import numpy as np
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.files import FILE_DIGESTS, named_digests
 from marin_rules.artifacts.records import read_record
 from marin_rules.scaling import fit as F
 from marin_rules.scaling.checks import MIN_BUDGETS, too_few_budgets
 from marin_rules.scaling.plot import plot_scaling
 
 BUDGET_TOLERANCE = 0.10
+FIT_FILES = ("fit.json", "table.md", "scaling.png")  # each step's files, by content in its result's file_digests
+CHECK_FILES = ("check.json", "check.png")
 
 
 def run_point(location: str, budgets: list[float] | None = None) -> F.Run:
@@ -104,6 +108,7 @@ def scaling_fit(ctx: StepContext) -> dict:
         "loo_spread": out["loo_spread"],
         "loo_spread_chinchilla": out["loo_spread_chinchilla"],
         "warnings": warnings,
+        FILE_DIGESTS: named_digests(ctx.output, FIT_FILES),
     }
 
 
@@ -180,4 +185,4 @@ def scaling_check(ctx: StepContext) -> dict:
     storage.makedirs(ctx.output)
     storage.write_json_atomic(storage.join(ctx.output, "check.json"), out)
     plot_scaling(fit, storage.join(ctx.output, "check.png"), actual=out)
-    return out
+    return {**out, FILE_DIGESTS: named_digests(ctx.output, CHECK_FILES)}
