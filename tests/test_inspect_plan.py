@@ -43,16 +43,45 @@ def test_price_matches_the_hand_computed_figures(experiment_file):  # noqa: F811
 
 
 @pytest.mark.parametrize(
-    "name, chips, peak",
-    [("v5p-8", 4, 459e12), ("v4-32", 16, 275e12), ("v5litepod-16", 16, 197e12), ("v6e-8", 8, 918e12),
-     ("h100-8", 8, 989e12), ("a100", 1, 312e12), ("v9z-8", None, None), ("", None, None)],
+    "name, chips, peak, devices",
+    [("v5p-8", 4, 459e12, 4), ("v4-32", 16, 275e12, 16), ("v3-8", 4, 123e12, 8), ("v5litepod-16", 16, 197e12, 16),
+     ("v6e-8", 8, 918e12, 8), ("h100-8", 8, 989e12, 8), ("a100", 1, 312e12, 1), ("v9z-8", None, None, None),
+     ("", None, None, None)],
 )  # fmt: skip
-def test_accelerator_names_count_chips_as_their_vendors_do(name, chips, peak):
+def test_accelerator_names_count_chips_as_their_vendors_do_and_devices_as_jax_does(name, chips, peak, devices):
+    """JAX counts TensorCores on v2/v3 (two per chip), chips from v4 on (megacore)."""
     accelerator = parse_accelerator(name)
     if chips is None:
         assert accelerator is None
     else:
-        assert (accelerator.chips, accelerator.peak_per_chip) == (chips, peak)
+        assert (accelerator.chips, accelerator.peak_per_chip, accelerator.devices) == (chips, peak, devices)
+
+
+@pytest.mark.parametrize(
+    "runtime, extra, warning",
+    [
+        ("tpu: v5p-8", "", None),  # batch 8 over 4 devices
+        ("tpu: v5p-64", "", "config.batch_size: 8 must be divisible by grad_accum_steps (1) x batch shards "
+                            "(32 = mesh data x expert); try 32"),
+        ("tpu: v3-32", "", "config.batch_size: 8 must be divisible by grad_accum_steps (1) x batch shards "
+                           "(32 = mesh data x expert); try 32"),  # 32 TensorCores
+        ("tpu: v5p-8", "mesh: {data: 2, expert: 4}", "config.mesh: data=2 x expert=4 needs 8 devices, v5p-8 has 4; "
+                                                     "lower config.mesh.data or config.mesh.expert"),
+    ],
+)  # fmt: skip
+def test_plan_warns_of_a_train_job_that_would_stop_at_its_start_on_its_pod(experiment_file, tmp_path, runtime, extra, warning):  # noqa: F811
+    """What the run checks on its devices (batch split, mesh size), checked in the plan
+    (`snakemake -n`, `marin plan`) against the devices the runtime's pod type has, before
+    a pod is paid for."""
+    text = open(experiment_file).read().replace("tpu: v5p-8", runtime)
+    if extra:
+        text = text.replace("num_train_steps: 100", f"num_train_steps: 100\n      {extra}")
+    path = tmp_path / "pod.yaml"
+    path.write_text(text)
+    lines = plan_lines(load_experiment(str(path)), str(tmp_path / "artifacts"))
+    warnings = [line for line in lines if line.startswith("  warning: ")]
+    name = runtime.split()[1]
+    assert warnings == ([] if warning is None else [f"  warning: checkpoints/nano@v1 would stop at its start on {name}: {warning}"])
 
 
 def test_cpu_time_comes_from_past_runs_on_this_host(experiment_file, tmp_path):  # noqa: F811

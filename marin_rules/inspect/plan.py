@@ -11,7 +11,9 @@ FLOP/s past train records on the prefix achieved (tokens_per_s * flops_per_token
 the median, preferring records built on this host) + their median overhead beyond
 the timed steps (compile, evaluation, checkpoints); unknown without such records.
 The vocabulary comes from the model config, else the tokenizer upstream's
-`vocab_size`. Reads records; runs nothing. The jobs that would run are the train
+`vocab_size`. A job whose mesh or batch split does not fit the devices of its
+accelerator (`device_refusal`: the checks the run makes at its start) gets a warning
+line under its price. Reads records; runs nothing. The jobs that would run are the train
 artifacts with no success record; a corrupt one stops the plan with its one line, as
 it stops `snakemake -n`.
 """
@@ -44,6 +46,7 @@ class Accelerator:
     name: str  # as the runtime gave it, e.g. "v5p-8"
     chips: int
     peak_per_chip: float
+    devices: int  # as JAX counts them: TensorCores on v2 and v3, chips on v4 and later (megacore)
 
     @property
     def peak(self) -> float:
@@ -60,7 +63,8 @@ def parse_accelerator(text: Any) -> Accelerator | None:
     if kind not in PEAK_FLOPS or int(count) < 1:
         return None
     peak, per_chip = PEAK_FLOPS[kind]
-    return Accelerator(text, max(1, int(count) // per_chip), peak)
+    chips = max(1, int(count) // per_chip)
+    return Accelerator(text, chips, peak, int(count) if kind in ("v2", "v3") else chips)
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class JobPrice:
     cpu_s: float | None
     note: str = ""
     named: str = ""  # the accelerator the runtime names, known or not
+    refusal: str = ""  # why the run would stop at its start on that accelerator (`device_refusal`)
 
     def accelerator_text(self) -> str:
         """What the plan line says of the accelerator: its time, or why there is none."""
@@ -122,7 +127,24 @@ def price_job(
     accelerator_s = flops / (accelerator.peak * mfu) if accelerator else None
     cpu_s = flops / cpu.flops_per_s + cpu.overhead_s if cpu else None
     params = total_params(model), active_params(model)
-    return JobPrice(key, *params, tokens, flops, accelerator, accelerator_s, cpu_s, note, str(named or ""))
+    refusal = device_refusal(train, accelerator) if accelerator else ""
+    return JobPrice(key, *params, tokens, flops, accelerator, accelerator_s, cpu_s, note, str(named or ""), refusal)
+
+
+def device_refusal(train: Any, accelerator: Accelerator) -> str:
+    """The one line a train run of `train` (a TrainConfig) would stop on at its start on
+    `accelerator` (its mesh does not fit the devices, or its batch does not split over
+    them: train/config.py `mesh_on`, `check_batch_split`), else "". The split per process
+    is left to the run (how many hosts a pod type has is not known here)."""
+    from marin_rules.artifacts.errors import ConfigError
+    from marin_rules.train.config import check_batch_split, mesh_on  # pure Python, no JAX
+
+    try:
+        data, expert = mesh_on(train, accelerator.devices, accelerator.name)
+        check_batch_split(train, data * expert, processes=1)
+    except ConfigError as e:
+        return str(e)
+    return ""
 
 
 def cpu_speed(records: Iterable[Mapping[str, Any]], host: str | None = None) -> CpuSpeed | None:
@@ -228,6 +250,8 @@ def plan_lines(
             f"tokens {count(p.tokens)}; FLOPs {p.flops:.3g}; {p.accelerator_text()}; this CPU: {human(p.cpu_s)}"
             + (f" ({p.note})" if p.note else "")
         )
+        if p.refusal:
+            lines.append(f"  warning: {p.key} would stop at its start on {p.accelerator.name}: {p.refusal}")
     flops = sum(p.flops for p in prices)
     tokens = sum(p.tokens for p in prices)
     acc_total = _sum_or_none([p.accelerator_s for p in prices])

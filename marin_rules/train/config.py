@@ -17,6 +17,7 @@ stay float32.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Mapping
 
@@ -124,8 +125,8 @@ def parse_train_config(config: Any, vocab_size: int | None = None) -> TrainConfi
 
 
 def check_batch_shards(tc: TrainConfig) -> None:
-    """At load, the part of the run's batch split (train/loop.py `check_divisible`)
-    that needs no devices: batch_size must divide into grad_accum_steps x mesh data x
+    """At load, the part of the run's batch split (`check_batch_split`, which the run
+    checks on its devices) that needs no devices: batch_size must divide into grad_accum_steps x mesh data x
     expert. Without `mesh.data` (all devices not used by expert) the data size comes
     from the devices, but the shards are still a multiple of `mesh.expert`."""
     data, expert = tc.mesh.data, tc.mesh.expert
@@ -138,6 +139,34 @@ def check_batch_shards(tc: TrainConfig) -> None:
             "config.batch_size",
             f"{tc.batch_size} must be divisible by grad_accum_steps ({tc.grad_accum_steps}) x batch shards "
             f"({shards_are}); try {need * max(1, tc.batch_size // need)}",
+        )
+
+
+def mesh_on(tc: TrainConfig, devices: int, where: str = "this run") -> tuple[int, int]:
+    """(data, expert) sizes of the run's mesh on `devices` devices (`mesh.data`, else
+    every device not used by `mesh.expert`); a mesh larger than `devices` is the
+    one-line error, `where` naming the run ("this run", or a pod type for the plan)."""
+    expert = tc.mesh.expert
+    data = tc.mesh.data if tc.mesh.data is not None else max(1, devices // expert)
+    if data * expert > devices:
+        raise ConfigError(
+            "config.mesh",
+            f"data={data} x expert={expert} needs {data * expert} devices, {where} has {devices}; "
+            "lower config.mesh.data or config.mesh.expert",
+        )
+    return data, expert
+
+
+def check_batch_split(tc: TrainConfig, shards: int, processes: int) -> None:
+    """batch_size must divide into grad_accum_steps x `shards` (mesh data x expert) and
+    into grad_accum_steps x `processes` (each process reads whole rows of each micro-batch)."""
+    need = math.lcm(shards, processes) * tc.grad_accum_steps
+    if tc.batch_size % need:
+        per_process = f" and by grad_accum_steps x processes ({processes})" if processes > 1 else ""
+        raise ConfigError(
+            "config.batch_size",
+            f"{tc.batch_size} must be divisible by grad_accum_steps ({tc.grad_accum_steps}) x batch shards "
+            f"({shards} = mesh data x expert){per_process}; try {need * max(1, tc.batch_size // need)}",
         )
 
 

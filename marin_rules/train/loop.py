@@ -38,14 +38,14 @@ import numpy as np
 from tqdm import tqdm
 
 from marin_rules.artifacts import storage
-from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.errors import ConfigError, StepError
 from marin_rules.artifacts.files import FILE_DIGESTS, discard, history_entry, move_into_history, named_digests
 from marin_rules.dev_versions import DISCARDED
 from marin_rules.model.flops import flops_per_token
 from marin_rules.model.peak import run_peak_flops
 from marin_rules.model.sharding import make_mesh
 from marin_rules.train import checkpoint, distributed
-from marin_rules.train.config import TrainConfig
+from marin_rules.train.config import TrainConfig, check_batch_split, mesh_on
 from marin_rules.train.metrics import MetricsLog
 from marin_rules.train.optim import make_optimizer
 from marin_rules.train.recipe import claim_checkpoints
@@ -119,26 +119,18 @@ def raised_ceiling(plan: Plan, tokens_per_s: float | None, measure: Any = run_pe
 
 
 def mesh_shape(config: TrainConfig) -> tuple[int, int]:
-    n = jax.device_count()
-    expert = config.mesh.expert
-    data = config.mesh.data if config.mesh.data is not None else max(1, n // expert)
-    if data * expert > n:
-        raise StepError(
-            f"config.mesh: data={data} x expert={expert} needs {data * expert} devices, "
-            f"this run has {n}; lower config.mesh.data or config.mesh.expert"
-        )
-    return data, expert
+    """(data, expert) of the run's mesh on this run's devices (`config.mesh_on`)."""
+    try:
+        return mesh_on(config, jax.device_count())
+    except ConfigError as e:
+        raise StepError(str(e)) from None
 
 
 def check_divisible(config: TrainConfig, shards: int) -> None:
-    need = shards * config.grad_accum_steps
-    per_process = jax.process_count() * config.grad_accum_steps
-    if config.batch_size % need or config.batch_size % per_process:
-        raise StepError(
-            f"config.batch_size: {config.batch_size} must be divisible by grad_accum_steps "
-            f"({config.grad_accum_steps}) x batch shards ({shards} = mesh data x expert) and by "
-            f"grad_accum_steps x processes ({jax.process_count()}); try {need * max(1, config.batch_size // need)}"
-        )
+    try:
+        check_batch_split(config, shards, jax.process_count())
+    except ConfigError as e:
+        raise StepError(str(e)) from None
 
 
 def open_checkpoints(output: str, recipe: Mapping[str, Any] | None, writer: bool) -> tuple[Any, int]:
