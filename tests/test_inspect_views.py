@@ -32,8 +32,12 @@ def two_versions(experiment_file, tmp_path):  # noqa: F811
         f.write(V2)
     prefix = str(tmp_path / "artifacts")
     experiment = load_experiment(experiment_file)
-    build(prefix, experiment, "checkpoints/nano@v1", result={"final_val_loss": 3.5, "steps": 100, "mesh": {"data": 1}})
-    build(prefix, experiment, "checkpoints/nano@v2", result={"final_val_loss": 3.25, "steps": 100, "mesh": {"data": 2}})
+    digests = {"final_checkpoint_digests": {"checkpoints/100/model/a": "xxh3:01", "checkpoints/100/model/b": "xxh3:02"},
+               "file_digests": {"loss.png": "xxh3:03"}}  # as a train result gives them
+    build(prefix, experiment, "checkpoints/nano@v1",
+          result={"final_val_loss": 3.5, "steps": 100, "mesh": {"data": 1}, **digests})  # fmt: skip
+    build(prefix, experiment, "checkpoints/nano@v2",
+          result={"final_val_loss": 3.25, "steps": 100, "mesh": {"data": 2}, **digests, "file_digests": {"loss.png": "xxh3:04"}})  # fmt: skip
     return experiment_file, prefix
 
 
@@ -48,6 +52,9 @@ def test_diff_shows_recipe_fields_and_result_deltas_side_by_side(two_versions, c
     assert rows["final_val_loss"] == ["3.5", "3.25", "-0.25"]
     assert rows["mesh.data"] == ["1", "2", "+1"]
     assert rows["steps"] == ["100", "100", "+0"]
+    # digests: one row per field, the number of files and a short digest of them all
+    assert rows["final_checkpoint_digests"][:3] == rows["final_checkpoint_digests"][3:6] and rows["final_checkpoint_digests"][:2] == ["2", "files"]
+    assert rows["file_digests"][:2] == ["1", "files"] and rows["file_digests"][2] != rows["file_digests"][5]
 
     assert main(["diff", "checkpoints/nano@v1", "checkpoints/nano@v2", "--prefix", prefix, "--only-changed"]) == 0
     out = capsys.readouterr().out

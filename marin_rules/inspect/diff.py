@@ -62,7 +62,7 @@ def _summarised(result: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(result)
     for key in SUMMARISED:
         if isinstance(out.get(key), Mapping):
-            whole = xxhash.xxh3_64_hexdigest(json.dumps(out[key], sort_keys=True, default=str))
+            whole = xxhash.xxh3_64_hexdigest(json.dumps(out[key], sort_keys=True, default=str).encode("utf-8"))
             out[key] = f"{len(out[key])} files {whole[:8]}"
     return out
 
