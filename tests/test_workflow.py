@@ -383,6 +383,15 @@ def test_configfile_and_config_experiment_select_one_experiment_never_merged(ws)
     assert "solo/x/v1" in proc.stdout
     proc = ws._run("-n", "--configfile", "exp.yaml", "--config", "experiment=other.yaml", cwd=ws.root, env=ws.env, check=False)
     assert proc.returncode != 0 and "name different experiments" in proc.stderr
+    # two experiment files: one line, whether given to one --configfile (Snakemake would merge
+    # them) or to a repeated one (Snakemake would keep the last); one file given twice is one
+    for two in (["--configfile", "exp.yaml", "other.yaml"], ["--configfile", "exp.yaml", "--configfile=other.yaml"]):
+        proc = ws._run("-n", *two, cwd=ws.root, env=ws.env, check=False)
+        assert proc.returncode != 0, two
+        assert "marin-rules: more than one experiment --configfile given (" in proc.stderr and "pick one" in proc.stderr
+        assert "Traceback" not in proc.stderr and "--config artifacts" not in proc.stderr
+    proc = ws._run("-n", "--configfile", "other.yaml", "--configfile", str(ws.root / "other.yaml"), cwd=ws.root, env=ws.env)
+    assert "solo/x/v1" in proc.stdout
 
 
 def test_configfile_with_a_misspelled_top_level_key_is_an_error_not_the_default_experiment(ws):

@@ -87,6 +87,9 @@ def begin(workflow: Any, config: dict) -> Session:
     # our Snakefile `include:`d or used as a `module` by the user's: its config keys are theirs too
     users_workflow = Path(workflow.main_snakefile).resolve() != Path(options.PROJECT_SNAKEFILE).resolve()
     try:
+        typed = options.typed_configfiles(sys.argv[1:]) if main_process else []
+        if len(typed) > len(configfiles):  # a repeated --configfile, of which Snakemake kept the last
+            options.experiment_configfiles([*typed, *configfiles], users_workflow)
         options.check_config(config, configfiles, directive_files, users_workflow)
         prefix = options.checked_prefix(config)
         path = options.select_experiment(config, configfiles, workdir, workflow_dir, users_workflow)

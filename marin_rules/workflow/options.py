@@ -71,6 +71,7 @@ def check_config(
     experiment loader, which names the file. `users_workflow`: our Snakefile is a
     module or an include of the user's, whose rules have config keys of their own:
     keys that are not ours are theirs, not refused (one near ours gets a warning line)."""
+    experiment_configfiles(configfiles, users_workflow)  # two experiments: that line, not one of their keys
     files = [_top_level(f) for f in configfiles]
     for key in config:
         if key in GLUE_KEYS:
@@ -286,10 +287,8 @@ def select_experiment(
     """The experiment file: `--config experiment=`, else an experiment `--configfile`, else
     the default. `users_workflow` (`check_config`): a config file without an experiment's
     fields is the user's workflow's own, not an experiment."""
-    experiment_files = [f for f in configfiles if _is_experiment_file(f, users_workflow)]
+    experiment_files = experiment_configfiles(configfiles, users_workflow)
     chosen = config.get("experiment")
-    if len(experiment_files) > 1:
-        raise MarinError(f"more than one experiment --configfile given ({', '.join(experiment_files)}); pick one")
     if chosen and experiment_files and not _same_file(str(chosen), experiment_files[0], workdir):
         raise MarinError(
             f"--config experiment={chosen} and --configfile {experiment_files[0]} name different experiments; give one"
@@ -299,6 +298,34 @@ def select_experiment(
     if experiment_files:
         return experiment_files[0]
     return os.path.join(workflow_dir, DEFAULT_EXPERIMENT)
+
+
+def experiment_configfiles(configfiles: Iterable[str], users_workflow: bool = False) -> list[str]:
+    """The experiment files among `configfiles` (`_is_experiment_file`); more than one is
+    the one-line error: Snakemake would merge them, and a run has one experiment."""
+    distinct = {os.path.realpath(f): f for f in reversed(list(configfiles))}  # one file, typed or as Snakemake keeps it
+    found = [f for f in reversed(distinct.values()) if _is_experiment_file(f, users_workflow)]
+    if len(found) > 1:
+        raise MarinError(f"more than one experiment --configfile given ({', '.join(found)}); pick one")
+    return found
+
+
+def typed_configfiles(arguments: Iterable[str]) -> list[str]:
+    """Every file given to `--configfile`/`--configfiles` on the command line, as typed:
+    Snakemake keeps only the last of a repeated option, which would run one of two
+    experiments and say nothing of the other."""
+    files: list[str] = []
+    taking = False
+    for argument in arguments:
+        name, equals, value = str(argument).partition("=")
+        if name in ("--configfile", "--configfiles"):
+            taking = not equals
+            files += [value] if equals else []
+        elif argument.startswith("-"):
+            taking = False
+        elif taking:
+            files.append(argument)
+    return files
 
 
 def _is_experiment_file(path: str, users_workflow: bool = False) -> bool:
