@@ -1,7 +1,8 @@
 """The built-in step kinds and how a step name becomes a function.
 
-Model: a step kind is either a built-in name (`download`, `dedup`, `train_tokenizer`,
-`tokenize`, `train`, `evaluate`) or a user step `pkg.module:function`. Each built-in
+Model: a step kind is either a built-in name (`BUILTIN_STEPS`: `download`, `dedup`,
+`train_tokenizer`, `tokenize`, `train`, `evaluate`, `export_hf`, `scaling_fit`,
+`scaling_check`) or a user step `pkg.module:function`. Each built-in
 names its run function, a config checker and its config dataclass (whose
 `marin_rules.validation` rules give the JSON Schema) by dotted path, imported lazily: loading
 an experiment (dry runs, `--dag`) never imports JAX. A checker is

@@ -124,3 +124,21 @@ def test_the_users_own_config_keys_and_config_file_pass_through_our_module(tmp_p
                            "my_threshold=3", "-n"], cwd=tmp_path / "plain", env=env, capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert typo.returncode != 0 and "--config my_threshold=...: unknown key" in typo.stdout + typo.stderr
+
+
+def test_no_experiment_named_in_a_users_workflow_is_one_line_saying_how_to_name_one(tmp_path):
+    """The default experiment is experiments/default.yaml beside the main Snakefile (the
+    user's): without it and without --configfile, one line says both ways out."""
+    env = _user_workflow(tmp_path, MODULE)
+    proc = subprocess.run([SNAKEMAKE, "-n", "--cores", "1"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert (
+        f"marin-rules: no experiment named, and none at {tmp_path / 'experiments' / 'default.yaml'} beside your "
+        "Snakefile: give one with --configfile FILE (or --config experiment=FILE), or write experiments/default.yaml there\n"
+    ) in proc.stderr, proc.stderr[-3000:]
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "exp.yaml").rename(tmp_path / "experiments" / "default.yaml")
+    proc = subprocess.run([SNAKEMAKE, "-n", "--cores", "1"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and "feat/a/v1" in proc.stdout, proc.stderr[-3000:]

@@ -297,7 +297,13 @@ def select_experiment(
         return str(chosen)
     if experiment_files:
         return experiment_files[0]
-    return os.path.join(workflow_dir, DEFAULT_EXPERIMENT)
+    default = os.path.join(workflow_dir, DEFAULT_EXPERIMENT)
+    if users_workflow and not os.path.exists(default):  # ours is beside our Snakefile, not the user's
+        raise MarinError(
+            f"no experiment named, and none at {default} beside your Snakefile: give one with "
+            f"--configfile FILE (or --config experiment=FILE), or write {DEFAULT_EXPERIMENT} there"
+        )
+    return default
 
 
 def experiment_configfiles(configfiles: Iterable[str], users_workflow: bool = False) -> list[str]:
