@@ -135,6 +135,26 @@ def test_a_record_without_a_setting_now_written_at_its_default_is_drift_with_the
     )
 
 
+def test_drift_on_an_artifact_pinning_its_fingerprint_says_runs_stop_on_it_with_their_line(experiment_file, tmp_path, capsys):
+    """`expect_fingerprint:` makes drift an error for every run (the planning line of
+    `drift.drift_notice`); status says so instead of "served as built"."""
+    prefix = str(tmp_path / "artifacts")
+    fp = load_experiment(experiment_file)["tokenized/s@v1"].fingerprint
+    text = open(experiment_file).read()
+    entry = "    config: {validation_fraction: 0.05}\n"
+    assert text.count(entry) == 1
+    pinned = tmp_path / "pinned.yaml"
+    pinned.write_text(text.replace(entry, f"{entry}    expect_fingerprint: '{fp}'\n"))
+    experiment = load_experiment(str(pinned))
+    build(prefix, experiment, "tokenized/s@v1", config={"validation_fraction": 0.5}, fingerprint="00000000000000aa")
+    row = status_json(str(pinned), prefix, capsys)["tokenized/s@v1"]
+    assert row["state"] == "drifted"
+    assert row["reason"] == (
+        f"runs stop on it: recipe drift on a pinned artifact: recorded fingerprint 00000000000000aa, pinned {fp} "
+        "(validation_fraction: 0.5 -> 0.05); restore the recipe that was built, or bump the version"
+    )
+
+
 def test_status_gives_each_state_its_reason_and_the_headline_results(experiment_file, tmp_path, capsys):
     prefix = str(tmp_path / "artifacts")
     experiment = load_experiment(experiment_file)

@@ -19,7 +19,9 @@ recipe and its upstreams' records:
                    newer failure exists)
   drifted          the record was built from another recipe (how many fields differ), or
                    its step, config or deps were edited since (`records.recipe_drift`;
-                   its fingerprint still the recipe's: restore it, or force a rebuild)
+                   its fingerprint still the recipe's: restore it, or force a rebuild);
+                   an artifact that pins its fingerprint (`expect_fingerprint:`) says
+                   instead that runs stop on it, with their one line
   upstream rebuilt an upstream's record differs from the one this was built on
                    (and, when a forced run stopped before rebuilding this one too,
                    that the next run rebuilds it)
@@ -66,8 +68,8 @@ from marin_rules.adopt import recorded_source, recorded_source_problems, source_
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.code import code_change, code_hash
 from marin_rules.artifacts.builds import build_of, rebuilt_upstreams, upstream_builds
-from marin_rules.artifacts.drift import EDITED_FIX, SAME_SETTINGS, edited_record, only_defaults, printable
-from marin_rules.artifacts.errors import ConfigError, MarinError
+from marin_rules.artifacts.drift import EDITED_FIX, SAME_SETTINGS, drift_notice, edited_record, only_defaults, printable
+from marin_rules.artifacts.errors import ConfigError, DriftError, MarinError
 from marin_rules.artifacts.files import list_data_files
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
 from marin_rules.artifacts.lease import STALE_S, LeaseHolder, holder_gone, read_lease
@@ -348,6 +350,11 @@ def location_status(
     if drift is not None:
         edited = edited_record(str(record.get("fingerprint")), artifact.fingerprint)
         state, reason = "drifted", _drift_reason(drift, edited_note(record), artifact.id.is_dev, edited)
+        if artifact.expect_fingerprint is not None:  # pinned: every run stops on it, with this line
+            try:
+                drift_notice(key, str(record.get("fingerprint")), artifact.fingerprint, drift, artifact.expect_fingerprint)
+            except DriftError as e:
+                state, reason = "drifted", f"runs stop on it: {str(e).removeprefix(f'{key}: ')}"
     elif rebuilt:
         state, reason = "upstream rebuilt", f"{rebuilt[0]}{' (and more)' if len(rebuilt) > 1 else ''}"
     adopted = recorded_source_problems(step, record.get("result"))  # data adopted in place: its source now
