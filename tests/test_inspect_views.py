@@ -259,3 +259,32 @@ def test_history_with_a_corrupt_current_record_still_lists_the_earlier_attempts(
     assert lines[0] == f"{key}: 2 attempts (1 with an unreadable record, listed last)"
     assert lines[1].split()[2] == "failed"
     assert lines[-1].startswith(f"  unreadable: {location}/.artifact.json: not valid JSON (")
+
+
+def test_history_lists_the_attempt_a_lease_names_killed_or_building(experiment_file, tmp_path, capsys):  # noqa: F811
+    """An attempt killed by SIGKILL leaves a lease and no record: history lists it, as
+    `marin status` reports it (its builder gone); a live lease is an attempt building now."""
+    from marin_rules.artifacts.lease import acquire
+    from test_inspect_status import leave_a_dead_holders_lease
+
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    key = "checkpoints/nano@v1"
+    location = artifact_location(prefix, experiment[key].id)
+    fail(prefix, experiment, key, "out of memory", "2026-12-02T09:00:00.000Z")
+    killed = leave_a_dead_holders_lease(location)
+    assert main(["history", key, "--prefix", prefix, "--configfile", experiment_file]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{key}: 2 attempts"
+    assert lines[1].split()[2] == "failed" and "killed (no record)" in lines[3]
+    pid = killed.split(" pid ")[1].split()[0]
+    assert lines[4] == f"      error: its builder (pid {pid}) is gone: killed? (no failure record)"
+
+    other = artifact_location(prefix, experiment["raw/s@v1"].id)
+    lease = acquire(other, is_done=lambda: False, wait=False)
+    try:
+        assert main(["history", "raw/s@v1", "--prefix", prefix, "--configfile", experiment_file]) == 0
+    finally:
+        lease.release()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "raw/s@v1: 1 attempt" and "building now (lease held)" in lines[1]

@@ -3,7 +3,9 @@
 Model: the history of `{prefix}/{name}/{version}` is the union of its success record
 (the current build), its failure records (`.failures/*.json`), and the earlier
 success records a forced rebuild kept under `.history/` (as `.history/<x>.json` or
-`.history/<time>/.artifact.json`, with any `.history/<time>/.failures/*.json`). Each
+`.history/<time>/.artifact.json`, with any `.history/<time>/.failures/*.json`), and the
+attempt its lease names, which has no record yet: building now, or killed without one
+(`_leased`, as `marin status` tells them). Each
 becomes one `Event` with its time, outcome, host, duration, fingerprint and, for a
 failure, the error's first line (said last, after its exit status: a command it ends
 with is followed by nothing). Events that appear twice (a failure copied into a
@@ -28,22 +30,26 @@ from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.files import FORCED_MARKER
 from marin_rules.artifacts.identity import ArtifactId
+from marin_rules.artifacts.lease import STALE_S, LeaseHolder, holder_gone
 from marin_rules.artifacts.records import rebuild_hint
 from marin_rules.inspect import reading
-from marin_rules.inspect.status import first_line
+from marin_rules.inspect.status import first_line, read_holder
 
 UNREADABLE = "unreadable"
 REPLACED_UNREADABLE = "replaced, its record unreadable"  # a build a forced rebuild replaced
 REPLACED = "built (replaced by a forced rebuild)"
 PENDING = "built (pending forced rebuild)"  # the record `.history/.forced-record` saved
 PENDING_UNREADABLE = "pending forced rebuild, its saved record unreadable"
+BUILDING = "building now (lease held)"  # the attempts a lease names (`_leased`)
+KILLED = "killed (no record)"
+STALE = "stopped? (lease stale)"
 
 
 @dataclass(frozen=True)
 class Event:
     started: str
     ended: str
-    outcome: str  # "built (current)", REPLACED, PENDING, "failed", UNREADABLE, REPLACED_UNREADABLE, PENDING_UNREADABLE
+    outcome: str  # "built (current)", REPLACED, PENDING, "failed", BUILDING, KILLED, STALE, or an *UNREADABLE
     host: str
     user: str
     duration_s: float | None
@@ -101,8 +107,24 @@ def artifact_history(location: str, expected: ArtifactId | None = None, hint_fla
             continue
         if old is not None and not (outcome != "failed" and old == current):  # a forced build's marker
             events.append(_event(old, outcome))  # holding the record still in place is not another attempt
+    holder = read_holder(location)
+    if holder is not None:  # an attempt that has no record yet: running, or killed without one
+        events.append(_leased(holder))
     unique = {(e.started, e.ended, e.outcome, e.host, e.error): e for e in events}
     return sorted(unique.values(), key=lambda e: (e.started, e.ended))  # unreadable ("?") last
+
+
+def _leased(holder: LeaseHolder) -> Event:
+    """The attempt the artifact's lease names: BUILDING while renewed, KILLED when its
+    process is gone (`lease.holder_gone`: killed on this host, as by the OOM killer's
+    SIGKILL, which leaves no failure record), STALE when not renewed for `STALE_S`."""
+    if holder_gone(holder):
+        outcome, note = KILLED, f"its builder (pid {holder.pid}) is gone: killed? (no failure record)"
+    elif holder.age_s() > STALE_S:
+        outcome, note = STALE, f"lease not renewed for {holder.age_s():.0f} s: the next run takes it over"
+    else:
+        outcome, note = BUILDING, ""
+    return Event(holder.since, "-", outcome, holder.host, holder.user or "?", None, "-", note)
 
 
 def _kept_outcome(path: str) -> str:

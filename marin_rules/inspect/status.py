@@ -124,7 +124,8 @@ def headline(record: Mapping[str, Any] | None) -> tuple[float | None, str]:
     return val, ""
 
 
-def _read_holder(location: str) -> LeaseHolder | None:
+def read_holder(location: str) -> LeaseHolder | None:
+    """The holder of the artifact's lease; None when there is none or it cannot be read."""
     try:
         return read_lease(location)
     except (MarinError, OSError, ValueError):
@@ -134,7 +135,7 @@ def _read_holder(location: str) -> LeaseHolder | None:
 def _lease_holder(location: str) -> tuple[str | None, str | None]:
     """(who holds the lease, described, None when no one), and who held it but is gone
     (`holder_gone`: killed on this host, leaving no failure record; None otherwise)."""
-    holder = _read_holder(location)
+    holder = read_holder(location)
     if holder is None:
         return None, None
     if holder_gone(holder):
@@ -154,7 +155,7 @@ def _shard_progress(location: str, artifact: Artifact | None) -> tuple[str | Non
         return None, [], []
     shards = all_shards(shard_count(artifact.runtime))
     done = sum(storage.exists(shard_record_location(location, s)) for s in shards)
-    holders = [h for s in shards if (h := _read_holder(s.location(location))) is not None]
+    holders = [h for s in shards if (h := read_holder(s.location(location))) is not None]
     gone = [h.describe() for h in holders if holder_gone(h)]
     building = [h.describe() for h in holders if h.age_s() <= STALE_S and not holder_gone(h)]
     return (f"{done} of {len(shards)}" if done or building or gone else None), building, gone
@@ -166,7 +167,7 @@ def _killed_rebuild(location: str) -> str | None:
     unended = reading.unended_rebuild(location)
     if unended is None:
         return None
-    holder = _read_holder(location)
+    holder = read_holder(location)
     if holder is not None and not holder_gone(holder) and holder.age_s() <= STALE_S:
         return None  # being rebuilt now
     return (f"a forced rebuild was killed before it ended: the files there are its partial output; the "
@@ -314,7 +315,7 @@ def location_status(
         elif gone or gone_shards:
             builder = f"its builder ({gone})" if gone else f"a shard's builder ({gone_shards[0]})"
             state, reason = "failed", f"{_gone(builder)}; the next run takes the lease over{resumes}"
-            lease = _read_holder(location)
+            lease = read_holder(location)
             ended = str(((last_failure or {}).get("provenance") or {}).get("ended", ""))
             if gone and lease is not None and ended >= str(lease.since):  # another process of its pod wrote it
                 reason = f"its builder ({gone}) is gone: killed?; the next run takes the lease over{resumes}"
