@@ -322,12 +322,13 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
 def _note_missing_prefix(prefix: str) -> None:
     """Say on stderr, once, when a prefix other than the default does not exist
     (`status.missing_prefix_note`): status, plan and dag show every artifact as never
-    built there (the default `artifacts/` is missing until a first run: nothing to say)."""
-    from marin_rules.inspect.status import missing_prefix_note
+    built there (the default `artifacts/` is missing until a first run: nothing to say);
+    and when Snakemake's lock is left in the working directory (`status.lock_note`)."""
+    from marin_rules.inspect.status import lock_note, missing_prefix_note
 
-    note = "" if prefix == DEFAULT_PREFIX else missing_prefix_note(prefix)
-    if note:
-        print(f"marin: {note}", file=sys.stderr)
+    for note in ("" if prefix == DEFAULT_PREFIX else missing_prefix_note(prefix), lock_note()):
+        if note:
+            print(f"marin: {note}", file=sys.stderr)
 
 
 def _only(rows: list, keys: list[str], experiment: Experiment) -> list:

@@ -310,7 +310,12 @@ def test_a_gone_builder_with_snakemakes_lock_left_in_the_working_directory_says_
     workdir = tmp_path / "run"
     (workdir / ".snakemake" / "locks").mkdir(parents=True)
     (workdir / ".snakemake" / "locks" / "0.input.lock").write_text(f"{prefix}/raw/s/v1/.artifact.json\n")
-    unlock = f"; Snakemake's lock is still there: run snakemake --unlock first (if no snakemake runs in {workdir} now)"
+    unlock = f"; Snakemake's lock is still there and no snakemake runs in {workdir}: run snakemake --unlock first"
+    assert main(["status", "--configfile", experiment_file, "--prefix", prefix, "-d", str(workdir)]) == 0
+    assert capsys.readouterr().err == (  # once, for the whole run (as after kill -9 of snakemake, its jobs still running)
+        f"marin: Snakemake's lock is still in {workdir}/.snakemake/locks and no snakemake runs in {workdir} (killed "
+        "with kill -9?): run snakemake --unlock there before the next run, which would stop with LockException\n"
+    )
     rows = status_json(experiment_file, prefix, capsys, "-d", str(workdir))
     assert rows["raw/s@v1"]["reason"] == (
         f"its builder ({killed}) is gone: killed? (no failure record); the next run takes the lease over and resumes"
@@ -321,6 +326,26 @@ def test_a_gone_builder_with_snakemakes_lock_left_in_the_working_directory_says_
     assert "lock" not in rows["tokenized/s@v1"]["reason"]  # no builder gone: the lock may well be a live run's
     (workdir / ".snakemake" / "locks" / "0.input.lock").unlink()  # after snakemake --unlock
     assert "lock" not in status_json(experiment_file, prefix, capsys, "-d", str(workdir))["raw/s@v1"]["reason"]
+    assert capsys.readouterr().err == ""
+
+
+def test_snakemakes_lock_is_not_reported_while_a_snakemake_runs_in_that_folder(tmp_path):
+    """A process named snakemake whose working directory is the folder (a stand-in with
+    that name: a real one would take the lock itself) is a live run: its lock is no leftover."""
+    from marin_rules.inspect.status import snakemake_runs_in
+
+    fake = tmp_path / "bin" / "snakemake"
+    fake.parent.mkdir()
+    fake.write_text("import sys\nsys.stdin.read()\n")
+    run, other = tmp_path / "run", tmp_path / "other"
+    run.mkdir()
+    other.mkdir()
+    proc = subprocess.Popen([sys.executable, str(fake)], cwd=run, stdin=subprocess.PIPE)
+    try:
+        assert snakemake_runs_in(str(run)) is True and snakemake_runs_in(str(other)) is False
+    finally:
+        proc.communicate(b"", timeout=60)
+    assert snakemake_runs_in(str(run)) is False
 
 
 def test_an_unbuilt_train_artifact_whose_checkpoints_hold_another_recipe_says_the_next_run_refuses(

@@ -120,7 +120,7 @@ def test_after_kill_9_status_says_snakemakes_lock_must_be_removed_first(ws, caps
     assert row["state"] == "failed"
     assert row["reason"] == (
         f"its builder ({holder}) is gone: killed? (no failure record); the next run takes the lease over and "
-        f"resumes; Snakemake's lock is still there: run snakemake --unlock first (if no snakemake runs in {ws.root} now)"
+        f"resumes; Snakemake's lock is still there and no snakemake runs in {ws.root}: run snakemake --unlock first"
     )
     locked = ws.snakemake()  # what the clause warns of
     assert locked.returncode != 0 and "LockException" in locked.stdout + locked.stderr

@@ -38,7 +38,9 @@ resume, with the job's own message (`job.attempt.refusal_ahead`: the fields and 
 A builder that is gone (killed, as by `kill -9` of Snakemake's process group) while
 Snakemake's lock files are still in the working directory that status reads (where
 `marin` runs, or `-d DIR`: `.snakemake/locks/`) adds that `snakemake --unlock` must run
-first, if no snakemake runs there now (whether one does cannot be known from the files).
+first, unless a snakemake process runs there (`snakemake_runs_in`, from /proc); lock
+files with no snakemake running there get one line of their own (`lock_note`), as after
+`kill -9` of snakemake alone, whose jobs finish on their own.
 A `missing` artifact whose folder still holds data says so (its record was deleted,
 as `snakemake --delete-all-output` does). A built user step whose module cannot be
 found from here (the code advisory needs it) says "code unknown" instead of nothing,
@@ -230,16 +232,64 @@ SNAKEMAKE_LOCKS = os.path.join(".snakemake", "locks")  # Snakemake's lock files 
 
 def _lock_clause() -> str:
     """"; Snakemake's lock is still there: ..." when lock files of Snakemake are in the
-    working directory (this process's: `-d DIR` or where marin runs), else ""."""
+    working directory (this process's: `-d DIR` or where marin runs) and no snakemake
+    is known to run there (`snakemake_runs_in`), else ""."""
     folder = os.path.abspath(SNAKEMAKE_LOCKS)
+    if not _locked(folder):
+        return ""
+    workdir = os.path.dirname(os.path.dirname(folder))
+    running = snakemake_runs_in(workdir)
+    if running:
+        return ""
+    if running is None:
+        return f"; Snakemake's lock is still there: run snakemake --unlock first (if no snakemake runs in {workdir} now)"
+    return f"; Snakemake's lock is still there and no snakemake runs in {workdir}: run snakemake --unlock first"
+
+
+def lock_note() -> str:
+    """One line when Snakemake's lock files are in the working directory while no
+    snakemake runs there (`snakemake_runs_in`: as after `kill -9` of snakemake, whose
+    jobs may still finish on their own): the next run would stop with LockException;
+    "" otherwise, and when whether one runs cannot be told."""
+    folder = os.path.abspath(SNAKEMAKE_LOCKS)
+    workdir = os.path.dirname(os.path.dirname(folder))
+    if not _locked(folder) or snakemake_runs_in(workdir) is not False:
+        return ""
+    return (f"Snakemake's lock is still in {folder} and no snakemake runs in {workdir} (killed with kill -9?): "
+            "run snakemake --unlock there before the next run, which would stop with LockException")  # fmt: skip
+
+
+def _locked(folder: str) -> bool:
     try:
-        locks = [n for n in os.listdir(folder) if n.endswith((".input.lock", ".output.lock"))]
+        return any(n.endswith((".input.lock", ".output.lock")) for n in os.listdir(folder))
     except OSError:
-        return ""
-    if not locks:
-        return ""
-    return (f"; Snakemake's lock is still there: run snakemake --unlock first "
-            f"(if no snakemake runs in {os.path.dirname(os.path.dirname(folder))} now)")  # fmt: skip
+        return False
+
+
+def snakemake_runs_in(workdir: str) -> bool | None:
+    """Does a snakemake process (`snakemake ...`, `python .../snakemake ...`, `python -m
+    snakemake ...`) run with `workdir` as its working directory on this host? None when
+    that cannot be told: no /proc, or such a process whose working directory cannot be read."""
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    unknown = False
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        head = argv[:3]
+        if not any(os.path.basename(a) == "snakemake" for a in head) and "-m snakemake" not in " ".join(head):
+            continue
+        try:
+            if os.path.realpath(os.readlink(f"/proc/{pid}/cwd")) == os.path.realpath(workdir):
+                return True
+        except OSError:
+            unknown = True  # another user's process, or one that just ended
+    return None if unknown else False
 
 
 def _refusal_ahead(location: str, artifact: Artifact | None, recipe: Mapping[str, Any] | None,
