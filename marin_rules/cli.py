@@ -368,7 +368,8 @@ def _fraction(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="marin", description=__doc__.splitlines()[0], allow_abbrev=False)
+    top = argparse.ArgumentParser(prog="marin", description=__doc__.splitlines()[0], allow_abbrev=False,
+                                  epilog=CONFIG_EPILOG)
     sub = top.add_subparsers(dest="command", required=True)
     helps = {
         "status": "each artifact's state, its reason and headline results",
@@ -381,7 +382,8 @@ def parser() -> argparse.ArgumentParser:
         "dag": "draw the experiment as SVG, nodes coloured by state",
     }
     for name, text in helps.items():
-        p = sub.add_parser(name, help=text, description=text, allow_abbrev=False)  # --config is not --configfile
+        p = sub.add_parser(name, help=text, description=text, allow_abbrev=False,  # --config is not --configfile
+                           epilog=CONFIG_EPILOG)
         if name in ("show", "path", "verify", "history"):
             p.add_argument("key", help="name@version")
         if name == "diff":
@@ -413,6 +415,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 CONFIG_FLAGS = {"prefix": "--prefix", "experiment": "--configfile", "dev_user": "--dev-user"}
+CONFIG_EPILOG = ("As with snakemake, --config prefix=P experiment=X.yaml dev_user=NAME may stand for "
+                 "--prefix, --configfile and --dev-user.")
 
 
 def snakemake_config(argv: list[str]) -> list[str]:

@@ -341,7 +341,9 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
             raise fail(f"deps.{role}", f"{key} depends on itself")
     pin = entry.get("expect_fingerprint")
     if pin is not None and not (isinstance(pin, str) and re.fullmatch(r"[0-9a-f]{16}", pin)):
-        raise fail("expect_fingerprint", f"expected a 16-digit hex fingerprint, got {pin!r}")
+        number = isinstance(pin, (int, float)) and not isinstance(pin, bool)
+        hint = " (YAML read those digits as a number: quote them, expect_fingerprint: '<16 digits>')" if number else ""
+        raise fail("expect_fingerprint", f"expected a 16-digit hex fingerprint, got {pin!r}{hint}")
     try:
         _refuse_boolean_keys(config, "config")
         _refuse_boolean_keys(runtime, "runtime")

@@ -88,6 +88,7 @@ CASES: list[tuple[str, object]] = [
     ("config value without stable form", chain("raw/a@v1", config__sample_count=float("nan"))),
     ("config key not a string", chain("raw/a@v1", config={1: "x"})),
     ("malformed pin", chain("raw/a@v1", expect_fingerprint="abc")),
+    ("a pin of digits only, unquoted", chain("raw/a@v1", expect_fingerprint=0)),
     ("pin that does not match", chain("raw/a@v1", expect_fingerprint="0000000000000000")),
     ("shards on a step that has none", chain("raw/a@v1", runtime={"shards": 2})),
     ("shards not a whole number", chain("tokenized/a@v1", runtime={"shards": 2.5})),
