@@ -4,7 +4,10 @@ Model: PyYAML's safe loader, except that a mapping which repeats a key (at any d
 is an error instead of silently keeping the last value; merge keys (`<<: *base`)
 still let an explicit key override a merged one, and a value that holds itself
 through an alias (`a: &x [*x]`, a mapping merging or holding its own anchor) is an
-error naming its key (`_refuse_recursion`: every reader of it would recurse without end).
+error naming its key (`_refuse_recursion`: every reader of it would recurse without end),
+as is a value nested more than MAX_DEPTH levels deep or one that its aliases expand to
+more than MAX_EXPANDED_VALUES values (anchors of anchors, "billion laughs": every
+reader would walk each copy; a file of a few lines would stall the loader for hours).
 Every problem is one `ExperimentError` line, `experiments/x.yaml:9:3: duplicate key
 'lr' (first at line 5); ...`, which editors and terminals turn into a link to the spot.
 """
@@ -18,6 +21,8 @@ import yaml
 from marin_rules.artifacts.errors import ExperimentError
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
+MAX_DEPTH = 100  # levels of nesting a value may have (experiments use fewer than 10)
+MAX_EXPANDED_VALUES = 1_000_000  # values a document may hold with every alias expanded
 
 
 class _Recursive(yaml.constructor.ConstructorError):
@@ -34,12 +39,16 @@ def _refuse_recursion(root: yaml.Node, alias_marks: dict[tuple[int, Any], yaml.M
     (`alias_marks`: (id of the parent node, item index or id of the key node) -> where
     the alias was written, as `compose_node` saw it). Iterative, and each node is walked
     once however many aliases share it."""
-    done: set[int] = set()
+    size: dict[int, int] = {}  # walked nodes -> values they hold with aliases expanded
     on_path: dict[int, str] = {}  # the nodes being walked -> their key path
     stack: list[tuple[yaml.Node, str, Any]] = [(root, "", None)]
     while stack:
         node, path, children = stack[-1]
         if children is None:  # first visit: (path, where it is written, child) of each child
+            if len(stack) > MAX_DEPTH:
+                shown = path if len(path) <= 80 else f"{path[:77]}..."
+                raise _Recursive(None, None, f"{shown}: nested more than {MAX_DEPTH} levels deep; flatten it",
+                                 node.start_mark)  # fmt: skip
             on_path[id(node)] = path
             if isinstance(node, yaml.MappingNode):
                 pairs = [(f"{path}.{_label(k)}".lstrip("."), alias_marks.get((id(node), id(k)), k.start_mark), v)
@@ -56,7 +65,14 @@ def _refuse_recursion(root: yaml.Node, alias_marks: dict[tuple[int, Any], yaml.M
         if step is None:
             stack.pop()
             del on_path[id(node)]
-            done.add(id(node))
+            size[id(node)] = 1 + sum(size[id(c)] for c in _children(node))
+            if size[id(node)] > MAX_EXPANDED_VALUES:
+                raise _Recursive(
+                    None, None,
+                    f"{path or 'the document'}: its aliases expand it to more than {MAX_EXPANDED_VALUES:,} values "
+                    "(each alias is a whole copy for every reader); write a smaller value",
+                    node.start_mark,
+                )  # fmt: skip
             continue
         child_path, mark, child = step
         if id(child) in on_path:
@@ -67,8 +83,14 @@ def _refuse_recursion(root: yaml.Node, alias_marks: dict[tuple[int, Any], yaml.M
                 "write it out, or alias a value defined elsewhere",
                 mark,
             )  # fmt: skip
-        if id(child) not in done:
+        if id(child) not in size:
             stack.append((child, child_path, None))
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -114,6 +136,9 @@ def load_yaml_text(text: str, path: str) -> Any:
     """Parse `text` (read from `path`, named in errors)."""
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except RecursionError:  # PyYAML composes nested values recursively, before `_refuse_recursion` sees them
+        raise ExperimentError(f"{path}: values nested too deeply to read (more than {MAX_DEPTH} levels "
+                              "are refused); flatten them") from None  # fmt: skip
     except yaml.MarkedYAMLError as e:
         raise ExperimentError(_marked(path, e)) from None
     except yaml.YAMLError as e:

@@ -451,6 +451,46 @@ def test_aliases_of_values_defined_elsewhere_still_load(tmp_path):
     assert data["x"] == [{"heldout": ["hamlet"]}] * 2 + [{"a": ["hamlet"]}] and data["e"] == [[["hamlet"]]]
 
 
+def _laughs(levels: int) -> str:
+    """An anchor of 10 strings, then `levels` anchors each a list of 10 aliases of the one
+    before: a few lines whose last value expands to 10^(levels + 1) strings."""
+    lines = ['x-a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    names = "abcdefghijklmnop"
+    for before, name in zip(names, names[1 : levels + 1]):
+        lines.append(f"x-{name}: &{name} [{', '.join([f'*{before}'] * 10)}]")
+    return "\n".join(lines) + f"\nartifacts:\n  raw/a@v1:\n    step: download\n    config: {{junk: *{names[levels]}}}\n"
+
+
+def test_aliases_expanding_to_a_million_values_are_refused_at_once_naming_the_value():
+    """"Billion laughs": nine lines that expand to 10^10 values would stall every reader
+    for hours; the loader counts each value once (with its aliases' sizes) and refuses
+    the first that passes MAX_EXPANDED_VALUES, at its place in the file."""
+    from marin_rules.yaml_file import MAX_EXPANDED_VALUES, load_yaml_text
+
+    assert MAX_EXPANDED_VALUES == 1_000_000
+    with pytest.raises(MarinError) as e:
+        load_yaml_text(_laughs(9), "exp.yaml")
+    assert str(e.value) == ("exp.yaml:6:6: x-f: its aliases expand it to more than 1,000,000 values (each alias is "
+                            "a whole copy for every reader); write a smaller value")  # 10^6 strings + 111,111 lists
+    assert len(load_yaml_text(_laughs(4), "exp.yaml")["x-e"]) == 10  # 10^5 strings: loads
+
+
+@pytest.mark.parametrize("depth, message", [
+    (150, "exp.yaml:4:116: artifacts.f/a@v1.config.junk[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][...: nested "
+          "more than 100 levels deep; flatten it"),
+    (2000, "exp.yaml: values nested too deeply to read (more than 100 levels are refused); flatten them"),
+])  # fmt: skip
+def test_a_value_nested_too_deeply_is_one_line(depth, message):
+    """Deeper than MAX_DEPTH: one line (PyYAML's own recursion gave a RecursionError traceback)."""
+    from marin_rules.yaml_file import load_yaml_text
+
+    text = "artifacts:\n  f/a@v1:\n    step: download\n    config: {junk: " + "[" * depth + "]" * depth + "}\n"
+    with pytest.raises(MarinError) as e:
+        load_yaml_text(text, "exp.yaml")
+    assert str(e.value) == message
+    assert load_yaml_text(text.replace("[" * depth + "]" * depth, "[" * 90 + "]" * 90), "exp.yaml")
+
+
 @pytest.fixture
 def steps_module(tmp_path, monkeypatch):
     (tmp_path / "badsteps_zz.py").write_text(
