@@ -160,6 +160,35 @@ def test_a_lease_left_by_a_killed_run_is_taken_over_once_stale(tmp_path):
     assert not (tmp_path / "art/ck/l/v1/.lease.json").exists()  # released after the build
 
 
+def test_a_stale_lease_whose_holder_still_lives_is_recorded_as_lost_not_killed(tmp_path):
+    """A holder that stopped renewing but whose process exists (paused by SIGSTOP, say:
+    it writes its own record when it wakes) is taken over once stale; the failure record
+    written for it says it stopped renewing, not that it was killed."""
+    import dataclasses
+    import json
+    import sys
+
+    from marin_rules.artifacts.lease import new_holder
+
+    env = _env(tmp_path)
+    prefix = str(tmp_path / "art")
+    paused = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        then = "2026-01-01T00:00:00.000000+00:00"
+        holder = dataclasses.replace(new_holder(), pid=paused.pid, since=then, renewed=then)
+        storage.write_json_atomic(f"{prefix}/ck/l/v1/.lease.json", dataclasses.asdict(holder))
+        (tmp_path / "runs.log.release").write_text("")
+        second = _start(tmp_path / "bob", prefix, env, "lease_heartbeat_s=0.5", "lease_stale_s=2")
+        out, _ = second.communicate(timeout=180)
+    finally:
+        paused.communicate(b"", timeout=60)
+    assert second.returncode == 0, out
+    assert f"an earlier attempt ({holder.describe()}) stopped renewing its lease; taking the build over" in out
+    (failure,) = [json.loads(f.read_text()) for f in (tmp_path / "art/ck/l/v1/.failures").glob("*.json")]
+    assert failure["error"]["type"] == "AttemptLost" and failure["error"]["exit_status"] == "lost"
+    assert "it stopped renewing its lease: killed, paused (SIGSTOP), or its machine lost" in failure["error"]["message"]
+
+
 CHAIN_STEPS = '''
 import os
 from marin_rules.artifacts import storage

@@ -495,8 +495,10 @@ class AttemptLost(Exception):
 
 def record_lost_attempt(artifact: Any, experiment: Any, location: str, args: argparse.Namespace, holder: Any) -> None:
     """A job took the lease over from `holder`, gone or stale: an attempt that left its
-    lease behind was killed outright (SIGKILL, the OOM killer, a lost machine), or stopped
-    renewing; every other end releases the lease. Unless it wrote a failure record
+    lease behind was killed outright (SIGKILL, the OOM killer: `lease.holder_gone` tells
+    on its own host), or stopped renewing (killed elsewhere, a lost machine, or paused:
+    then said as such, since a paused one writes its own record when it wakes); every
+    other end releases the lease. Unless it wrote a failure record
     since it began (its own: on a pod, process 0's, not one of the processes stopped
     with it), write the one it could not (under this run's recipe, which a resumed
     build shares), so `marin history` lists every attempt, and say so on the console."""
@@ -506,16 +508,23 @@ def record_lost_attempt(artifact: Any, experiment: Any, location: str, args: arg
     for failure in read_failures(location):  # a pod's other processes write their own: not the holder's
         if not failure.get("process") and str((failure.get("provenance") or {}).get("started", "")) >= holder.since:
             return
+    from marin_rules.artifacts.lease import holder_gone
+
     _, entry, _, _ = job_context(artifact, experiment, location, args)
+    if holder_gone(holder):  # its process is known to be gone (this host, this pid namespace)
+        why, status, said = "killed outright (SIGKILL, the OOM killer)", "killed", "was killed before it ended"
+    else:  # only known to have stopped renewing: a paused process that wakes up writes its own record too
+        why, status, said = ("it stopped renewing its lease: killed, paused (SIGSTOP), or its machine lost or "
+                             "unreachable", "lost", "stopped renewing its lease")  # fmt: skip
     lost = AttemptLost(
         f"the attempt of {holder.describe()} ended without a record (its lease was last renewed {holder.renewed}): "
-        "killed outright (SIGKILL, the OOM killer) or its machine lost; a later run took the build over"
+        f"{why}; a later run took the build over"
     )
     provenance = {"user": holder.user, "host": holder.host, "pid": holder.pid, "started": holder.since,
                   "ended": holder.renewed, "duration_s": None}  # fmt: skip
-    where = write_failure(location, entry, lost, provenance, "killed")
-    tell(f"{artifact.key}: an earlier attempt ({holder.describe()}) was killed before it ended; taking the build "
-         f"over (failure record {where})")  # fmt: skip
+    where = write_failure(location, entry, lost, provenance, status)
+    tell(f"{artifact.key}: an earlier attempt ({holder.describe()}) {said}; taking the build over "
+         f"(failure record {where})")  # fmt: skip
 
 
 def serve(artifact: Any, location: str, args: argparse.Namespace, why: str = "", since: str = "") -> int:
