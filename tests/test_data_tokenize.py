@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import xxhash
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -86,6 +87,7 @@ def test_every_document_comes_back_from_its_tokens_followed_by_one_eos(built):
     result = built["result"]
     assert result["tokens"] == result["train_tokens"] + result["validation_tokens"]
     assert (result["documents"], result["train_documents"], result["validation_documents"]) == (5, 3, 2)
+    assert result["file_digests"] == {"index.json": "xxh3:" + xxhash.xxh3_64_hexdigest((built["tokens"] / "index.json").read_bytes())}
 
 
 def test_two_workers_write_exactly_what_one_worker_writes(built, tmp_path):
@@ -113,9 +115,8 @@ def test_any_shard_count_writes_the_same_token_streams(built, tmp_path, shards):
             d.tobytes() for d in documents_of(built["tokens"], split, 1)
         ]  # bitwise
     assert result["shards"] == shards
-    assert {k: v for k, v in result.items() if k not in ("shards", "seconds", "tokens_per_second")} == {
-        k: v for k, v in built["result"].items() if k not in ("shards", "seconds", "tokens_per_second")
-    }
+    layout = ("shards", "seconds", "tokens_per_second", "file_digests")  # index.json lists the shard files
+    assert {k: v for k, v in result.items() if k not in layout} == {k: v for k, v in built["result"].items() if k not in layout}
 
 
 @pytest.mark.timeout(120)
@@ -234,6 +235,7 @@ def test_download_train_tokenizer_and_tokenize_work_on_gcs(built, gcs_prefix):
     tokens = f"{gcs_prefix}/tokens"
     result = run_tokenize(tokens, raw, tok, validation_fraction=0.4)
     assert result["tokens"] == built["result"]["tokens"]
+    assert result["file_digests"]["index.json"].startswith("crc32c:")  # the store's own checksum, nothing read back
     remote = make_loader(tokens, seq_len=64, batch_size=4, seed=3)
     local = make_loader(str(built["tokens"]), seq_len=64, batch_size=4, seed=3)
     assert remote.tokenizer == f"{tok}/tokenizer.json"

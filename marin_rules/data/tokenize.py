@@ -38,7 +38,8 @@ tokenizer lossy, even where the sample came back whole.
 {format, vocab_size, dtype, tokenizer (location of tokenizer.json), tokenizer_digest,
 bos_id, eos_id, pad_id, corpus, splits: {train|validation: {tokens, documents,
 shards: [{path, tokens, documents}]}}}. `tokenizer` and `corpus` are relative to the
-artifact's folder (`relative.py`), so the prefix can move.
+artifact's folder (`relative.py`), so the prefix can move. The result gives its digest
+(`file_digests`), which `marin verify` checks.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.files import FILE_DIGESTS, named_digests
 from marin_rules.artifacts.records import unreadable_file
 from marin_rules.artifacts.shards import Shard, all_shards, shard_count
 from marin_rules.data import dolma
@@ -227,6 +229,7 @@ def gather_tokens(ctx: StepContext, shards: list[dict[str, Any]]) -> dict[str, A
         "tokens_per_second": round(total / seconds) if seconds > 0 else None,
         **(check.result() if check is not None else {}),
         "unknown_tokens": unknown,
+        FILE_DIGESTS: named_digests(ctx.output, [INDEX]),  # index.json by content: `marin verify`
     }
 
 
