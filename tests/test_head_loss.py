@@ -30,7 +30,9 @@ def _inputs(dtype, B=2, T=384, D=16, V=300):
     return hidden, head, targets
 
 
-@pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-6), (jnp.bfloat16, 2e-2)])
+# f32: sums in another order, up to 1.3e-6 of the largest entry seen (XLA's CPU reductions
+# split differently under load), so 5e-6
+@pytest.mark.parametrize("dtype, tol", [(jnp.float32, 5e-6), (jnp.bfloat16, 2e-2)])
 def test_chunked_loss_and_gradients_equal_autodiff_through_the_whole_logits(dtype, tol):
     hidden, head, targets = _inputs(dtype)
     assert head_loss._chunk_length(2, 384) == 192  # two chunks of the sequence: the scan really loops

@@ -336,12 +336,13 @@ def test_snakemakes_lock_is_not_reported_while_a_snakemake_runs_in_that_folder(t
 
     fake = tmp_path / "bin" / "snakemake"
     fake.parent.mkdir()
-    fake.write_text("import sys\nsys.stdin.read()\n")
+    fake.write_text("import sys\nprint('running', flush=True)\nsys.stdin.read()\n")
     run, other = tmp_path / "run", tmp_path / "other"
     run.mkdir()
     other.mkdir()
-    proc = subprocess.Popen([sys.executable, str(fake)], cwd=run, stdin=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, str(fake)], cwd=run, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        assert proc.stdout.readline() == b"running\n"  # past its exec (until then /proc shows no command line)
         assert snakemake_runs_in(str(run)) is True and snakemake_runs_in(str(other)) is False
     finally:
         proc.communicate(b"", timeout=60)

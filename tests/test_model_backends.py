@@ -132,4 +132,5 @@ def test_padded_ragged_drops_nothing_whether_its_speculative_buckets_fit_or_not(
     assert float(dropped) == 0.0
     np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-6)  # the forward pass: speculative or exact
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):  # the backward: exact path
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        # f32 sums in another order: errors scale with the largest entry (a 1.7e-5 one was seen beside 491)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6 * float(np.max(np.abs(want))))
