@@ -47,9 +47,12 @@ A retry (`--retries`) of a forced job is forced again (`attempt_resource`).
 forced artifact left out is not rebuilt by this run, so nothing of it is moved or
 marked, but for a cascade this run owes it (an upstream it rebuilds), which is marked
 for the next run to finish, as below.
-A forced run that was stopped after rebuilding an upstream but before rebuilding its
-consumer left the consumer's marker (`forcing.MARKER`): the next run counts that
-consumer as forced and gives it the stamp too, so the cascade is finished (`_left_pending`).
+A forced run that was stopped before rebuilding a consumer of what it forced left the
+consumer's marker (`forcing.MARKER`): once an upstream of it has been rebuilt since its
+build, or is unbuilt (a forced sharded artifact's old build moved aside by `start` and
+not rebuilt yet: this run builds it first), the next run counts that consumer as forced
+and gives it the stamp too, so the cascade is finished, consumers after their upstreams
+(`_left_pending`); each artifact this finishes gets one line saying so (`_owed_line`).
 A forced rebuild killed outright along with its Snakemake leaves `.history/.rebuilding`
 (`forcing.begin_rebuild`): that artifact gets the stamp, so its job restores the old
 build before anything is served (`_rebuild_unended`).
@@ -115,8 +118,10 @@ class Session:
     warned: set = field(default_factory=set)  # keys (and (key, shard) pairs) already reported
     training: list[str] = field(default_factory=list)  # train jobs that will run: the priced plan's
     _forced: dict[str, bool] = field(default_factory=dict)
-    _pending: dict[str, str] = field(default_factory=dict)  # key -> how its cascade was left (`_left_pending`)
+    _pending: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (how, upstream): `_left_pending`
     _direct: dict[str, bool] = field(default_factory=dict)  # forced by the command line itself
+    _by_command: dict[str, bool] = field(default_factory=dict)  # forced by the command line, itself or via an upstream
+    _via: dict[str, str] = field(default_factory=dict)  # key -> the owed upstream it is forced through, nothing else
     _records: dict[str, Record | None] = field(default_factory=dict)
     _marked: list[str] = field(default_factory=list)  # marked forced by this run (`forcing.mark_forced`)
     _new_cascades: list[str] = field(default_factory=list)  # of those: cascades this run began (no marker before)
@@ -318,8 +323,11 @@ class Session:
                 forcing.forced_directly(self.workflow.dag_settings, r, records) for r in self._rules(key)
             )
             self._direct[key] = direct
-            upstream = any(self.is_forced(u) for u in artifact.upstream_keys())
-            self._forced[key] = direct or upstream or self._left_pending(key)
+            upstreams = [u for u in artifact.upstream_keys() if self.is_forced(u)]
+            self._by_command[key] = direct or any(self._by_command.get(u, False) for u in upstreams)
+            if upstreams and not self._by_command[key]:  # only a stopped cascade's owed upstream forces it
+                self._via[key] = upstreams[0]
+            self._forced[key] = direct or bool(upstreams) or self._left_pending(key)
         return self._forced[key]
 
     def left_out(self, key: str) -> bool:
@@ -350,19 +358,45 @@ class Session:
         return any(self.is_forced(u) and not self.left_out(u) for u in self.experiment[key].upstream_keys())
 
     def _left_pending(self, key: str) -> bool:
-        """Did a forced run stop after rebuilding an upstream of this artifact but before
-        rebuilding it? Its marker (`forcing.MARKER`) is still there and an upstream's
-        record is not the one it was built on: this run finishes that rebuild, as
-        Snakemake's mtime trigger finishes a plain workflow's stopped run."""
+        """Did a forced run stop before rebuilding this artifact, which it owes a rebuild?
+        Its marker (`forcing.MARKER`) is still there and an upstream's record is not the
+        one it was built on (rebuilt since, by that run or a later one), or an upstream
+        is unbuilt: a forced sharded artifact's old build moves aside before any job
+        (`start`) and never comes back, so a run stopped before its gather leaves it
+        unbuilt, and this run builds it first. This run finishes that rebuild, after the
+        upstream's, as Snakemake's mtime trigger finishes a plain workflow's stopped run."""
         artifact = self.experiment[key]
         record = self.recorded(key)
         if record is None or artifact.id.is_dev or not storage.exists(forcing.marker_of(self.location(key))):
             return False
         rebuilt = advisory.rebuilt_upstreams(artifact, record, self.recorded)
-        if not rebuilt:  # an upstream still being (or to be) rebuilt: the run after it finishes this
-            return False  # (its rebuild may yet be restored, and this one would be for nothing)
-        self._pending[key] = f"after rebuilding its upstream {rebuilt[0][0]}"
-        return True
+        if rebuilt:
+            self._pending[key] = ("rebuilt", rebuilt[0][0])
+            return True
+        unbuilt = [u for u in artifact.upstream_keys() if self.recorded(u) is None]
+        if unbuilt:  # built by this run (or, if left out, by the run that builds it): this one after it
+            self._pending[key] = ("unbuilt", unbuilt[0])
+            return True
+        # an upstream still to be rebuilt (its own marker) forces this one through it (`is_forced`);
+        # else its upstreams' builds are the ones it was built on: nothing is owed yet
+        return False
+
+    def _owed_line(self, key: str) -> str | None:
+        """The one line of an artifact this run rebuilds to finish a forced cascade that
+        stopped before rebuilding it (`_left_pending`, or forced only through such an
+        upstream: `_via`), else None."""
+        action = "a real run rebuilds it" if self.dry else "rebuilding it"
+        if key in self._pending:
+            how, upstream = self._pending[key]
+            keep = f" (to keep this build instead, delete {forcing.marker_of(self.location(key))})"
+        elif key in self._via:  # its own marker keeps nothing: the upstream's rebuild forces it
+            how, upstream, keep = "unbuilt", self._via[key], ""
+        else:
+            return None
+        if how == "rebuilt":  # by that forced run, or by a later run that stopped too
+            return (f"{key}: a forced run stopped before rebuilding it; its upstream {upstream} has been rebuilt "
+                    f"since it was built: {action}{'' if self.dry else ' now'}{keep}")  # fmt: skip
+        return f"{key}: a forced run stopped before rebuilding it and its upstream {upstream}: {action} after {upstream}{keep}"
 
     # ---- input functions -----------------------------------------------------------
     def inputs(self, wildcards) -> dict[str, Any]:
@@ -475,14 +509,9 @@ class Session:
         if (forced or record is None or unended) and tpu_of(artifact) and not self.left_out(artifact.key):
             self._pod_jobs.append(artifact.key)
         if forced:
-            if artifact.key in self._pending:
-                print(
-                    f"{artifact.key}: a forced run stopped {self._pending[artifact.key]} "
-                    f"but before rebuilding it: {'a real run rebuilds it' if self.dry else 'rebuilding it now'} "
-                    f"(to keep this build instead, delete "
-                    f"{forcing.marker_of(self.location(artifact.key))})",
-                    file=sys.stderr,
-                )
+            line = self._owed_line(artifact.key)
+            if line is not None:
+                print(line, file=sys.stderr)
             if self.dry:  # -n lists the jobs (shard jobs by the run stamp); nothing is moved or marked
                 return
             if artifact.step in SHARDED_STEPS:
