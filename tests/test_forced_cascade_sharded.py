@@ -140,6 +140,8 @@ def test_a_forced_sharded_artifact_stopped_in_its_shards_is_finished_with_its_co
     _stop_in_dedup_shards(ws, "-R", "dedup")  # as `-R tokenize` stopped by Ctrl-C in its shards
     for key in CONSUMERS:
         assert ws.record(key) == first[key]
+    assert ("; a forced run stopped before rebuilding it and its upstream dedup/s@v1: the next run rebuilds it "
+            "after dedup/s@v1") in _status(ws)["ck/t@v1"]  # status says what the next run will do  # fmt: skip
     _assert_finished_in_one_run(ws, first)
 
 

@@ -24,7 +24,9 @@ recipe and its upstreams' records:
                    instead that runs stop on it, with their one line
   upstream rebuilt an upstream's record differs from the one this was built on
                    (and, when a forced run stopped before rebuilding this one too,
-                   that the next run rebuilds it)
+                   that the next run rebuilds it; a built artifact whose forced
+                   upstream was left unbuilt, as a sharded one stopped in its shards,
+                   says that the next run rebuilds it after that upstream)
   source changed   data adopted in place whose source no longer holds the files (and
                    sizes) it was adopted with (added to the reason of the states above)
   code changed     the step's code hash differs from the one recorded at build time
@@ -415,8 +417,12 @@ def location_status(
             state, reason = "source changed", text
         else:
             reason += f"; {text}"
+    unbuilt = [k for k, r in (upstream_records or {}).items() if r is None] if artifact is not None else []
     if rebuilt and reading.forced_rebuild_owed(location):  # drifted or not: session._left_pending
         reason += "; a forced run stopped before rebuilding it: the next run rebuilds it"
+    elif unbuilt and reading.forced_rebuild_owed(location):  # its forced upstream (sharded) was moved aside
+        reason += (f"; a forced run stopped before rebuilding it and its upstream {unbuilt[0]}: the next run "
+                   f"rebuilds it after {unbuilt[0]}")  # fmt: skip
     change = code_change(artifact.step, record.get("provenance")) if artifact is not None else None
     if change is not None:
         then, now, version = change
