@@ -489,3 +489,16 @@ def test_a_bits_per_byte_score_of_a_lossy_tokenizer_is_marked_not_meaningful(exp
     ]:
         build(prefix, experiment, "evals/nano@v1", result=result)
         assert status_json(experiment_file, prefix, capsys)["evals/nano@v1"]["score"] == score
+
+
+def test_an_unbuilt_artifact_with_a_garbled_lease_file_says_so(experiment_file, tmp_path, capsys):
+    """Its next job takes an unreadable lease over, saying so; status says so beforehand
+    (it read as plain "never built")."""
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    location = artifact_location(prefix, experiment["raw/s@v1"].id)
+    storage.write_bytes_atomic(storage.join(location, ".lease.json"), b'{"user": "al')
+    row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
+    assert row["state"] == "missing"
+    assert row["reason"] == ("never built; its lease file is unreadable (not a lease (JSONDecodeError)): "
+                             "the next run takes it over")  # fmt: skip

@@ -310,6 +310,12 @@ def read_lease(location: str) -> LeaseHolder | None:
     return _decode(store_for(location, LEASE_FILE).read()[0])
 
 
+def lease_problem(location: str) -> str | None:
+    """Why the artifact's lease file holds no usable holder (garbled, bad times, renewed
+    in the future: the next job takes it over), or None: no lease file, or a good one."""
+    return _unreadable(store_for(location, LEASE_FILE).read()[0])
+
+
 def _take(location: str, store: LeaseStore, data: bytes | None, version: Any, tried: LeaseHolder | None,
           heartbeat_s: float, stale_s: float, submitted_by: str,
           ) -> tuple[Lease | None, LeaseHolder | None]:  # fmt: skip

@@ -76,7 +76,7 @@ from marin_rules.artifacts.drift import EDITED_FIX, SAME_SETTINGS, drift_notice,
 from marin_rules.artifacts.errors import ConfigError, DriftError, MarinError
 from marin_rules.artifacts.files import list_data_files
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
-from marin_rules.artifacts.lease import STALE_S, LeaseHolder, holder_gone, read_lease
+from marin_rules.artifacts.lease import STALE_S, LeaseHolder, holder_gone, lease_problem, read_lease
 from marin_rules.artifacts.records import edited_note, recipe_drift
 from marin_rules.dev_versions import is_unowned
 from marin_rules.eval.report import LOSSY_LABEL, RATIO_METRICS  # (no JAX, no lm-eval)
@@ -133,6 +133,13 @@ def read_holder(location: str) -> LeaseHolder | None:
     try:
         return read_lease(location)
     except (MarinError, OSError, ValueError):
+        return None
+
+
+def _lease_problem(location: str) -> str | None:
+    try:
+        return lease_problem(location)
+    except (MarinError, OSError):
         return None
 
 
@@ -382,6 +389,9 @@ def location_status(
             state, reason = "missing", "never built" if done is not None else never_built_reason(location)
             if ahead:  # its data is not built on: it refuses
                 reason = reason.removesuffix("; the next run builds it")
+        problem = _lease_problem(location) if not holder and not gone else None
+        if problem:  # as its next job will say when it takes the lease over
+            reason += f"; its lease file is unreadable ({problem}): the next run takes it over"
         if reading.history_files(location):  # a forced rebuild that has not (or not yet) succeeded
             if state == "missing" and not reading.forced_rebuild_owed(location):
                 reason = "no record: a forced rebuild not finished, or the record was deleted"
