@@ -33,7 +33,7 @@ from marin_rules.artifacts.identity import ArtifactId
 from marin_rules.artifacts.lease import STALE_S, LeaseHolder, holder_gone
 from marin_rules.artifacts.records import rebuild_hint
 from marin_rules.inspect import reading
-from marin_rules.inspect.status import first_line, read_holder
+from marin_rules.inspect.status import first_line, gone_builder, read_holder
 
 UNREADABLE = "unreadable"
 REPLACED_UNREADABLE = "replaced, its record unreadable"  # a build a forced rebuild replaced
@@ -119,7 +119,7 @@ def _leased(holder: LeaseHolder) -> Event:
     process is gone (`lease.holder_gone`: killed on this host, as by the OOM killer's
     SIGKILL, which leaves no failure record), STALE when not renewed for `STALE_S`."""
     if holder_gone(holder):
-        outcome, note = KILLED, f"its builder (pid {holder.pid}) is gone: killed? (no failure record)"
+        outcome, note = KILLED, gone_builder(f"its builder (pid {holder.pid})")
     elif holder.age_s() > STALE_S:
         outcome, note = STALE, f"lease not renewed for {holder.age_s():.0f} s: the next run takes it over"
     else:

@@ -231,7 +231,7 @@ def _why_code_unknown(step: str) -> str:
             "or give it with -d DIR")  # fmt: skip
 
 
-def _gone(builder: str) -> str:
+def gone_builder(builder: str) -> str:
     """A lease whose holder is gone: an attempt that ended without a record of any kind."""
     return f"{builder} is gone: killed? (no failure record)"
 
@@ -373,7 +373,7 @@ def location_status(
             state, reason = "building", f"lease held by {holder}"
         elif gone or gone_shards:
             builder = f"its builder ({gone})" if gone else f"a shard's builder ({gone_shards[0]})"
-            state, reason = "failed", f"{_gone(builder)}; the next run takes the lease over{resumes}"
+            state, reason = "failed", f"{gone_builder(builder)}; the next run takes the lease over{resumes}"
             lease = read_holder(location)
             ended = str(((last_failure or {}).get("provenance") or {}).get("ended", ""))
             if gone and lease is not None and ended >= str(lease.since):  # another process of its pod wrote it
@@ -448,7 +448,7 @@ def location_status(
     if holder:
         reason += f"; being rebuilt, lease held by {holder}"
     elif gone:
-        reason += "; " + _gone(f"a rebuild's builder ({gone})") + _lock_clause()
+        reason += "; " + gone_builder(f"a rebuild's builder ({gone})") + _lock_clause()
     if last_failure is not None:
         failed_at = str((last_failure.get("provenance") or {}).get("ended", ""))
         if failed_at > str((record.get("provenance") or {}).get("ended", "")):

@@ -90,9 +90,11 @@ def begin(workflow: Any, config: dict) -> Session:
         typed = options.typed_configfiles(sys.argv[1:]) if main_process else []
         if len(typed) > len(configfiles):  # a repeated --configfile, of which Snakemake kept the last
             options.experiment_configfiles([*typed, *configfiles], users_workflow)
+        # before check_config: two experiment files are that line, not one of their keys
+        experiment_files = options.experiment_configfiles(configfiles, users_workflow)
         options.check_config(config, configfiles, directive_files, users_workflow)
         prefix = options.checked_prefix(config)
-        path = options.select_experiment(config, configfiles, workdir, workflow_dir, users_workflow)
+        path = options.select_experiment(config, experiment_files, workdir, workflow_dir, users_workflow)
         options.refuse_braced_paths(path, prefix, workflow_dir)
         experiment = load_experiment(path, dev_user=options.dev_user(config))
         options.target_keys(experiment, config.get("target"))

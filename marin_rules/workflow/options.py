@@ -70,8 +70,8 @@ def check_config(
     (one line each, before anything runs). Keys from a `--configfile` are left to the
     experiment loader, which names the file. `users_workflow`: our Snakefile is a
     module or an include of the user's, whose rules have config keys of their own:
-    keys that are not ours are theirs, not refused (one near ours gets a warning line)."""
-    experiment_configfiles(configfiles, users_workflow)  # two experiments: that line, not one of their keys
+    keys that are not ours are theirs, not refused (one near ours gets a warning line).
+    Two experiment files are `experiment_configfiles`' line, asked before this."""
     files = [_top_level(f) for f in configfiles]
     for key in config:
         if key in GLUE_KEYS:
@@ -282,12 +282,11 @@ def rerun_flags(experiment_path: str, prefix: str, workflow_dir: str, snakefile:
 
 
 def select_experiment(
-    config: dict, configfiles: list[str], workdir: str, workflow_dir: str, users_workflow: bool = False
+    config: dict, experiment_files: list[str], workdir: str, workflow_dir: str, users_workflow: bool = False
 ) -> str:
-    """The experiment file: `--config experiment=`, else an experiment `--configfile`, else
-    the default. `users_workflow` (`check_config`): a config file without an experiment's
-    fields is the user's workflow's own, not an experiment."""
-    experiment_files = experiment_configfiles(configfiles, users_workflow)
+    """The experiment file: `--config experiment=`, else the experiment `--configfile`
+    (`experiment_files`: `experiment_configfiles`' answer), else the default.
+    `users_workflow` (`check_config`): the default is the one beside the user's Snakefile."""
     chosen = config.get("experiment")
     if chosen and experiment_files and not _same_file(str(chosen), experiment_files[0], workdir):
         raise MarinError(
