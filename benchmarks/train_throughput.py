@@ -18,6 +18,10 @@ parameters, no router.
 Usage: python benchmarks/train_throughput.py [--rounds 5] [--batch 16] [--seq 128]
        [--accum 2] [--optimizer muon] [--backends dense,capacity,ragged] [--d-model 128]
        [--head-dim 32] [--compute-dtype float32|bfloat16] [--peak-n N] [--profile]
+       [--balance aux_loss|quantile]
+A backend written `capacity:1.0` runs with that `capacity_factor` (default: the model's
+1.25), so `--backends capacity,capacity:1.0 --balance quantile` sets Marin grug's
+recipe (quantile-balanced router bias, buckets without slack) beside the default.
 On an accelerator the defaults change with the platform: bfloat16 compute (float32 on
 CPU, where it is faster) and a 8192^3 peak matmul (2048^3 on CPU), since a 2048^3
 product is too short to time a GPU's or TPU's rate. A longer `--seq` raises the
@@ -162,7 +166,9 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--accum", type=int, default=2)
     parser.add_argument("--optimizer", default="muon", choices=("muon", "adamw"))
-    parser.add_argument("--backends", default="dense,capacity,ragged")
+    parser.add_argument("--backends", default="dense,capacity,ragged",
+                        help="MoE backends; capacity:F sets that capacity_factor (default: the model's 1.25)")
+    parser.add_argument("--balance", choices=("aux_loss", "quantile"), help="router balancing (default: the model's)")
     parser.add_argument("--d-model", type=int, default=MOE["d_model"], help="width (FFN sizes and heads scale with it)")
     parser.add_argument("--head-dim", type=int, help="dimensions per head (default: 32, the default model's)")
     parser.add_argument("--compute-dtype", choices=("float32", "bfloat16"), help="default: float32 on CPU, else bfloat16")
@@ -174,9 +180,12 @@ def main() -> None:
     args.peak_n = args.peak_n or (2048 if on_cpu else 8192)
 
     moe = sized(widened(MOE, args.d_model), args)
+    if args.balance:
+        moe["balance"] = args.balance
     variants = {"dense_model": dense_baseline(moe)}
-    for impl in args.backends.split(","):
-        variants[f"moe_{impl}"] = {**moe, "moe_impl": impl}
+    for backend in args.backends.split(","):
+        impl, _, factor = backend.partition(":")
+        variants[f"moe_{backend}"] = {**moe, "moe_impl": impl, **({"capacity_factor": float(factor)} if factor else {})}
     steps, configs, compile_s, hlos = {}, {}, {}, {}
     for name, model in tqdm(variants.items(), desc="compiling", file=sys.stderr):
         steps[name], configs[name], compile_s[name], hlos[name] = compile_step(model, args)

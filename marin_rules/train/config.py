@@ -135,11 +135,7 @@ def check_batch_shards(tc: TrainConfig) -> None:
     if tc.batch_size % need:
         shards_are = f"{shards} = mesh data {data} x expert {expert}" if data else (
             f"mesh expert {expert} x the data size the devices give")
-        raise ConfigError(
-            "config.batch_size",
-            f"{tc.batch_size} must be divisible by grad_accum_steps ({tc.grad_accum_steps}) x batch shards "
-            f"({shards_are}); try {need * max(1, tc.batch_size // need)}",
-        )
+        raise batch_split_error(tc, need, shards_are)
 
 
 def mesh_on(tc: TrainConfig, devices: int, where: str = "this run") -> tuple[int, int]:
@@ -163,11 +159,17 @@ def check_batch_split(tc: TrainConfig, shards: int, processes: int) -> None:
     need = math.lcm(shards, processes) * tc.grad_accum_steps
     if tc.batch_size % need:
         per_process = f" and by grad_accum_steps x processes ({processes})" if processes > 1 else ""
-        raise ConfigError(
-            "config.batch_size",
-            f"{tc.batch_size} must be divisible by grad_accum_steps ({tc.grad_accum_steps}) x batch shards "
-            f"({shards} = mesh data x expert){per_process}; try {need * max(1, tc.batch_size // need)}",
-        )
+        raise batch_split_error(tc, need, f"{shards} = mesh data x expert", per_process)
+
+
+def batch_split_error(tc: TrainConfig, need: int, shards_are: str, per_process: str = "") -> ConfigError:
+    """The one batch-split message of both checks: what batch_size must divide into,
+    and the nearest multiple of `need` to try."""
+    return ConfigError(
+        "config.batch_size",
+        f"{tc.batch_size} must be divisible by grad_accum_steps ({tc.grad_accum_steps}) x batch shards "
+        f"({shards_are}){per_process}; try {need * max(1, tc.batch_size // need)}",
+    )
 
 
 def check_deps(deps: Any) -> None:
