@@ -117,6 +117,7 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
         "marin_rules.scaling.step:scaling_fit", "marin_rules.scaling.checks:check_scaling_fit",
         "marin_rules.scaling.checks:ScalingFitConfig",
         {"runs": "train"},
+        check_upstream="marin_rules.scaling.checks:check_scaling_fit_upstream",
     ),
     "adopt": BuiltinStep(  # written as `adopt: {source, kind}` in an entry (marin_rules.adopt)
         "marin_rules.adopt:adopt", "marin_rules.adopt:check_adopt", "marin_rules.adopt:AdoptConfig"

@@ -31,7 +31,7 @@ CHAIN = {
     "scaling/fit@v1": {
         "step": "scaling_fit",
         "deps": {"runs": {"checkpoints/x@v1": 1, **{f"checkpoints/s{i}@v1": 1 for i in range(5)}}},
-        "config": {"budgets": [1e10, 3e10, 1e11, 3e11], "predict_budget": 1e12},
+        "config": {"budgets": [3.8e9, 1e10, 3e10, 1e11], "predict_budget": 1e12},
     },
     "scaling/check@v1": {"step": "scaling_check", "deps": {"fit": "scaling/fit@v1", "run": "checkpoints/x@v1"}},
 }

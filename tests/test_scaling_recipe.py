@@ -141,7 +141,37 @@ def test_fewer_budgets_than_the_frontier_laws_parameters_plus_one_are_refused_at
         "with its runs, got [10000000000.0, 23400000000.0, 54800000000.0]"
     )
     exp["artifacts"]["scaling/fit@v1"]["config"]["budgets"] = [1e10, 2.34e10, 5.48e10, 1.28e11]
-    build_experiment(exp)  # four are enough (and the deps' runs at 3e11 are not the checker's business)
+    with pytest.raises(ConfigError) as err:  # four are enough, but the runs at 3e11 now fit no budget
+        build_experiment(exp)
+    assert str(err.value).startswith("scaling/fit@v1: deps.runs: 5 run(s) cost more than 10% from every budget")
+    exp["artifacts"]["scaling/fit@v1"]["deps"]["runs"] = {
+        key: 1 for key in exp["artifacts"]["scaling/fit@v1"]["deps"]["runs"] if "/c3e11-" not in key
+    }
+    build_experiment(exp)
+
+
+def test_runs_whose_steps_miss_every_budget_are_all_named_at_load_before_any_trains():
+    exp = scaling_experiment()
+    cases = exp["sweeps"]["checkpoints/scaling/c{budget}-d{d_model}@v1"]["cases"]
+    for c in cases[:2]:  # two runs of the smallest budget, at 0.8x and 1.15x its FLOPs
+        c["steps"] = round(c["steps"] * (0.8 if c is cases[0] else 1.15))
+    with pytest.raises(ConfigError) as err:
+        build_experiment(exp)
+    message = str(err.value)
+    assert message.startswith("scaling/fit@v1: deps.runs: 2 run(s) cost more than 10% from every budget in config.budgets")
+    for c in cases[:2]:
+        assert f"checkpoints/scaling/c{c['budget']}-d{c['d_model']}@v1 costs " in message
+    assert message.count("% from 1e+10)") == 2 and "\n" not in message
+
+
+def test_the_writer_refuses_budgets_too_small_for_whole_steps_naming_every_run_off_by_more_than_10_percent():
+    with pytest.raises(ValueError) as err:
+        scaling_experiment(budgets=(2e8, 4e8, 8e8, 1.6e9), sizes=3, predict_factor=1.25)
+    assert str(err.value) == (
+        "whole steps of 16 sequences miss these runs' budgets by more than 10%, which scaling_fit refuses: "
+        "checkpoints/scaling/c2e8-d6@v1 -14.7%, checkpoints/scaling/c2e8-d8@v1 +17.7%, "
+        "checkpoints/scaling/c4e8-d8@v1 -11.7%; raise the smallest budgets"
+    )
 
 
 def test_label_writes_budgets_as_name_segments():

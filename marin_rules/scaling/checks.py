@@ -15,6 +15,7 @@ checker). `scaling_fit` takes its runs as one mixture-shaped role, `runs: {name@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Mapping
 
@@ -25,6 +26,7 @@ FRONTIER_LAW_PARAMS = 3  # L(C) = E + A * C^-alpha, one point per budget
 APPROACH_3_PARAMS = 5  # L(N, D) = E + A/N^a + B/D^b, on every run
 MIN_BUDGETS = FRONTIER_LAW_PARAMS + 1
 MIN_RUNS = APPROACH_3_PARAMS + 1
+BUDGET_TOLERANCE = 0.10  # a run belongs to the budget its FLOPs are within 10% of
 
 
 def too_few_budgets(count: int) -> str:
@@ -68,6 +70,38 @@ def check_scaling_fit(config: Any, deps: Any) -> None:
         raise ConfigError(
             "deps.runs",
             f"expected a mapping of at least {MIN_RUNS} train artifacts 'name@version: 1', got {got(runs)}",
+        )
+
+
+def check_scaling_fit_upstream(config: Mapping[str, Any], upstream: Mapping[str, Any]) -> None:
+    """At load, what the runs' train recipes settle: each run's FLOPs (as its record
+    will count them: steps x batch x seq_len x `flops_per_token`) must lie within
+    BUDGET_TOLERANCE of one of `config.budgets`, or `scaling_fit` refuses it after
+    every run has trained. All the misfits are named at once. A run whose vocabulary
+    is not settled here (no `model.vocab_size`, no tokenizer entry with one) is
+    checked when the fit runs."""
+    from marin_rules.model.flops import flops_per_token
+    from marin_rules.train.config import parse_train_config
+
+    budgets = [float(b) for b in config["budgets"]]
+    misfits = []
+    for key, run in (upstream.get("runs") or {}).items():
+        if run.step != "train":
+            continue
+        vocab = next((t.get("vocab_size") for d in run.upstreams("data") for t in d.upstreams("tokenizer")), None)
+        if not isinstance(vocab, int) and "vocab_size" not in (run.get("model") or {}):
+            continue
+        train = parse_train_config(dict(run.config), vocab_size=vocab if isinstance(vocab, int) else None)
+        flops = flops_per_token(train.model, train.seq_len) * train.num_train_steps * train.batch_size * train.seq_len
+        budget = min(budgets, key=lambda b: abs(math.log(flops / b)))  # as scaling_fit places it
+        if abs(flops / budget - 1) > BUDGET_TOLERANCE:
+            misfits.append(f"{key} costs {flops:.3g} ({flops / budget - 1:+.1%} from {budget:g})")
+    if misfits:
+        raise ConfigError(
+            "deps.runs",
+            f"{len(misfits)} run(s) cost more than {BUDGET_TOLERANCE:.0%} from every budget in config.budgets, "
+            f"so the fit could not place them: {'; '.join(misfits)}; change their num_train_steps "
+            "(whole steps miss a small budget by more) or the budgets",
         )
 
 

@@ -32,10 +32,9 @@ from marin_rules.artifacts.errors import StepError
 from marin_rules.artifacts.files import FILE_DIGESTS, named_digests
 from marin_rules.artifacts.records import read_record
 from marin_rules.scaling import fit as F
-from marin_rules.scaling.checks import MIN_BUDGETS, too_few_budgets
+from marin_rules.scaling.checks import BUDGET_TOLERANCE, MIN_BUDGETS, too_few_budgets
 from marin_rules.scaling.plot import plot_scaling
 
-BUDGET_TOLERANCE = 0.10
 FIT_FILES = ("fit.json", "table.md", "scaling.png")  # each step's files, by content in its result's file_digests
 CHECK_FILES = ("check.json", "check.png")
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import yaml
 
-from marin_rules.scaling.recipe import grid_rungs, plan, plan_rung
+from marin_rules.scaling.checks import BUDGET_TOLERANCE
+from marin_rules.scaling.recipe import BATCH, grid_rungs, plan, plan_rung
 
 BUDGETS = (1e10, 2.34e10, 5.48e10, 1.28e11, 3e11)  # FLOPs; 30x, a factor 30^(1/4) apart
 SIZES = 5
@@ -96,7 +97,14 @@ def scaling_experiment(
     bootstrap: int = 200,
 ) -> dict[str, Any]:
     """The whole experiment as a mapping (what the YAML file holds)."""
-    cases = [case(b, plan_rung(b, vocab_size, r).config) for b in budgets for r in grid_rungs(b, vocab_size, sizes)]
+    plans = [plan_rung(b, vocab_size, r) for b in budgets for r in grid_rungs(b, vocab_size, sizes)]
+    misfits = [f"{run_key(p.budget, p.config)} {p.budget_error:+.1%}" for p in plans if abs(p.budget_error) > BUDGET_TOLERANCE]
+    if misfits:
+        raise ValueError(
+            f"whole steps of {BATCH} sequences miss these runs' budgets by more than {BUDGET_TOLERANCE:.0%}, "
+            f"which scaling_fit refuses: {', '.join(misfits)}; raise the smallest budgets"
+        )
+    cases = [case(p.budget, p.config) for p in plans]
     runs = [TEMPLATE.format(budget=c["budget"], d_model=c["d_model"]) for c in cases]
     target = predict_factor * max(budgets)
     verify = f"checkpoints/scaling/verify-c{label(target)}@v1"
