@@ -83,6 +83,15 @@ class Distributed(Rule):
         return {"anyOf": [{"enum": ["auto", False]}, mapping]}
 
 
+# runtime keys only some built-in steps read (any other built-in would ignore them: refused)
+RUNTIME_READERS = {
+    "num_workers": ("tokenize", "dedup"),
+    "batch_size": ("tokenize",),
+    "peak_flops": ("train",),
+    "distributed": ("train",),
+}
+
+
 @dataclass(frozen=True)
 class Runtime:
     """An entry's `runtime:`: execution choices, recorded but never fingerprinted. Every
@@ -353,6 +362,11 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
         raise fail(e.field, e.message) from None
     if "shards" in runtime and step not in SHARDED_STEPS:
         raise fail("runtime.shards", f"only {' and '.join(SHARDED_STEPS)} run in shards; remove it from this {step} step")
+    for name, readers in RUNTIME_READERS.items():
+        if name in runtime and step in BUILTIN_STEPS and step not in readers:
+            own = f" ({step}'s {name} is config.{name})" if (step, name) == ("evaluate", "batch_size") else ""
+            raise fail(f"runtime.{name}", f"read only by {' and '.join(readers)}, so it would do nothing in this "
+                       f"{step} step{own}; remove it")  # fmt: skip
     try:
         check_fields(Runtime, runtime, "runtime")
     except ConfigError as e:

@@ -21,8 +21,8 @@ import os
 import sys
 from typing import Any
 
-from marin_rules.experiment import ADOPT, Runtime
-from marin_rules.steps import BUILTIN_STEPS, USER_STEP, import_function
+from marin_rules.experiment import ADOPT, RUNTIME_READERS, Runtime
+from marin_rules.steps import BUILTIN_STEPS, SHARDED_STEPS, USER_STEP, import_function
 from marin_rules.sweeps import MAX_SWEEP_ARTIFACTS
 from marin_rules.validation import json_schema, specs
 
@@ -73,9 +73,14 @@ def experiment_schema() -> dict[str, Any]:
         if name in REQUIRED_ROLES:
             deps["required"] = REQUIRED_ROLES[name]
         config = json_schema(import_function(builtin.settings), title=f"{name} config")
+        unread = [k for k, readers in RUNTIME_READERS.items() if name not in readers]
+        unread = sorted(unread + ([] if name in SHARDED_STEPS else ["shards"]))
+        then = {"config": config, "deps": deps}
+        if unread:  # keys this step never reads: the loader refuses them too
+            then["runtime"] = {"not": {"anyOf": [{"required": [k]} for k in unread]}}
         per_step.append({
             "if": {"properties": {"step": {"const": name}}, "required": ["step"]},
-            "then": {"properties": {"config": config, "deps": deps}},
+            "then": {"properties": then},
         })  # fmt: skip
     sweep_props = {
         **entry_props,

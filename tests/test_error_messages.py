@@ -91,6 +91,7 @@ CASES: list[tuple[str, object]] = [
     ("a pin of digits only, unquoted", chain("raw/a@v1", expect_fingerprint=0)),
     ("pin that does not match", chain("raw/a@v1", expect_fingerprint="0000000000000000")),
     ("shards on a step that has none", chain("raw/a@v1", runtime={"shards": 2})),
+    ("a runtime key its step never reads", chain("evaluations/m@v1", runtime={"batch_size": 8})),
     ("shards not a whole number", chain("tokenized/a@v1", runtime={"shards": 2.5})),
     ("runtime key unknown", chain("checkpoints/m@v1", runtime={"zoen": "us-east5-a"})),
     ("tpu with a newline", chain("checkpoints/m@v1", runtime={"tpu": "v5p-8\ntouch /tmp/pwned #"})),

@@ -77,9 +77,14 @@ def test_runtime_num_workers_lots_is_refused_at_load_not_in_shard_threads():
 
 def test_runtime_of_every_documented_form_loads_and_is_kept_as_given():
     runtime = {"tpu": "v5litepod-16", "zone": "europe-west4-b", "shards": 2, "num_workers": 2, "batch_size": 64,
-               "peak_flops": 1.0e11, "accelerator": "h100-8", "distributed": "auto"}  # fmt: skip
+               "accelerator": "h100-8"}  # fmt: skip
     experiment = build_experiment(with_runtime("data/x@v1", runtime))
     assert experiment["data/x@v1"].runtime == runtime
+    train = {"tpu": "v5p-8", "peak_flops": 1.0e11, "distributed": "auto"}
+    artifacts = {**with_runtime("data/x@v1", {})["artifacts"], "ckpt/m@v1": {"step": "train", "deps": {"data": "data/x@v1"},
+                 "config": {"model": {"d_model": 32, "n_heads": 2}, "num_train_steps": 2, "batch_size": 2, "seq_len": 8},
+                 "runtime": train}}  # fmt: skip
+    assert build_experiment({"artifacts": artifacts})["ckpt/m@v1"].runtime == train
     for tpu in ("v5p-8", "v6e-8", "default"):
         assert build_experiment(with_runtime("raw/a@v1", {"tpu": tpu}))["raw/a@v1"].runtime == {"tpu": tpu}
 
@@ -101,12 +106,33 @@ def test_session_resources_are_the_checked_runtime_values():
 
 def test_schema_and_loader_agree_on_runtime():
     validator = jsonschema.Draft7Validator(json.loads((REPO / "schema" / "experiment.schema.json").read_text()))
-    good = {"tpu": "v5p-8", "zone": "us-east5-a", "num_workers": 2, "distributed": "auto"}
-    assert not list(validator.iter_errors(with_runtime("raw/a@v1", good)))
-    build_experiment(with_runtime("raw/a@v1", good))
-    for bad in ({"tpu": "v5p-8\ntouch x"}, {"zone": "us-east5-a$(x)"}, {"num_workers": "lots"}, {"region": "us"}):
+    good = {"tpu": "v5p-8", "zone": "us-east5-a", "num_workers": 2}
+    assert not list(validator.iter_errors(with_runtime("data/x@v1", good)))
+    build_experiment(with_runtime("data/x@v1", good))
+    for bad in ({"tpu": "v5p-8\ntouch x"}, {"zone": "us-east5-a$(x)"}, {"num_workers": "lots"}, {"region": "us"},
+                {"num_workers": 2}, {"distributed": "auto"}, {"shards": 2}):  # the last three: a download never reads them
         assert list(validator.iter_errors(with_runtime("raw/a@v1", bad))), bad
         refusal(with_runtime("raw/a@v1", bad))
+
+
+@pytest.mark.parametrize("step_key, name", [("raw/a@v1", "num_workers"), ("tok/t@v1", "batch_size"), ("data/x@v1", "peak_flops")])
+def test_a_runtime_key_the_step_never_reads_is_refused_naming_the_steps_that_do(step_key, name):
+    message = refusal(with_runtime(step_key, {name: 2}))
+    readers = {"num_workers": "tokenize and dedup", "batch_size": "tokenize", "peak_flops": "train"}[name]
+    step = build_experiment(with_runtime(step_key, {}))[step_key].step
+    assert message.endswith(f"{step_key}: runtime.{name}: read only by {readers}, so it would do nothing in this "
+                            f"{step} step; remove it")  # fmt: skip
+
+
+def test_runtime_batch_size_on_an_evaluation_points_to_its_config_batch_size():
+    artifacts = {"raw/a@v1": {"step": "download"}, "tok/t@v1": CHAIN["tok/t@v1"], "data/x@v1": TOK,
+                 "ckpt/m@v1": {"step": "train", "deps": {"data": "data/x@v1"}, "config": {"model": {"d_model": 32, "n_heads": 2},
+                               "num_train_steps": 2, "batch_size": 2, "seq_len": 8}},
+                 "evals/m@v1": {"step": "evaluate", "deps": {"model": "ckpt/m@v1", "data": "raw/a@v1"}, "runtime": {"batch_size": 8}}}  # fmt: skip
+    assert refusal({"artifacts": artifacts}) == (
+        "evals/m@v1: runtime.batch_size: read only by tokenize, so it would do nothing in this evaluate step "
+        "(evaluate's batch_size is config.batch_size); remove it"
+    )
 
 
 # ---- sweeps ----------------------------------------------------------------------------
