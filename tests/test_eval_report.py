@@ -48,6 +48,12 @@ def test_results_table_shows_each_stderr_and_calls_close_scores_a_tie():
     assert set(rows) == {"acc", "bits_per_byte"}  # stderr entries are not rows of their own
 
 
+def test_results_table_without_a_baseline_has_no_baseline_columns():
+    table = results_table({"t": {"acc": 0.31, "acc_stderr": 0.033}}, "evals/x@v1")
+    assert "| task | metric | model |\n|---|---|---:|\n| t | acc | 0.3100 ± 0.0330 |\n" in table
+    assert "baseline" not in table and "tie" not in table
+
+
 def test_ratio_stderr_matches_the_spread_of_the_ratio_over_resampled_corpora():
     rng = random.Random(0)
     docs = [(-rng.uniform(0.5, 1.5) * n, n) for n in (rng.randint(200, 4000) for _ in range(80))]  # (ll, bytes)

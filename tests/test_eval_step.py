@@ -178,7 +178,7 @@ def test_evaluate_reads_and_writes_gcs(artifacts, gcs_prefix):
     assert storage.exists(f"{out}/results.md") and storage.exists(f"{out}/tasks/{BPB_TASK}.yaml")
 
 
-def test_lm_eval_command_line_runs_the_marin_model(artifacts, tmp_path, monkeypatch):
+def test_lm_eval_command_line_runs_the_marin_model(artifacts, tmp_path, monkeypatch, capsys):
     """`python -m marin_rules.eval.cli ARGS` is `lm_eval ARGS` with `marin` registered.
     The task folder comes from `python -m marin_rules.eval.tasks`; the CLI itself runs
     in-process (lm-eval's CLI always indexes its ~14k bundled tasks: no need to also
@@ -199,6 +199,17 @@ def test_lm_eval_command_line_runs_the_marin_model(artifacts, tmp_path, monkeypa
     (written,) = list(out.rglob("results_*.json"))
     results = json.loads(written.read_text())["results"][BPB_TASK]
     assert 0 < results["bits_per_byte,none"] < 16
+    # a bad model_args value is one line and exit status 2, not a traceback
+    monkeypatch.setattr(sys, "argv", [
+        "marin_rules.eval.cli", "--model", "marin", "--model_args", f"checkpoint={artifacts['model']},max_length=100000",
+        "--tasks", BPB_TASK, "--include_path", str(tasks), "--limit", "2",
+    ])  # fmt: skip
+    with pytest.raises(SystemExit) as stop:
+        cli.main()
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        "marin-lm-eval: max_length: 100000 is longer than the model's max_seq_len"
+    )
 
 
 def test_results_table_says_which_side_is_better_and_calls_equal_scores_a_tie():

@@ -321,13 +321,13 @@ def test_nan_loss_stops_the_run_naming_the_step(tokens, cache, tmp_path):
     "step,optimizer,advice",
     [
         (1, {}, "loss is nan at step 1, before any update: the initialised model's forward pass is not finite; "
-                "check config.model (rope_theta, init_std, norm_eps) and bump the version"),
+                "check config.model (rope_theta, init_std, norm_eps) and run again"),
         (7, {"name": "adamw", "learning_rate": 0.5, "grad_clip": 0},
          "loss became nan at step 7; lower config.optimizer.learning_rate (now 0.5), or set "
-         "config.optimizer.grad_clip (now 0: off), and bump the version"),
+         "config.optimizer.grad_clip (now 0: off), and run again"),
         (7, {"name": "muon", "learning_rate": 0.5, "muon_lr": 0.02, "grad_clip": 1.0},
          "loss became nan at step 7; lower config.optimizer.learning_rate (now 0.5) or config.optimizer.muon_lr "
-         "(now 0.02), or lower config.optimizer.grad_clip (now 1.0), and bump the version"),
+         "(now 0.02), or lower config.optimizer.grad_clip (now 1.0), and run again"),
     ],
     ids=["first-step", "adamw-unclipped", "muon-clipped"],
 )

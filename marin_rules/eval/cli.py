@@ -16,11 +16,20 @@ from __future__ import annotations
 
 
 def main() -> None:
+    """lm-eval's CLI; a bad `model_args` value of ours or an unreadable artifact is one
+    line on stderr (exit status 2), not a traceback."""
+    import sys
+
     import marin_rules.eval.baseline  # noqa: F401  registers marin-unigram
-    import marin_rules.eval.lm  # noqa: F401  registers marin
+    from marin_rules.artifacts.errors import MarinError
+    from marin_rules.eval.lm import ModelArgError  # registers marin
     from lm_eval.__main__ import cli_evaluate
 
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except (ModelArgError, MarinError) as e:
+        print(f"marin-lm-eval: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

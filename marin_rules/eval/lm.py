@@ -61,6 +61,10 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_GEN_TOKS = 256
 
 
+class ModelArgError(ValueError):
+    """A bad `model_args` value of the `marin` model (`marin-lm-eval` prints it as one line)."""
+
+
 @dataclass(frozen=True)
 class SpecialTokens:
     bos: int | None
@@ -106,7 +110,7 @@ def _as_batch_size(value: Any) -> int:
         return DEFAULT_BATCH_SIZE
     size = int(value)
     if size < 1:
-        raise ValueError(f"batch_size: expected an integer >= 1, got {value!r}")
+        raise ModelArgError(f"batch_size: expected an integer >= 1, got {value!r}")
     return size
 
 
@@ -129,7 +133,7 @@ class MarinLM(TemplateLM):
         self.batch_size = _as_batch_size(batch_size)
         self.rolling_context = max(1, scorer.max_length // 2) if rolling_context is None else int(rolling_context)
         if not 1 <= self.rolling_context <= scorer.max_length:
-            raise ValueError(f"rolling_context: expected 1..{scorer.max_length}, got {rolling_context}")
+            raise ModelArgError(f"rolling_context: expected 1..{scorer.max_length}, got {rolling_context}")
         self.max_gen_toks = int(max_gen_toks)
         self.round_trip: RoundTrip | None = None  # of the texts of the last loglikelihood_rolling call
 
@@ -170,9 +174,9 @@ class MarinLM(TemplateLM):
 
         limit = trained.config.max_seq_len
         if max_length is not None and int(max_length) < 1:
-            raise ValueError(f"max_length: expected a context of at least 1 token, got {max_length}")
+            raise ModelArgError(f"max_length: expected a context of at least 1 token, got {max_length}")
         if max_length is not None and int(max_length) > limit:
-            raise ValueError(
+            raise ModelArgError(
                 f"max_length: {max_length} is longer than the model's max_seq_len {limit}; "
                 f"give at most {limit}, or leave it out for the trained length"
             )

@@ -110,16 +110,18 @@ def lossy_note(tasks: Sequence[str], example: str) -> str:
 
 def results_table(summary: dict[str, dict[str, float]], title: str, lossy: Mapping[str, str] | None = None) -> str:
     """The markdown table; rows of a ratio metric of a task in `lossy` (task -> where
-    a text did not come back) say "not meaningful", with a note under the table."""
+    a text did not come back) say "not meaningful", with a note under the table.
+    Without any baseline score (`baseline: none`) the table has no baseline columns."""
     lossy = lossy or {}
+    with_baseline = any(k.startswith("baseline_") for row in summary.values() for k in row)
     lines = [
         f"# Evaluation of {title}",
         "",
-        "Each value is followed by its standard error; a difference within "
-        f"{TIE_STDERRS:g} combined standard errors is a tie.",
+        "Each value is followed by its standard error"
+        + (f"; a difference within {TIE_STDERRS:g} combined standard errors is a tie." if with_baseline else "."),
         "",
-        "| task | metric | model | unigram baseline | better |",
-        "|---|---|---:|---:|---|",
+        "| task | metric | model | unigram baseline | better |" if with_baseline else "| task | metric | model |",
+        "|---|---|---:|---:|---|" if with_baseline else "|---|---|---:|",
     ]
     for task, row in summary.items():
         for metric, value in row.items():
@@ -129,7 +131,8 @@ def results_table(summary: dict[str, dict[str, float]], title: str, lossy: Mappi
             base_se = row.get(f"baseline_{metric}_stderr")
             better = "" if base is None else compare(metric, value, base, se, base_se)
             name = f"{metric} ({LOSSY_LABEL})" if task in lossy and metric in RATIO_METRICS else metric
-            lines.append(f"| {task} | {name} | {_cell(value, se)} | {_cell(base, base_se)} | {better} |")
+            baseline = f" {_cell(base, base_se)} | {better} |" if with_baseline else ""
+            lines.append(f"| {task} | {name} | {_cell(value, se)} |{baseline}")
     lines += [line for task, example in lossy.items() for line in ("", f"Not meaningful: {lossy_note([task], example)}.")]
     return "\n".join(lines) + "\n"
 

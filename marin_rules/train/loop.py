@@ -214,14 +214,14 @@ def check_finite(objective: float, step: int, config: TrainConfig) -> None:
     if step == 1:
         raise StepError(
             f"loss is {objective} at step 1, before any update: the initialised model's forward pass is not "
-            "finite; check config.model (rope_theta, init_std, norm_eps) and bump the version"
+            "finite; check config.model (rope_theta, init_std, norm_eps) and run again"
         )
     opt = config.optimizer
     rates = f"config.optimizer.learning_rate (now {opt.learning_rate})"
     if opt.name == "muon":
         rates += f" or config.optimizer.muon_lr (now {opt.muon_lr})"
     clip = "set config.optimizer.grad_clip (now 0: off)" if opt.grad_clip <= 0 else f"lower config.optimizer.grad_clip (now {opt.grad_clip})"
-    raise StepError(f"loss became {objective} at step {step}; lower {rates}, or {clip}, and bump the version")
+    raise StepError(f"loss became {objective} at step {step}; lower {rates}, or {clip}, and run again")
 
 
 def train_steps(
