@@ -61,6 +61,33 @@ def test_diff_shows_recipe_fields_and_result_deltas_side_by_side(two_versions, c
     assert "final_val_loss" in out and "steps" not in out
 
 
+V3 = """
+  checkpoints/nano@v3:
+    step: train
+    deps: {data: tokenized/s@v1}
+    config:
+      model: {d_model: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, d_ff: 128, n_experts: 8, top_k: 2, d_expert: 32, max_seq_len: 64, router_gate: sigmoid}
+      optimizer: {name: adamw}
+      num_train_steps: 100
+      batch_size: 8
+      seq_len: 64
+"""
+
+
+def test_diff_shows_the_value_of_a_field_added_or_removed(two_versions, capsys):
+    experiment_file, prefix = two_versions
+    with open(experiment_file, "a") as f:
+        f.write(V3)
+    build(prefix, load_experiment(experiment_file), "checkpoints/nano@v3", result={"final_val_loss": 3.0})
+    assert main(["diff", "checkpoints/nano@v2", "checkpoints/nano@v3", "--prefix", prefix, "--only-changed"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:3] == [
+        "recipe: checkpoints/nano@v2 -> checkpoints/nano@v3: 2 field(s) differ",
+        "  model.router_gate (added: sigmoid)",
+        "  optimizer.learning_rate (removed: 0.001)",
+    ]
+
+
 def test_diff_shows_control_and_bidi_characters_of_records_escaped(experiment_file, tmp_path, capsys):  # noqa: F811
     with open(experiment_file, "a") as f:
         f.write(V2)

@@ -56,21 +56,30 @@ NO_DEFAULT = object()  # what a `default` lookup gives for a field without one
 DefaultLookup = Callable[[tuple[str, ...]], Any]  # config field path -> its default, or NO_DEFAULT
 
 
-def diff_values(old: Any, new: Any, path: str = "", default: DefaultLookup | None = None, keys: tuple[str, ...] = ()) -> list[str]:
+def diff_values(
+    old: Any, new: Any, path: str = "", default: DefaultLookup | None = None, keys: tuple[str, ...] = (),
+    values: bool = False,
+) -> list[str]:
     """Lines describing how `new` differs from `old`. With `default` (the step's
     settings: `experiment.Artifact.config_default`), a field added or removed at the
-    value that is its default now says so: `seed (added: 0, the default now)`."""
+    value that is its default now says so: `seed (added: 0, the default now)`. With
+    `values` (`marin diff`), every added or removed field shows its value:
+    `model.router_gate (added: sigmoid)`; the drift warning keeps the contract's
+    bare `(added)`."""
     if isinstance(old, Mapping) and isinstance(new, Mapping):
         lines: list[str] = []
         for key in sorted(set(old) | set(new)):
             sub = f"{path}.{key}" if path else key
             if key in old and key in new:
-                lines.extend(diff_values(old[key], new[key], sub, default, (*keys, key)))
+                lines.extend(diff_values(old[key], new[key], sub, default, (*keys, key), values))
                 continue
             change, value = ("added", new[key]) if key not in old else ("removed", old[key])
             known = NO_DEFAULT if default is None else default((*keys, key))
             at_default = known is not NO_DEFAULT and known == value and type(known) is type(value)
-            lines.append(AtDefault(f"{sub} ({change}: {_show(value)}, {AT_DEFAULT})") if at_default else f"{sub} ({change})")
+            if at_default:
+                lines.append(AtDefault(f"{sub} ({change}: {_show(value)}, {AT_DEFAULT})"))
+            else:
+                lines.append(f"{sub} ({change}: {_show(value)})" if values else f"{sub} ({change})")
         return lines
     if old == new and type(old) is type(new):
         return []
@@ -87,16 +96,18 @@ def only_defaults(lines: list[str]) -> bool:
     return bool(lines) and all(isinstance(line, AtDefault) for line in lines)
 
 
-def recipe_diff(recorded: Mapping[str, Any], current: Mapping[str, Any], default: DefaultLookup | None = None) -> list[str]:
+def recipe_diff(
+    recorded: Mapping[str, Any], current: Mapping[str, Any], default: DefaultLookup | None = None, values: bool = False
+) -> list[str]:
     """Diff two fingerprint payloads: config fields bare (with `default`, the config
-    defaults of the current step: `diff_values`), step and deps by name. Each line is
-    `printable`: one line, whatever the record holds."""
+    defaults of the current step, and `values`: `diff_values`), step and deps by name.
+    Each line is `printable`: one line, whatever the record holds."""
     lines: list[str] = []
     if recorded.get("step") != current.get("step"):
         lines.append(f"step: {recorded.get('step')} -> {current.get('step')}")
         default = None  # another step's settings say nothing about the recorded config
-    lines.extend(diff_values(recorded.get("config", {}), current.get("config", {}), default=default))
-    lines.extend(diff_values(recorded.get("deps", {}), current.get("deps", {}), "deps"))
+    lines.extend(diff_values(recorded.get("config", {}), current.get("config", {}), default=default, values=values))
+    lines.extend(diff_values(recorded.get("deps", {}), current.get("deps", {}), "deps", values=values))
     return [printable(line) for line in lines]
 
 

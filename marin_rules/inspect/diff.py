@@ -2,7 +2,7 @@
 
 Model: `A` and `B` are success records (any two artifacts, usually two versions of
 one name). The recipe part is the drift warning's field diff (`recipe_diff` of the
-two fingerprint payloads, lines `field: a -> b`, `field (added)`, `field (removed)`).
+two fingerprint payloads, lines `field: a -> b`, `field (added: b)`, `field (removed: a)`).
 The result part flattens both `result` mappings to dotted keys (`final_val_loss`,
 `marin_shakespeare_cloze.acc`; a train run's checkpoint digests as one row, `N files
 <digest of them all>`) and shows A, B and, for two numbers, B - A; with
@@ -82,7 +82,7 @@ def _show(v: Any) -> str:
 
 
 def format_diff(key_a: str, a: Mapping[str, Any], key_b: str, b: Mapping[str, Any], only_changed: bool) -> str:
-    recipe = recipe_diff(recorded_payload(a), recorded_payload(b))
+    recipe = recipe_diff(recorded_payload(a), recorded_payload(b), values=True)
     lines = [f"recipe: {key_a} -> {key_b}: " + (f"{len(recipe)} field(s) differ" if recipe else "same recipe")]
     lines += [f"  {line}" for line in recipe]
     rows = result_rows(a, b, only_changed)
