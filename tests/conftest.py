@@ -4,14 +4,23 @@
 emulator on 127.0.0.1, with this process's environment pointed at it; `gcs_env`
 is that environment for subprocesses. `snakemake_cmd` runs the project's Snakefile
 as a user would (a real `snakemake` process) in a given working directory.
+
+The whole run shares one JAX persistent compilation cache (`JAX_COMPILATION_CACHE_DIR`,
+set here before anything imports JAX and inherited by the xdist workers and every
+process a test starts: Snakemake's jobs, pod processes), so the tiny models the
+tests train and score compile once per program, not once per process; the
+controller deletes it at the end. A cached executable is the program XLA compiled,
+so results stay bitwise what they were.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +28,17 @@ import pytest
 from gcs_emulator import BUCKET, apply_env, emulator_env, start_emulator
 
 REPO = Path(__file__).resolve().parent.parent
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the controller (or a plain run); workers inherit it
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="marin-tests-jax-cache-")
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    _OWN_JAX_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"]
+else:
+    _OWN_JAX_CACHE = None
+
+
+def pytest_sessionfinish(session):
+    if _OWN_JAX_CACHE and not hasattr(session.config, "workerinput"):
+        shutil.rmtree(_OWN_JAX_CACHE, ignore_errors=True)
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 _counter = itertools.count()
 
