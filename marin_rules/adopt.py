@@ -31,6 +31,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, json_problem
 from marin_rules.artifacts.files import file_problems, list_data_files
 from marin_rules.artifacts.identity import artifact_location
+from marin_rules.data.relative import resolve_location
 from marin_rules.validation import Bool, OneOf, Text, check_fields
 
 STEP = "adopt"
@@ -76,6 +77,22 @@ def _corpus(source: str, listing: Mapping[str, int]) -> str | None:
     return None
 
 
+def _reachable_tokenizer(source: str, name: str, info: Mapping[str, Any]) -> str | None:
+    """What is wrong with the `tokenizer` that the JSON file `name` of the source names
+    (a location relative to the source, as our steps write it, or absolute): missing,
+    or nowhere to be found from where the source is now (a folder copied out of its
+    prefix leaves `../../../tokenizers/...` behind), else None."""
+    reference = info.get("tokenizer")
+    if not isinstance(reference, str) or not reference:
+        return f"missing tokenizer in {name} (the location of the tokenizer.json its tokens come from)"
+    found = resolve_location(source, reference)
+    if not storage.exists(found):
+        return (f"tokenizer in {name} is {reference!r}, which is {found} from this source and does not exist "
+                "(copied out of its prefix?); put the tokenizer's tokenizer.json and special_tokens.json where "
+                f"it points, or set tokenizer in {name} to their location")
+    return None
+
+
 def _tokenized(source: str, listing: Mapping[str, int]) -> str | None:
     index = _json(source, "index.json", listing, "splits")
     for key in ("vocab_size", "dtype", "eos_id"):
@@ -90,7 +107,7 @@ def _tokenized(source: str, listing: Mapping[str, int]) -> str | None:
                 return f"splits.{name}.shards[{i}] in index.json is not an object with a 'path' (a file name)"
             if path not in listing:
                 return f"missing {path} (listed in index.json)"
-    return None
+    return _reachable_tokenizer(source, "index.json", index)
 
 
 def _tokenizer(source: str, listing: Mapping[str, int]) -> str | None:
@@ -105,7 +122,13 @@ def _train(source: str, listing: Mapping[str, int]) -> str | None:
         return "missing model.json"
     if not any(path.startswith("checkpoints/") for path in listing):
         return "missing checkpoints/ (no checkpoint files)"
-    return None
+    try:
+        info = storage.read_json(storage.join(source, "model.json"))
+    except ValueError as e:
+        return f"model.json is {json_problem(e)}"
+    except OSError as e:
+        return f"model.json cannot be read ({e.strerror or e})"
+    return _reachable_tokenizer(source, "model.json", info) if isinstance(info, dict) else "model.json is not a JSON object"
 
 
 KINDS: dict[str, Kind] = {

@@ -137,15 +137,39 @@ def test_bad_layout_or_missing_source_is_refused_while_planning_in_one_line(tmp_
 def test_tokenized_layout_names_the_shard_its_index_lists_but_lacks(tmp_path):
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "tokens-00000.npy").write_bytes(b"0" * 10)
-    index = {"vocab_size": 400, "dtype": "uint16", "eos_id": 1,
+    index = {"vocab_size": 400, "dtype": "uint16", "eos_id": 1, "tokenizer": "tokenizer.json",
              "splits": {"train": {"shards": [{"path": "train/tokens-00000.npy"}, {"path": "train/tokens-00001.npy"}]}}}  # fmt: skip
     (tmp_path / "index.json").write_text(json.dumps(index))
+    (tmp_path / "tokenizer.json").write_text("{}")
     with pytest.raises(ConfigError, match=r"d@v1: adopt.source: .* missing train/tokens-00001.npy \(listed in index.json\)"):
         check_layout("d@v1", {"source": str(tmp_path), "kind": "tokenized"})
     (tmp_path / "train" / "tokens-00001.npy").write_bytes(b"0")
     assert set(check_layout("d@v1", {"source": str(tmp_path), "kind": "tokenized"})) == {
-        "index.json", "train/tokens-00000.npy", "train/tokens-00001.npy"
+        "index.json", "tokenizer.json", "train/tokens-00000.npy", "train/tokens-00001.npy"
     }  # fmt: skip
+
+
+def test_a_tokenized_or_trained_folder_copied_away_from_its_tokenizer_is_refused_naming_where_it_points(tmp_path):
+    """Our steps store the tokenizer relative to the artifact (`../../../tokenizers/..`):
+    a folder copied out of its prefix points nowhere, and a model trained on it would too."""
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "tokens-00000.npy").write_bytes(b"0" * 10)
+    index = {"vocab_size": 400, "dtype": "uint16", "eos_id": 1, "tokenizer": "../../../tokenizers/t/v1/tokenizer.json",
+             "splits": {"train": {"shards": [{"path": "train/tokens-00000.npy"}]}}}  # fmt: skip
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    gone = (tmp_path / "../../../tokenizers/t/v1/tokenizer.json").resolve()
+    with pytest.raises(ConfigError) as error:
+        check_layout("d@v1", {"source": str(tmp_path), "kind": "tokenized"})
+    assert f"tokenizer in index.json is '../../../tokenizers/t/v1/tokenizer.json', which is {gone} from this source and does not exist" in str(error.value)
+    model = tmp_path / "model"
+    (model / "checkpoints" / "4").mkdir(parents=True)
+    (model / "checkpoints" / "4" / "x").write_text("x")
+    (model / "model.json").write_text(json.dumps({"tokenizer": "../tok/tokenizer.json"}))
+    with pytest.raises(ConfigError, match=r"tokenizer in model.json is '../tok/tokenizer.json', which is .* does not exist"):
+        check_layout("m@v1", {"source": str(model), "kind": "train"})
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    check_layout("m@v1", {"source": str(model), "kind": "train"})
 
 
 def test_shard_lists_that_are_not_lists_of_names_are_refused_naming_them(tmp_path):
@@ -156,7 +180,7 @@ def test_shard_lists_that_are_not_lists_of_names_are_refused_naming_them(tmp_pat
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match=r"d@v1: adopt.source: .* shards.train in manifest.json is not a list of shard"):
         check_layout("d@v1", {"source": str(tmp_path), "kind": "corpus"})
-    index = {"vocab_size": 400, "dtype": "uint16", "eos_id": 1, "splits": {"train": {"shards": "train/t.npy"}}}
+    index = {"vocab_size": 400, "dtype": "uint16", "eos_id": 1, "tokenizer": "t.json", "splits": {"train": {"shards": "train/t.npy"}}}
     (tmp_path / "index.json").write_text(json.dumps(index))
     with pytest.raises(ConfigError, match=r"splits.train in index.json is not an object with a list of 'shards'"):
         check_layout("d@v1", {"source": str(tmp_path), "kind": "tokenized"})

@@ -575,6 +575,25 @@ def test_an_index_json_edited_against_its_tokenize_record_is_refused_naming_the_
                               f"of x/tokens@v1 gives result.{field} = {recorded}): "), message  # fmt: skip
 
 
+def test_an_index_json_with_its_shards_reordered_in_place_is_refused_by_its_recorded_digest(tokens):
+    from marin_rules.artifacts.files import named_digests
+
+    record_built(tokens, "tokenize", result={**tokenize_result(tokens), "file_digests": named_digests(str(tokens), ["index.json"])})
+    loader(tokens)  # as built
+    index = json.loads((tokens / "index.json").read_text())
+    shards = index["splits"]["train"]["shards"]
+    if len(shards) < 2:  # one shard: swap the splits' shard lists' order of keys instead (same fields, other bytes)
+        index["splits"] = dict(reversed(list(index["splits"].items())))
+    else:
+        shards[0], shards[1] = shards[1], shards[0]
+    (tokens / "index.json").write_text(json.dumps(index))
+    with pytest.raises(StepError) as error:
+        loader(tokens)
+    assert str(error.value).startswith(
+        f"deps.data: {tokens / 'index.json'} is unreadable (its content is not what the record of x/tokens@v1 gives (xxh3:"
+    )
+
+
 def test_token_counts_that_disagree_with_the_tokenize_record_are_refused_naming_the_split(tokens):
     result = tokenize_result(tokens)
     record_built(tokens, "tokenize", result={**result, "validation_tokens": result["validation_tokens"] + 7})

@@ -38,7 +38,7 @@ import numpy as np
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, StepError
-from marin_rules.artifacts.files import is_inside
+from marin_rules.artifacts.files import FILE_DIGESTS, content_problems, is_inside
 from marin_rules.artifacts.records import read_record, unreadable_file
 from marin_rules.data.checks import TOKEN_DTYPES, check_mixture
 from marin_rules.data.relative import resolve_location
@@ -121,8 +121,10 @@ def _check_against_record(index: dict[str, Any], index_location: str, location: 
     """index.json against the result of the `tokenize` record at `location`: its
     vocab_size, dtype, special-token ids and each split's token count (what its shards list) must be the
     recorded ones, else the one-line `unreadable_file` naming the field (index.json
-    edited or damaged in place, its size kept). No such record (data adopted in
-    place), or a result without a figure: that figure is not compared."""
+    edited or damaged in place, its size kept), and then its whole content the digest
+    the record gives (`file_digests`), which also finds shards listed in another order.
+    No such record (data adopted in place), or a result without a figure: that figure
+    is not compared."""
     record = read_record(location)
     if record is None or record.step != "tokenize" or not isinstance(record.result, dict):
         return
@@ -135,6 +137,10 @@ def _check_against_record(index: dict[str, Any], index_location: str, location: 
             field = f"splits.{key[: -len('_tokens')]} (its shards' tokens)" if key.endswith("_tokens") else key
             raise unreadable_file(FIELD, index_location, location, f"{field} is {value!r}, but the record of "
                                   f"{record.key} gives result.{key} = {result[key]!r}")  # fmt: skip
+    recorded = (result.get(FILE_DIGESTS) or {}).get(INDEX) if isinstance(result.get(FILE_DIGESTS), dict) else None
+    if recorded and content_problems(location, {INDEX: recorded}):  # same fields, other content: shards reordered
+        raise unreadable_file(FIELD, index_location, location, f"its content is not what the record of {record.key} "
+                              f"gives ({recorded})")  # fmt: skip
 
 
 def _inside(path: str) -> bool:
