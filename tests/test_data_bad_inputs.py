@@ -297,8 +297,10 @@ NO_TEXT = "every document needs a string `text`; fix the shard or rebuild the co
         (lambda line: b"[1, 2]", f"is an array, not a JSON object: {NO_TEXT}"),
         (lambda line: b'{"text": "x",}', "is not valid JSON (Expecting property name enclosed in double quotes at "
                                          "line 1, column 14): the shard is damaged; copy it again or rebuild the corpus"),
+        (lambda line: b'{"id": "s", "text": "a lone \\ud800 surrogate"}',  # an adopted corpus: download never writes one
+         "has a lone surrogate in `text` (a JSON \\ud800-\\udfff escape UTF-8 cannot encode): replace or remove it in the shard"),
     ],
-    ids=["no-text", "not-an-object", "not-json"],
+    ids=["no-text", "not-an-object", "not-json", "lone-surrogate"],
 )  # fmt: skip
 def test_a_bad_document_is_named_by_every_reader(corpus, damage, problem):
     lines = shard_lines(corpus)

@@ -227,6 +227,9 @@ def _documents(path: str, lines: Iterable[bytes], field: str, first: int = 0) ->
             if type(doc) is not dict or type(doc.get("text")) is not str:
                 what = "has no string `text` field" if type(doc) is dict else f"is {json_kind(doc)}, not a JSON object"
                 raise shard_error(field, path, f"document {index + 1} {what}", NO_TEXT)
+            if (b"\\ud" in line or b"\\uD" in line) and not _utf8_encodable(doc["text"]):  # only an escape makes one
+                raise shard_error(field, path, f"document {index + 1} has a lone surrogate in `text` (a JSON \\ud800-"
+                                  "\\udfff escape UTF-8 cannot encode)", "replace or remove it in the shard")  # fmt: skip
             yield doc
     except FileNotFoundError:  # opened when first read (`_streamed_lines`)
         raise shard_error(field, path, MISSING) from None
@@ -234,6 +237,14 @@ def _documents(path: str, lines: Iterable[bytes], field: str, first: int = 0) ->
         raise shard_error(field, path, gzip_problem(e, index >= first)) from None
     except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
         raise shard_error(field, path, f"document {index + 1} is {json_problem(e)}") from None
+
+
+def _utf8_encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def read_range(location: str, split: str, start: int, stop: int, field: str = "deps.corpus") -> Iterator[dict[str, Any]]:
