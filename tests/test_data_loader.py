@@ -133,9 +133,11 @@ def test_bad_mixture_weights_are_errors_naming_deps_data(weights):
         check_mixture(weights)
 
 
-def test_a_mixture_of_two_tokenizers_is_refused(data):
-    with pytest.raises(StepError, match=r"^deps\.data: .* a mixture needs one tokenizer"):
+def test_a_mixture_of_two_tokenizers_is_refused_naming_each_tokenizer_where_it_is(data):
+    with pytest.raises(StepError, match=r"^deps\.data: .* a mixture needs one tokenizer") as error:
         make_loader({data["comedies"]: 1, data["other"]: 1}, seq_len=8, batch_size=2, seed=0)
+    # resolved, with digests: two copies' `../../../tokenizers/t/v1/tokenizer.json` read alike
+    assert str(error.value).count("tokenizer.json (digest ") == 2 and "../" not in str(error.value)
 
 
 def test_validation_split_loads_and_shares_no_window_with_train(data):

@@ -189,9 +189,11 @@ class TokenLoader:
         first = sources[0].index
         for source in sources[1:]:
             if source.index["tokenizer_digest"] != first["tokenizer_digest"]:
+                tokenizers = [f"{resolve_location(s.location, s.index['tokenizer'])} (digest {s.index['tokenizer_digest']})"
+                              for s in (source, sources[0])]  # fmt: skip
                 raise StepError(
-                    f"{FIELD}: {source.location} was tokenized with {source.index['tokenizer']}, "
-                    f"{sources[0].location} with {first['tokenizer']}: a mixture needs one tokenizer"
+                    f"{FIELD}: {source.location} was tokenized with {tokenizers[0]}, "
+                    f"{sources[0].location} with {tokenizers[1]}: a mixture needs one tokenizer"
                 )
         self.vocab_size: int = int(first["vocab_size"])
         self.tokenizer: str = resolve_location(sources[0].location, first["tokenizer"])  # tokenizer.json
