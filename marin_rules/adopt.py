@@ -242,10 +242,13 @@ def recorded_source_problems(step: Any, result: Any) -> list[str]:
     return [] if source is None else file_problems(source, result.get("listing") or {})
 
 
-def source_changed(source: Any, problems: list[str]) -> str:
-    """The one phrase for an adopted source that changed since it was adopted."""
+def source_changed(source: Any, problems: list[str], consumer: bool = False) -> str:
+    """The one phrase for an adopted source that changed since it was adopted (as the
+    consumer refusing it says it, with `consumer`). Rebuilding the adopt artifact would
+    take the changed data under the same version, so the fix is never a rebuild."""
     more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+    refused = "" if consumer else "consumers will refuse it: "
     return (
-        f"the adopted source {source} changed since it was adopted ({problems[0]}{more}); consumers "
-        "will refuse it: restore it, or adopt it under a new version"
+        f"the adopted source {source} changed since it was adopted ({problems[0]}{more}); "
+        f"{refused}restore it, or adopt it under a new version"
     )

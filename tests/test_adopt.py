@@ -85,7 +85,10 @@ def test_adopted_corpus_is_tokenized_in_place_through_a_real_run(tmp_path, snake
         shard.write_bytes(saved + b"x")
         proc = run(snakemake_cmd, tmp_path, experiment, "--forcerun", "tokenize", check=False)
         assert proc.returncode != 0
-        assert f"upstream corpus/adopted@v1: changed train/{shard.name}" in proc.stdout + proc.stderr
+        refusal = next(line for line in (proc.stdout + proc.stderr).splitlines() if "upstream corpus/adopted@v1: " in line)
+        assert (f"upstream corpus/adopted@v1: the adopted source {built_corpus} changed since it was adopted "
+                f"(changed train/{shard.name}") in refusal  # fmt: skip
+        assert refusal.endswith("; restore it, or adopt it under a new version")  # not a rebuild: it would adopt the change
         assert f"corpus/adopted@v1: the adopted source {built_corpus} changed since it was adopted (changed train/" in proc.stderr
         # the inspection commands say so too (they read the record alone)
         prefix = ["--prefix", str(tmp_path / "art"), "--configfile", str(tmp_path / "exp.yaml")]

@@ -69,7 +69,7 @@ def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: di
     sizes (data adopted in place: its source as adopted). Records what was seen
     (fingerprint, build time) into `deps_record`. `hint_flags`: the rest of the rebuild
     command a refusal suggests (`workflow.options.rerun_flags`)."""
-    from marin_rules.adopt import source_problems
+    from marin_rules.adopt import source_changed, source_location, source_problems
 
     seen = {}
     for key in artifact.upstream_keys():
@@ -82,10 +82,13 @@ def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: di
         how = rebuild_hint(location, hint_flags)
         if record is None:
             raise MarinError(f"{artifact.key}: upstream {key} has no success record at {location}; {how}")
-        problems = verify_files(location, record) + source_problems(upstream, record.result)
+        problems = verify_files(location, record)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise MarinError(f"{artifact.key}: upstream {key}: {problems[0]}{more}; {how}")
+        changed = source_problems(upstream, record.result)
+        if changed:  # rebuilding would adopt the changed data under the same version: not the fix
+            raise MarinError(f"{artifact.key}: upstream {key}: {source_changed(source_location(upstream.config), changed, consumer=True)}")
         seen[key] = build_of(record)
     for dep in deps_record.values():
         for d in dep if isinstance(dep, list) else [dep]:
