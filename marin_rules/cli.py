@@ -253,7 +253,8 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
             if args.json:
                 print(json.dumps([e.to_json() for e in events], indent=2))
             else:
-                print(format_history(artifact.key, events, "" if events else st.never_built_reason(location)))
+                entry = experiment.artifacts.get(artifact.key) if experiment is not None else None
+                print(format_history(artifact.key, events, "" if events else st.unbuilt_reason(location, entry)))
             return 0
         from marin_rules.inspect.diff import format_diff
 

@@ -277,7 +277,7 @@ def _wait_for(condition, what: str, timeout: float = 120.0):
 
 
 @pytest.mark.timeout(400)
-def test_a_shard_killed_mid_way_on_a_cluster_executor_is_the_only_one_rebuilt(tmp_path):
+def test_a_shard_killed_mid_way_on_a_cluster_executor_is_the_only_one_rebuilt(tmp_path, capsys):
     """Through snakemake-executor-plugin-cluster-generic: each shard job is its own
     process tree started by a submit command. Shard 1 of 3 is stopped once it holds its
     lease (it is building) and SIGKILLed, as a preempted node would be; the run fails
@@ -318,6 +318,13 @@ def test_a_shard_killed_mid_way_on_a_cluster_executor_is_the_only_one_rebuilt(tm
     assert not (shard / "shard.json").exists()
     (row,) = [r for r in experiment_status(load_experiment(str(exp)), str(prefix)) if r.key == "tokenized/slice@v1"]
     assert "2 of 3 shard(s) built" in row.reason, row  # what `marin status` shows
+    from marin_rules.cli import main as marin
+
+    assert marin(["history", "tokenized/slice@v1", "--prefix", str(prefix), "--configfile", str(exp)]) == 0
+    assert capsys.readouterr().out == (  # not "record deleted, data still there"
+        "tokenized/slice@v1: no attempts recorded (stopped part-way: 2 of 3 shard(s) built; the next run builds "
+        "the rest and gathers them)\n"
+    )
 
     second = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     out = second.stdout + second.stderr

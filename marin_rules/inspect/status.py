@@ -195,6 +195,17 @@ def never_built_reason(location: str) -> str:
             "file(s) (snakemake --delete-all-output?); the next run builds it")  # fmt: skip
 
 
+def unbuilt_reason(location: str, artifact: Artifact | None) -> str:
+    """Why an artifact has no record of any kind, for `marin history`: a sharded one
+    stopped part-way says how many shards are built (its shard folders are data, not
+    a deleted record's leftovers), else `never_built_reason`."""
+    done, building, _ = _shard_progress(location, artifact)
+    if done is None:
+        return never_built_reason(location)
+    running = f", {len(building)} building" if building else ""
+    return f"stopped part-way: {done} shard(s) built{running}; the next run builds the rest and gathers them"
+
+
 def missing_prefix_note(prefix: str) -> str:
     """A line saying that the prefix holds nothing at all, "" when it exists: a mistyped
     `--prefix` would otherwise read as an experiment never built. (A gs:// prefix whose
