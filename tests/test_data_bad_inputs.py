@@ -219,6 +219,16 @@ def test_good_files_beside_the_bad_ones_still_download(tmp_path):
     assert "naïve café — “quoted”\n" in texts and "escaped \\u00e9 and a pair 😀" in texts
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_document_or_json_line(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "bom.txt").write_bytes(b"\xef\xbb\xbfWritten by Notepad\n")
+    (src / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "first line"}\n')  # json.loads would refuse the mark
+    download(StepContext("raw/bom", "v1", {"source": str(src)}, {}, {}, str(tmp_path / "raw")))
+    texts = {d["text"] for d in dolma.read_split(str(tmp_path / "raw"), "train")}
+    assert texts == {"Written by Notepad\n", "first line"}
+
+
 # ---- Dolma shards (a downloaded or adopted corpus) read by consumers -----------------
 
 

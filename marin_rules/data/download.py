@@ -38,6 +38,7 @@ Output documents: `id` = xxh3-128 of the text (unique after deduplication),
 
 from __future__ import annotations
 
+import codecs
 import configparser
 import datetime as dt
 import gzip
@@ -285,6 +286,9 @@ def _read_bytes(location: str) -> bytes:
 
 
 def _decode(data: bytes, location: str) -> str:
+    """The file's text; a leading UTF-8 byte order mark (Windows editors write one) is
+    not text and is dropped, so the first document or JSON line starts clean."""
+    data = data.removeprefix(codecs.BOM_UTF8)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
