@@ -48,19 +48,20 @@ class _LayoutProblem(Exception):
     """What is wrong with an adopted source's layout, as a phrase ("missing x.json")."""
 
 
-def _json(source: str, name: str, listing: Mapping[str, int], wants: str) -> dict:
+def _json(source: str, name: str, listing: Mapping[str, int], wants: str | None) -> dict:
     """The JSON object `name` of the source; _LayoutProblem when it is missing, cannot
-    be read or parsed, or is not an object with `wants`."""
+    be read or parsed, or is not an object (with the object `wants`, where given)."""
+    what = f"a JSON object with {wants!r}" if wants else "a JSON object"
     if name not in listing:
-        raise _LayoutProblem(f"missing {name} (a JSON object with {wants!r})")
+        raise _LayoutProblem(f"missing {name} ({what})")
     try:
         value = storage.read_json(storage.join(source, name))
     except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
         raise _LayoutProblem(f"{name} is {json_problem(e)}") from None
     except OSError as e:
         raise _LayoutProblem(f"{name} cannot be read ({e.strerror or e})") from None
-    if not isinstance(value, dict) or not isinstance(value.get(wants), dict):
-        raise _LayoutProblem(f"{name} is not a JSON object with {wants!r}")
+    if not isinstance(value, dict) or (wants and not isinstance(value.get(wants), dict)):
+        raise _LayoutProblem(f"{name} is not {what}")
     return value
 
 
@@ -122,13 +123,7 @@ def _train(source: str, listing: Mapping[str, int]) -> str | None:
         return "missing model.json"
     if not any(path.startswith("checkpoints/") for path in listing):
         return "missing checkpoints/ (no checkpoint files)"
-    try:
-        info = storage.read_json(storage.join(source, "model.json"))
-    except ValueError as e:
-        return f"model.json is {json_problem(e)}"
-    except OSError as e:
-        return f"model.json cannot be read ({e.strerror or e})"
-    return _reachable_tokenizer(source, "model.json", info) if isinstance(info, dict) else "model.json is not a JSON object"
+    return _reachable_tokenizer(source, "model.json", _json(source, "model.json", listing, None))
 
 
 KINDS: dict[str, Kind] = {

@@ -38,7 +38,7 @@ import numpy as np
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, StepError
-from marin_rules.artifacts.files import FILE_DIGESTS, content_problems, is_inside
+from marin_rules.artifacts.files import content_problems, is_inside, recorded_digests
 from marin_rules.artifacts.records import read_record, unreadable_file
 from marin_rules.data.checks import TOKEN_DTYPES, check_mixture
 from marin_rules.data.relative import resolve_location
@@ -137,7 +137,7 @@ def _check_against_record(index: dict[str, Any], index_location: str, location: 
             field = f"splits.{key[: -len('_tokens')]} (its shards' tokens)" if key.endswith("_tokens") else key
             raise unreadable_file(FIELD, index_location, location, f"{field} is {value!r}, but the record of "
                                   f"{record.key} gives result.{key} = {result[key]!r}")  # fmt: skip
-    recorded = (result.get(FILE_DIGESTS) or {}).get(INDEX) if isinstance(result.get(FILE_DIGESTS), dict) else None
+    recorded = recorded_digests(result).get(INDEX)
     if recorded and content_problems(location, {INDEX: recorded}):  # same fields, other content: shards reordered
         raise unreadable_file(FIELD, index_location, location, f"its content is not what the record of {record.key} "
                               f"gives ({recorded})")  # fmt: skip
