@@ -161,6 +161,20 @@ def _experiment_key(text: str, experiment: Experiment, command: str) -> str:
     )
 
 
+def _recorded_key(text: str, experiment: Experiment, prefix: str, dev_user: str | None, command: str) -> ArtifactId:
+    """show, verify: an artifact of the experiment, or one with a record on the prefix
+    that the experiment does not define (an older version `marin status --all` lists)."""
+    if text not in experiment.artifacts:
+        try:
+            artifact = _stored_id(text, experiment, prefix, dev_user)
+        except MarinError:
+            artifact = None
+        if artifact is None or not storage.exists(record_path(prefix, artifact)):
+            _experiment_key(text, experiment, command)  # one line with the nearest key
+        return artifact
+    return experiment[text].id
+
+
 def _prefix_key(text: str, experiment: Experiment | None, prefix: str, dev_user: str | None) -> tuple[ArtifactId, dict]:
     """An artifact found on the prefix (in the experiment or not) and its success record.
     One of the experiment without one is "not built yet" (and why: its status reason);
@@ -182,8 +196,9 @@ def _prefix_key(text: str, experiment: Experiment | None, prefix: str, dev_user:
     raise MarinError(f"{artifact.key}: no success record under {prefix}{_whose(artifact)}{hint}")
 
 
-def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: str) -> int:
-    """`marin verify`; `flags`: what the suggested snakemake command needs besides its target."""
+def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: str | None) -> int:
+    """`marin verify`; `flags`: what the suggested snakemake command needs besides its
+    target; None for an artifact the experiment does not define (an older version)."""
     from marin_rules.adopt import recorded_source, recorded_source_problems
     from marin_rules.artifacts.files import recorded_digests
     from marin_rules.artifacts.records import read_record, rebuild_hint, verify_files
@@ -191,7 +206,7 @@ def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: s
     record = read_record(location, artifact)
     if record is None:
         print(f"{key}: not built (no record under {location}); build it with: "
-              f"{shlex.join(['snakemake', record_path(prefix, artifact), *shlex.split(flags)])}", file=sys.stderr)  # fmt: skip
+              f"{shlex.join(['snakemake', record_path(prefix, artifact), *shlex.split(flags or '')])}", file=sys.stderr)  # fmt: skip
         return 1
     problems = verify_files(location, record, contents=True)
     source = recorded_source(record.step, record.result)  # data adopted in place: its source too
@@ -199,7 +214,9 @@ def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: s
     if problems:
         for problem in problems:
             print(f"{key}: {problem}")
-        print(f"{key}: {len(problems)} problem(s); {rebuild_hint(location, flags)}", file=sys.stderr)
+        hint = rebuild_hint(location, flags) if flags is not None else (
+            "it is not an artifact of this experiment: rebuild it with the experiment that defines it")
+        print(f"{key}: {len(problems)} problem(s); {hint}", file=sys.stderr)
         return 1
     adopted = "" if source is None else f"; its adopted source {source} holds its {len(record.result['listing'])} file(s)"
     digests = recorded_digests(record.result)
@@ -302,14 +319,13 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
                 raise MarinError(f"-o {args.output}: cannot write it ({type(e).__name__}: {e.strerror or e})") from None
             print(f"wrote {args.output} ({len(rows)} artifacts)")
         return 0
-    key = _experiment_key(args.key, experiment, args.command)
-    artifact = experiment[key].id
-    location = artifact_location(prefix, artifact)
     if args.command == "path":
-        print(record_path(prefix, artifact))
+        print(record_path(prefix, experiment[_experiment_key(args.key, experiment, args.command)].id))
         return 0
+    artifact = _recorded_key(args.key, experiment, prefix, args.dev_user, args.command)
+    key, location = artifact.key, artifact_location(prefix, artifact)
     if args.command == "verify":
-        return _verify(key, location, prefix, artifact, flags)
+        return _verify(key, location, prefix, artifact, flags if key in experiment.artifacts else None)
     shown = {"record": reading.record_dict(location, artifact)}
     try:
         shown["last_failure"] = reading.last_failure(location)

@@ -9,17 +9,26 @@ report: "../report/workflow.rst"
 
 import os as _os
 import sys as _sys
-from marin_rules.inspect.gather import built_keys as _built_keys
+from marin_rules.inspect.gather import built_keys as _built_keys, gathered_stamp as _gathered_stamp
 
 
 def _reported(wildcards=None):
     return _built_keys(M.experiment, M.recorded)
 
 
+def _report_inputs(wildcards=None):
+    """The built artifacts' records, and a stamp of what is gathered (experiment, prefix,
+    built keys): rewritten when that changes, so marin-report/ is gathered again for
+    another experiment or prefix, not only for a newer record."""
+    built = _reported()
+    stamp = _gathered_stamp(".snakemake/marin-report-inputs.json", M.experiment, M.prefix, built)
+    return [M.record_path(k) for k in built] + [stamp]
+
+
 rule marin_report:
     localrule: True
     input:
-        lambda wildcards: [M.record_path(k) for k in _reported()],
+        _report_inputs,
     output:
         report(
             directory("marin-report"),

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -107,6 +108,27 @@ def test_show_prints_the_record_and_the_last_failure(experiment_file, tmp_path, 
     assert shown["last_failure"]["error"]["message"].startswith("loss became nan")
     assert main(["show", "checkpoints/nanoo@v1", "--configfile", experiment_file, "--prefix", prefix]) == 1
     assert "(did you mean checkpoints/nano@v1?)" in capsys.readouterr().err
+
+
+def test_show_and_verify_read_an_older_version_the_prefix_holds_outside_the_experiment(experiment_file, tmp_path, capsys):  # noqa: F811
+    prefix = str(tmp_path / "artifacts")
+    populate(prefix, load_experiment(experiment_file))
+    v1 = f"{prefix}/checkpoints/nano/v1"
+    shutil.copytree(v1, f"{prefix}/checkpoints/nano/v0")
+    record = json.load(open(f"{v1}/.artifact.json"))
+    with open(f"{prefix}/checkpoints/nano/v0/.artifact.json", "w") as f:
+        json.dump({**record, "version": "v0", "path": "checkpoints/nano/v0"}, f)
+    args = ["--configfile", experiment_file, "--prefix", prefix]
+    assert main(["show", "checkpoints/nano@v0", *args]) == 0
+    assert json.loads(capsys.readouterr().out)["record"]["version"] == "v0"
+    assert main(["verify", "checkpoints/nano@v0", *args]) == 0
+    assert capsys.readouterr().out == "checkpoints/nano@v0: all 1 file(s) present at their recorded sizes\n"
+    os.remove(f"{prefix}/checkpoints/nano/v0/data.bin")
+    assert main(["verify", "checkpoints/nano@v0", *args]) == 1
+    assert capsys.readouterr().err == ("checkpoints/nano@v0: 1 problem(s); it is not an artifact of this experiment: "
+                                       "rebuild it with the experiment that defines it\n")  # fmt: skip
+    assert main(["show", "checkpoints/nano@v9", *args]) == 1  # on neither: the nearest key of the experiment
+    assert "checkpoints/nano@v9: not an artifact of" in capsys.readouterr().err
 
 
 def test_path_of_a_gcs_prefix_is_the_local_mirror(experiment_file, capsys):  # noqa: F811

@@ -119,6 +119,42 @@ def test_evaluate_writes_results_table_and_headline_metrics(artifacts, tmp_path)
     assert bpb["lossless"] is True and "lossless" not in cloze and "not meaningful" not in table  # byte-level BPE
 
 
+@pytest.mark.parametrize("where, field", [("task", "config.tasks[0].num_fewshot"), ("config", "config.num_fewshot")])
+def test_more_few_shot_examples_than_the_task_has_other_documents_name_the_field_before_scoring(artifacts, tmp_path, where, field):
+    from marin_rules.artifacts.errors import StepError
+    from marin_rules.eval.step import evaluate
+
+    task = {"name": CLOZE_TASK, "num_fewshot": 5000} if where == "task" else CLOZE_TASK
+    config = {"tasks": [task], "limit": 2, **({"num_fewshot": 5000} if where == "config" else {})}
+    with pytest.raises(StepError) as e:
+        evaluate(StepContext("evaluations/t", "v1", config, {"model": artifacts["model"], "data": artifacts["raw"]},
+                             output=str(tmp_path / "eval")))  # fmt: skip
+    count = json.load(open(tmp_path / "eval" / "tasks" / "manifest.json"))["counts"][CLOZE_TASK]
+    assert str(e.value) == (
+        f"{field}: 5000 few-shot examples before each question, but {CLOZE_TASK} has {count} document(s) from "
+        f"deps.data's held-out plays and draws its examples from the others: use at most {count - 1}, or hold out more plays"
+    )
+    assert not (tmp_path / "eval" / "results.json").exists()
+
+
+def test_an_lm_eval_task_with_a_few_shot_split_too_small_names_the_field():
+    """lm-eval draws few-shot examples with random.sample: its error on this Python, said
+    as the field (a registry task's split size is known only once lm-eval loads it)."""
+    import random
+
+    from marin_rules.artifacts.errors import StepError
+    from marin_rules.eval.config import TaskSpec
+    from marin_rules.eval.step import _named_shots
+
+    with pytest.raises(StepError, match=r"^config.tasks\[1\].num_fewshot: 30 few-shot examples before each question, "
+                                        r"but arc_easy's few-shot split holds fewer documents"):  # fmt: skip
+        with _named_shots(TaskSpec("arc_easy", 30, None, "config.tasks[1].num_fewshot")):
+            random.Random(0).sample(range(5), 31)
+    with pytest.raises(ValueError, match="other"):  # any other error passes through
+        with _named_shots(TaskSpec("arc_easy", 30, None)):
+            raise ValueError("other")
+
+
 def test_bits_per_byte_of_a_lossy_tokenizer_says_it_is_not_meaningful(lossy_artifacts, tmp_path, capsys):
     from marin_rules.eval.step import evaluate
 

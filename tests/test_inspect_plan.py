@@ -42,6 +42,18 @@ def test_price_matches_the_hand_computed_figures(experiment_file):  # noqa: F811
     assert price.cpu_s is None
 
 
+def test_price_takes_the_vocabulary_the_built_tokenized_data_recorded_over_the_one_asked(experiment_file, tmp_path):  # noqa: F811
+    """A trained tokenizer may end below the vocab_size asked (the corpus ran out of
+    merges); once built, the plan prices the model the run will train."""
+    experiment, prefix = load_experiment(experiment_file), str(tmp_path / "artifacts")
+    for key in ("raw/s@v1", "tokenizers/bpe@v1"):
+        build(prefix, experiment, key)
+    build(prefix, experiment, "tokenized/s@v1", result={"vocab_size": 300})
+    price = price_job(experiment, "checkpoints/nano@v1", prefix=prefix)
+    assert price.active_params == 82_752 - (512 - 300) * 64
+    assert price_job(experiment, "checkpoints/nano@v1").active_params == 82_752  # no prefix: the recipe's
+
+
 @pytest.mark.parametrize(
     "name, chips, peak, devices",
     [("v5p-8", 4, 459e12, 4), ("v4-32", 16, 275e12, 16), ("v3-8", 4, 123e12, 8), ("v5litepod-16", 16, 197e12, 16),

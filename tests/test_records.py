@@ -94,6 +94,7 @@ def _good(tmp_path) -> tuple[str, dict]:
          "missing fields fingerprint, files"),
         (lambda r: json.dumps({**r, "fingerprint": None}), "field fingerprint should be a string, got null"),
         (lambda r: json.dumps({**r, "config": [1]}), "field config should be a mapping, got [1]"),
+        (lambda r: json.dumps({**r, "result": "oops"}), 'field result should be a mapping, got "oops"'),
         (lambda r: json.dumps({**r, "schema": True}), "record schema True is not the schema 2 this marin-rules reads"),
         (lambda r: json.dumps({**r, "status": "failed"}), "status is 'failed', not 'success'"),
         (lambda r: json.dumps({**r, "files": {"a.bin": -1}}), "files.a.bin should be a size in bytes, got -1"),
@@ -114,6 +115,22 @@ def test_corrupt_records_raise_one_line_naming_the_file_the_problem_and_the_fix(
         read_record(location, KEY)
     assert str(e.value) == f"{record_file}: {problem}; delete it and rebuild the artifact with: snakemake -f {record_file}"
     assert "\n" not in str(e.value)
+
+
+def test_a_folder_or_file_where_a_record_path_needs_the_other_is_a_corrupt_record_not_a_storage_error(tmp_path):
+    folder_record = os.path.join(str(tmp_path), "tokenized", "x", "v1", ".artifact.json")
+    os.makedirs(folder_record)
+    with pytest.raises(CorruptRecord) as e:
+        read_record(os.path.dirname(folder_record), KEY)
+    assert str(e.value).startswith(f"{folder_record}: a folder, not a record file; delete it and rebuild")
+    file_artifact = os.path.join(str(tmp_path), "checkpoints", "m")
+    os.makedirs(os.path.dirname(file_artifact))
+    with open(file_artifact, "w") as f:
+        f.write("x")
+    record_file = os.path.join(file_artifact, "v1", ".artifact.json")
+    with pytest.raises(CorruptRecord) as e:
+        read_record(os.path.dirname(record_file))
+    assert str(e.value).startswith(f"{record_file}: {file_artifact} is a file where a folder should be; delete it")
 
 
 @pytest.mark.parametrize("path", ["../../../../etc/passwd", "/etc/passwd", "tokens/../../../x/v1/data.bin", "a/..", ""])

@@ -126,6 +126,23 @@ def test_report_holds_the_loss_curve_the_evaluation_table_and_the_dag(built, tmp
         assert any(n.endswith("/results.html") for n in names)
 
 
+def test_the_report_folder_is_gathered_again_for_another_prefix_and_back(built):
+    """marin-report/ is one folder: under the mtime trigger alone, gathering for another
+    prefix (older records) said "Nothing to be done" and kept the first one's files."""
+    loss = built.root / "marin-report" / "Training" / "checkpoints" / "nano@v1" / "loss.png"
+    built.snakemake("marin_report")
+    assert loss.exists()
+    empty = str(built.root / "empty-prefix")
+    other = built.run("marin_report", "--configfile", "exp.yaml", "--config", f"prefix={empty}", "-c2",
+                      cwd=built.root, timeout=300)  # fmt: skip
+    assert "Nothing to be done" not in other.stdout + other.stderr
+    assert not loss.exists() and (built.root / "marin-report" / "Experiment").is_dir()
+    again = built.snakemake("marin_report")
+    assert "Nothing to be done" not in again.stdout + again.stderr and loss.exists()
+    same = built.snakemake("marin_report")  # nothing changed: nothing to gather
+    assert "Nothing to be done" in same.stdout + same.stderr
+
+
 def test_the_report_rule_builds_nothing_for_an_unbuilt_experiment(tmp_path, snakemake_cmd):
     run = Run(tmp_path, snakemake_cmd)
     proc = run.snakemake("marin_report", "-n")

@@ -337,6 +337,14 @@ def test_a_shard_killed_mid_way_on_a_cluster_executor_is_the_only_one_rebuilt(tm
     assert record["result"]["shards"] == 3 and not (prefix / TOKENS / ".history").exists()
     assert streams(prefix / TOKENS) == in_one_process(prefix, tmp_path / "direct")  # bitwise
 
+    (prefix / TOKENS / ".artifact.json").unlink()  # every shard built, the gather's record gone
+    (row,) = [r for r in experiment_status(load_experiment(str(exp)), str(prefix)) if r.key == "tokenized/slice@v1"]
+    assert (row.state, row.reason) == ("missing", "not gathered: all 3 shard(s) built; the next run gathers them")
+    assert marin(["history", "tokenized/slice@v1", "--prefix", str(prefix), "--configfile", str(exp)]) == 0
+    assert capsys.readouterr().out == (
+        "tokenized/slice@v1: no attempts recorded (not gathered: all 3 shard(s) built; the next run gathers them)\n"
+    )
+
 
 def test_on_gs_a_second_machine_sees_the_finished_shards_and_only_gathers(tmp_path, gcs_prefix, gcs_env, snakemake_cmd):
     """Shard records are mirrored like success records: after a crash between the shards

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
 import traceback as tb
 from dataclasses import dataclass
@@ -155,7 +156,7 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "runtime": ((dict,), "a mapping"),
     "path": ((str,), "a string"),
     "status": ((str,), "a string"),
-    "result": ((object,), "any value"),
+    "result": ((dict,), "a mapping"),  # a step returns a dict (job/run.py)
     "provenance": ((dict,), "a mapping"),
     "files": ((dict,), "a mapping"),
 }
@@ -210,6 +211,10 @@ def read_record_file(record_file: str, expected: ArtifactId | None = None) -> Re
         raw = storage.read_bytes(record_file)
     except FileNotFoundError:
         return None
+    except IsADirectoryError:  # a folder named like a record file
+        raise CorruptRecord(record_file, "a folder, not a record file") from None
+    except NotADirectoryError:  # a file where the artifact's folder (or a folder above it) should be
+        raise CorruptRecord(record_file, f"{_file_on_path(record_file)} is a file where a folder should be") from None
     try:
         data = json.loads(raw)
     except UnicodeDecodeError:
@@ -217,6 +222,17 @@ def read_record_file(record_file: str, expected: ArtifactId | None = None) -> Re
     except json.JSONDecodeError as e:
         raise CorruptRecord(record_file, json_problem(e)) from None
     return record_from_json(data, record_file, expected)
+
+
+def _file_on_path(location: str) -> str:
+    """The first file among the folders leading to local `location` (the path itself
+    when none is found: the file went away meanwhile)."""
+    path = os.path.dirname(storage.local_path(location))
+    parents = []
+    while path and path not in parents:
+        parents.append(path)
+        path = os.path.dirname(path)
+    return next((p for p in reversed(parents) if os.path.isfile(p)), location)
 
 
 def read_record(location: str, expected: ArtifactId | None = None) -> Record | None:

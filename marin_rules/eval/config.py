@@ -33,7 +33,7 @@ import functools
 import importlib.util
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Mapping
 
 from marin_rules.artifacts.errors import ConfigError
@@ -63,6 +63,7 @@ class TaskSpec:
     name: str
     num_fewshot: int  # examples shown before each question
     limit: int | None  # examples scored; None = all
+    shots_field: str = field(default="config.num_fewshot", compare=False)  # where num_fewshot was set
 
     @property
     def is_local(self) -> bool:
@@ -249,11 +250,13 @@ def parse_evaluate(config: Mapping[str, Any] | None, deps: Mapping[str, Any] | N
     entries = s.tasks or tuple(TaskEntry(name) for name in DEFAULT_TASKS)
     tasks = []
     for i, e in enumerate(entries):
-        spec = TaskSpec(e.name, s.num_fewshot if e.num_fewshot is None else e.num_fewshot, e.limit or s.limit)
+        own = e.num_fewshot is not None
+        spec = TaskSpec(e.name, e.num_fewshot if own else s.num_fewshot, e.limit or s.limit,
+                        f"config.tasks[{i}].num_fewshot" if own else "config.num_fewshot")  # fmt: skip
         if spec.name in ROLLING_TASKS and spec.num_fewshot:
             rolling = f"{spec.name} scores whole passages (loglikelihood_rolling); expected 0, got {spec.num_fewshot}"
-            if e.num_fewshot is not None:
-                raise ConfigError(f"config.tasks[{i}].num_fewshot", rolling)
+            if own:
+                raise ConfigError(spec.shots_field, rolling)
             raise ConfigError(  # the value came from the config's own num_fewshot
                 "config.num_fewshot",
                 f"{rolling} (every task without its own num_fewshot takes this one: list {spec.name} as "

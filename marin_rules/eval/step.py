@@ -46,6 +46,7 @@ from typing import Any, Iterator
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.errors import StepError
 from marin_rules.artifacts.files import FILE_DIGESTS, named_digests
 from marin_rules.eval.config import EvaluateConfig, TaskSpec, parse_evaluate
 from marin_rules.eval.report import fill_ratio_stderrs, headline_metrics, lossy_note, plot_results, results_table
@@ -77,6 +78,7 @@ def evaluate(ctx: StepContext) -> dict[str, Any]:
                 bpb=config.bpb,
             )
             task_folder, counts = built.folder, built.counts
+            check_shots(config.tasks, counts)
         model_lm = MarinLM.from_trained(trained, batch_size=config.batch_size)
         _log(f"evaluate: model on {', '.join(t.name for t in config.tasks)}")
         model_results = run_tasks(model_lm, config, task_folder)
@@ -111,6 +113,19 @@ def evaluate(ctx: StepContext) -> dict[str, Any]:
     }
 
 
+def check_shots(tasks: tuple[TaskSpec, ...], counts: dict[str, int]) -> None:
+    """Each local task's few-shot examples are other documents of the task (lm-eval
+    draws them from its test split, leaving the question out): at most documents - 1."""
+    for spec in tasks:
+        n = counts.get(spec.name)
+        if n is not None and spec.num_fewshot > n - 1:
+            raise StepError(
+                f"{spec.shots_field}: {spec.num_fewshot} few-shot examples before each question, but {spec.name} "
+                f"has {n} document(s) from deps.data's held-out plays and draws its examples from the others: "
+                f"use at most {n - 1}, or hold out more plays"
+            )
+
+
 def run_tasks(lm: Any, config: EvaluateConfig, task_folder: str | None) -> dict[str, Any]:
     """lm-eval once per task (own few-shot count and limit), merged into one results
     dict shaped like lm-eval's own, plus `tasks` and `lossless` (task -> the round trip
@@ -127,7 +142,7 @@ def run_tasks(lm: Any, config: EvaluateConfig, task_folder: str | None) -> dict[
     for spec in config.tasks:
         task = task_configs(task_folder, [spec.name])[0] if spec.is_local and task_folder else spec.name
         lm.round_trip = None  # set by loglikelihood_rolling: did the tokenizer give the texts back?
-        with _hf_offline(config.only_local):
+        with _hf_offline(config.only_local), _named_shots(spec):
             out = simple_evaluate(
                 model=lm,
                 tasks=[task],
@@ -149,6 +164,21 @@ def run_tasks(lm: Any, config: EvaluateConfig, task_folder: str | None) -> dict[
             merged["lossless"][spec.name] = lm.round_trip.result()
     merged["tasks"] = [_spec_dict(s) for s in config.tasks]
     return _jsonable(merged)
+
+
+@contextlib.contextmanager
+def _named_shots(spec: TaskSpec) -> Iterator[None]:
+    """An lm-eval task whose few-shot split is smaller than num_fewshot (+ 1 when it is
+    the test split) fails in `random.sample`: said as the field that asked for them."""
+    try:
+        yield
+    except ValueError as e:
+        if "Sample larger than population" not in str(e):
+            raise
+        raise StepError(
+            f"{spec.shots_field}: {spec.num_fewshot} few-shot examples before each question, but {spec.name}'s "
+            "few-shot split holds fewer documents: lower num_fewshot for this task"
+        ) from None
 
 
 def relative_paths(value: Any, root: str) -> Any:

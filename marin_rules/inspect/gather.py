@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import json
 import os
 import shutil
 import struct
@@ -58,6 +59,24 @@ def reported_keys(experiment: Experiment, built: set[str]) -> list[str]:
 def built_keys(experiment: Experiment, recorded) -> list[str]:
     """The artifacts to show: `recorded(key)` returns the record (None when not built)."""
     return [k for k, a in experiment.artifacts.items() if a.step in WANTED and recorded(k) is not None]
+
+
+def gathered_stamp(path: str, experiment: Experiment, prefix: str, built: list[str]) -> str:
+    """Write `path` (a small local JSON file: the experiment file, its artifacts, the
+    prefix and the built ones `built`) unless it already says the same; returns `path`.
+    An input of the `marin_report` rule: under Snakemake's mtime trigger, a newer record
+    gathers again, and so, through this file, does another experiment or prefix, or an
+    artifact built or gone."""
+    stamp = json.dumps({"experiment": os.path.abspath(experiment.path), "artifacts": sorted(experiment.artifacts),
+                        "prefix": prefix, "built": sorted(built)}, indent=1)  # fmt: skip
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == stamp:
+                return path
+    except (OSError, UnicodeDecodeError):
+        pass
+    storage.write_text_atomic(path, stamp)
+    return path
 
 
 def markdown_to_html(text: str, title: str) -> str:

@@ -10,8 +10,8 @@ v5e (`v5litepod-N`) and v6e names count chips. Time on this CPU = FLOPs / the
 FLOP/s past train records on the prefix achieved (tokens_per_s * flops_per_token,
 the median, preferring records built on this host) + their median overhead beyond
 the timed steps (compile, evaluation, checkpoints); unknown without such records.
-The vocabulary comes from the model config, else the tokenizer upstream's
-`vocab_size`. A job whose mesh or batch split does not fit the devices of its
+The vocabulary comes from the model config, else the one the tokenized data (or
+its tokenizer) recorded when built, else the tokenizer recipe's `vocab_size`. A job whose mesh or batch split does not fit the devices of its
 accelerator (`device_refusal`: the checks the run makes at its start) gets a warning
 line under its price. Reads records; runs nothing. The jobs that would run are the train
 artifacts with no success record; a corrupt one stops the plan with its one line, as
@@ -99,24 +99,32 @@ class JobPrice:
         return "no accelerator named in runtime"
 
 
-def _vocab_size(experiment: Experiment, artifact: Artifact) -> int | None:
-    """The tokenizer's vocabulary behind a train artifact's data (first member of a mixture)."""
+def _vocab_size(experiment: Experiment, artifact: Artifact, prefix: str | None) -> int | None:
+    """The tokenizer's vocabulary behind a train artifact's data (first member of a
+    mixture): as the tokenized data or the tokenizer recorded it when built on `prefix`
+    (a trained tokenizer may end with fewer ids than asked), else its recipe's `vocab_size`."""
     data = artifact.deps.get("data")
     first = data if isinstance(data, str) else next(iter(data or {}), None)
     tokenized = experiment.artifacts.get(first) if first else None
     tokenizer_key = tokenized.deps.get("tokenizer") if tokenized else None
     tokenizer = experiment.artifacts.get(tokenizer_key) if isinstance(tokenizer_key, str) else None
+    for built in (tokenized, tokenizer) if prefix is not None else ():
+        record = reading.record_dict(artifact_location(prefix, built.id), built.id) if built else None
+        size = ((record or {}).get("result") or {}).get("vocab_size")
+        if isinstance(size, int) and not isinstance(size, bool):
+            return size
     size = (tokenizer.config if tokenizer else {}).get("vocab_size")
     return size if isinstance(size, int) else None
 
 
 def price_job(
-    experiment: Experiment, key: str, mfu: float = DEFAULT_MFU, cpu: CpuSpeed | None = None
+    experiment: Experiment, key: str, mfu: float = DEFAULT_MFU, cpu: CpuSpeed | None = None, prefix: str | None = None
 ) -> JobPrice:
+    """`key`'s price; `prefix`: where its upstreams may be built (their recorded vocabulary)."""
     from marin_rules.train.config import parse_train_config  # pure Python, no JAX
 
     artifact = experiment[key]
-    vocab = _vocab_size(experiment, artifact)
+    vocab = _vocab_size(experiment, artifact, prefix)
     note = "" if vocab or "vocab_size" in artifact.config.get("model", {}) else "vocabulary assumed 4096"
     train = parse_train_config(artifact.config, vocab_size=vocab)
     model = train.model
@@ -231,7 +239,7 @@ def plan_lines(
     if not keys:
         return ["plan: no training job to run"]
     cpu = cpu_speed(past_train_records(experiment, prefix))
-    prices = [price_job(experiment, k, mfu, cpu) for k in keys]
+    prices = [price_job(experiment, k, mfu, cpu, prefix) for k in keys]
     if cpu:
         where = "records built on this host" if cpu.this_host else "records built on other hosts"
         cpu_text = (

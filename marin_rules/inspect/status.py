@@ -200,8 +200,15 @@ def unbuilt_reason(location: str, artifact: Artifact | None) -> str:
     stopped part-way says how many shards are built (its shard folders are data, not
     a deleted record's leftovers), else `never_built_reason`."""
     done, building, _ = _shard_progress(location, artifact)
-    if done is None:
-        return never_built_reason(location)
+    return never_built_reason(location) if done is None else shards_reason(done, building)
+
+
+def shards_reason(done: str, building: list[str]) -> str:
+    """A sharded artifact without a record, from `_shard_progress`: every shard built
+    (only the gather is owed: it never ran, or its record was deleted), or part of them."""
+    built, _, total = done.partition(" of ")
+    if built == total and not building:
+        return f"not gathered: all {total} shard(s) built; the next run gathers them"
     running = f", {len(building)} building" if building else ""
     return f"stopped part-way: {done} shard(s) built{running}; the next run builds the rest and gathers them"
 
@@ -397,7 +404,7 @@ def location_status(
         elif last_failure is not None:
             state, reason, failed = "failed", "", f"last attempt failed at {_failure_line(last_failure)}"
         else:
-            state, reason = "missing", "never built" if done is not None else never_built_reason(location)
+            state, reason = "missing", shards_reason(done, building) if done is not None else never_built_reason(location)
             if ahead:  # its data is not built on: it refuses
                 reason = reason.removesuffix("; the next run builds it")
         problem = _lease_problem(location) if not holder and not gone else None
@@ -409,7 +416,7 @@ def location_status(
             elif state == "missing":
                 reason = "forced rebuild not finished"
             reason += "; the previous build is kept in .history/"
-        if done is not None:
+        if done is not None and "shard(s) built" not in reason:
             reason += f"; {done} shard(s) built, {len(building)} building"
         if ahead and not _already_refused(ahead, failed):
             reason += f"; the next run will refuse to resume: {ahead}"
