@@ -95,6 +95,8 @@ def _good(tmp_path) -> tuple[str, dict]:
         (lambda r: json.dumps({**r, "fingerprint": None}), "field fingerprint should be a string, got null"),
         (lambda r: json.dumps({**r, "config": [1]}), "field config should be a mapping, got [1]"),
         (lambda r: json.dumps({**r, "result": "oops"}), 'field result should be a mapping, got "oops"'),
+        (lambda r: json.dumps({**r, "deps": {"data": "tokenized/a@v1"}}),
+         'deps.data should be a mapping (a list of them for a mixture), got "tokenized/a@v1"'),
         (lambda r: json.dumps({**r, "schema": True}), "record schema True is not the schema 2 this marin-rules reads"),
         (lambda r: json.dumps({**r, "status": "failed"}), "status is 'failed', not 'success'"),
         (lambda r: json.dumps({**r, "files": {"a.bin": -1}}), "files.a.bin should be a size in bytes, got -1"),

@@ -185,6 +185,11 @@ def record_from_json(data: Any, record_file: str, expected: ArtifactId | None = 
         value = data[name]
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types and int in types):
             raise CorruptRecord(record_file, f"field {name} should be {described}, got {json.dumps(value)[:60]}")
+    for role, dep in data["deps"].items():  # an upstream seen, or a mixture's members: mappings
+        if not isinstance(dep, dict) and not (isinstance(dep, list) and all(isinstance(d, dict) for d in dep)):
+            raise CorruptRecord(
+                record_file, f"deps.{role} should be a mapping (a list of them for a mixture), got {json.dumps(dep)[:60]}"
+            )
     if data["status"] != "success":
         raise CorruptRecord(record_file, f"status is {data['status']!r}, not 'success'")
     for rel, size in data["files"].items():
