@@ -85,6 +85,8 @@ def test_worker_command_unpacks_sets_up_learns_its_place_runs_the_job_then_worke
     pack = 'tar -czf "$HOME"/back.tar.gz --ignore-failed-read -- '
     assert parts[8] == (  # worker 0 packs outputs and logs after a success, the logs alone after a failure
         '{ ( python3 -m snakemake --mode remote ); code=$?; if [ "$SNAKEMAKE_TPU_PROCESS_ID" = 0 ]; then '
+        "if [ \"$code\" = 0 ]; then [ -e 'out/a b.txt' ] || { echo 'tpu executor: the job ended without its output "
+        "out/a b.txt' >&2; code=1; }; fi; "
         f"if [ \"$code\" = 0 ]; then {pack}'out/a b.txt' logs/x.log || code=$?; else {pack}logs/x.log; fi; fi; "
         "exit $code; }"
     )
@@ -100,6 +102,19 @@ def test_worker_command_exits_with_the_jobs_status_after_packing(tmp_path, job_s
     assert proc.returncode == job_status
     listed = subprocess.run(["tar", "-tzf", str(tmp_path / "back.tar.gz")], capture_output=True, text=True, check=True)
     assert sorted(listed.stdout.split()) == (["logs/x.log", "o.txt"] if job_status == 0 else ["logs/x.log"])
+
+
+def test_worker_command_fails_a_job_that_ended_well_without_its_output(tmp_path):
+    """A wildcard value the job command mangled: the job built another file and exited 0."""
+    (tmp_path / "wf" / "logs").mkdir(parents=True)
+    cmd = gcloud.worker_command("echo log > logs/x.log; echo out > other.txt", "wf", outputs=["o.txt"],
+                                logs=["logs/x.log"], outputs_archive="back.tar.gz")  # fmt: skip
+    cmd = cmd.replace(gcloud.pod_env_exports(), "export SNAKEMAKE_TPU_PROCESS_ID=0")  # no metadata server here
+    proc = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)}, timeout=30,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 1 and proc.stderr == "tpu executor: the job ended without its output o.txt\n"
+    listed = subprocess.run(["tar", "-tzf", str(tmp_path / "back.tar.gz")], capture_output=True, text=True, check=True)
+    assert listed.stdout.split() == ["logs/x.log"]  # its log comes back, as after any failure
 
 
 def test_worker_command_exports_the_jobs_submission_quoted_before_the_job():
@@ -142,7 +157,7 @@ def test_node_names_are_valid_gcloud_names_and_distinct_per_job():
 
 def test_wildcard_values_that_target_jobs_cannot_carry_are_refused_with_the_reason():
     placement.check_target_wildcards("r", {"n": "it's fine", "m": "a=b"})
-    for value in ("a,b", '"hi"', "say 'x'", '"x'):
+    for value in ("a,b", '"hi"', "say 'x'", '"x', "k\\l"):
         with pytest.raises(WorkflowError, match=r"wildcard n=.*cannot be passed .*--target-jobs"):
             placement.check_target_wildcards("r", {"n": value})
 

@@ -5,8 +5,9 @@ Real `snakemake` runs of a user's Snakefile in a throwaway folder. Under
 line names them so (`-R marin_custom`): forcing by that name rebuilds. Snakemake
 finds the workflow profile (`profiles/default`: `rerun-triggers: mtime` and the
 incomplete-file settings) beside the main Snakefile or in the working directory only,
-so a user's Snakefile runs without it: one warning line says which keys are missing
-and how to add them, and `--workflow-profile <marin-rules>/profiles/default` does.
+so a user's Snakefile runs without it: the triggers are refused (Snakemake would leave
+artifacts unbuilt), the other keys are one warning line, and
+`--workflow-profile <marin-rules>/profiles/default` adds them all.
 """
 
 from __future__ import annotations
@@ -57,15 +58,24 @@ def test_forcing_a_rule_by_its_module_prefixed_name_rebuilds_the_artifact(tmp_pa
     assert not (folder / ".history/.forced-record").exists()
 
 
-def test_a_run_without_the_workflow_profile_says_once_which_settings_it_lacks(tmp_path):
+def test_a_run_without_the_workflow_profile_is_refused_for_its_triggers_and_warned_for_the_rest(tmp_path):
+    """Snakemake's default rerun-triggers left a requested artifact after a built one
+    unbuilt while the run said "100% done" (its `ancient()` inputs' producers rerun for
+    params): refused, naming the fix; the incomplete-file settings are a warning."""
     env = _user_workflow(tmp_path, MODULE)
-    bare = _snakemake(tmp_path, env, "-n")
-    lines = [line for line in bare.stderr.splitlines() if line.startswith(WARNING)]
+    bare = subprocess.run([SNAKEMAKE, "--configfile", "exp.yaml", "--cores", "1", "-n"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert bare.returncode != 0 and "Traceback" not in bare.stderr
+    refusal = ("marin-rules: rerun-triggers is mtime params input software-env code here, but marin-rules needs "
+               "mtime alone: with other triggers Snakemake runs finished artifacts' jobs again for their params and "
+               "leaves out the jobs after them, so an artifact downstream of a built one is never built")  # fmt: skip
+    assert f"{refusal}; add --workflow-profile {PROFILE} (or --rerun-triggers mtime)\n" in bare.stderr
+    assert not (tmp_path / "artifacts").exists()
+    mtime = _snakemake(tmp_path, env, "-n", "--rerun-triggers", "mtime")
+    lines = [line for line in mtime.stderr.splitlines() if line.startswith(WARNING)]
     assert lines == [
-        f"{WARNING} (rerun-triggers: mtime; keep-incomplete: true; ignore-incomplete: true): the jobs of finished "
-        "artifacts, and rules that use their records, run again when params or code change (\"Params have "
-        "changed\"); a failed job may delete a record another run on the prefix just wrote; add --workflow-profile "
-        f"{PROFILE}, or copy those keys into your own profile"
+        f"{WARNING} (keep-incomplete: true; ignore-incomplete: true): a failed job may delete a record another run "
+        f"on the prefix just wrote; add --workflow-profile {PROFILE}, or copy those keys into your own profile"
     ]
     with_profile = _snakemake(tmp_path, env, "-n", "--workflow-profile", str(PROFILE))
     assert WARNING not in with_profile.stderr
@@ -73,14 +83,26 @@ def test_a_run_without_the_workflow_profile_says_once_which_settings_it_lacks(tm
     included.mkdir()
     env = _user_workflow(included, f'include: "{REPO / "Snakefile"}"\n')
     profile = ["--workflow-profile", str(PROFILE)]
-    triggers = _snakemake(included, env, "all", "-n", *profile, "--rerun-triggers", "mtime", "params")
-    (line,) = [line for line in triggers.stderr.splitlines() if line.startswith("marin-rules: warning: rerun")]
-    assert line == (
-        "marin-rules: warning: rerun-triggers is mtime params here, but marin-rules needs mtime (as its workflow "
-        f"profile {PROFILE} sets it; the command line or another profile overrides it): the jobs of finished "
-        "artifacts, and rules that use their records, run again when params or code change (\"Params have "
-        "changed\"); drop that setting, or set it to mtime"
-    )
+    triggers = subprocess.run([SNAKEMAKE, "--configfile", "exp.yaml", "--cores", "1", "all", "-n", *profile,
+                               "--rerun-triggers", "mtime", "params"], cwd=included, env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+    assert triggers.returncode != 0
+    assert (f"{refusal.replace('mtime params input software-env code', 'mtime params')}; drop that setting (the "
+            f"workflow profile {PROFILE} sets mtime), or set it to mtime\n") in triggers.stderr  # fmt: skip
+
+
+def test_a_missing_artifact_after_a_built_one_is_built_in_a_users_workflow(tmp_path):
+    """The case the trigger refusal guards, run with the workflow profile: the second
+    target, downstream of the first (built), is built."""
+    env = _user_workflow(tmp_path, MODULE)
+    (tmp_path / "mysteps.py").write_text("def fast(ctx):\n    return {'ok': True}\n\n"
+                                         "def after(ctx):\n    return {'after': True}\n")  # fmt: skip
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump({"artifacts": {
+        "feat/a@v1": {"step": "mysteps:fast"}, "feat/b@v1": {"step": "mysteps:after", "deps": {"a": "feat/a@v1"}}}}))
+    profile = ["--workflow-profile", str(PROFILE)]
+    _snakemake(tmp_path, env, *profile, "--config", "target=feat/a@v1")
+    _snakemake(tmp_path, env, *profile, "--config", "target=feat/b@v1")
+    assert json.loads((tmp_path / "artifacts/feat/b/v1/.artifact.json").read_text())["result"] == {"after": True}
 
 
 def test_an_experiment_read_by_the_users_configfile_directive_is_refused_naming_the_directive(tmp_path):
@@ -95,7 +117,7 @@ def test_an_experiment_read_by_the_users_configfile_directive_is_refused_naming_
         "directive, which marin-rules does not read experiments from; give the file with --configfile exp.yaml\n"
     ) in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "artifacts").exists()
-    _snakemake(tmp_path, env, "-n")  # the fix it names (with the directive still there) plans
+    _snakemake(tmp_path, env, "-n", "--workflow-profile", str(PROFILE))  # the fix it names (directive still there) plans
 
 
 def test_the_users_own_config_keys_and_config_file_pass_through_our_module(tmp_path):
@@ -139,6 +161,6 @@ def test_no_experiment_named_in_a_users_workflow_is_one_line_saying_how_to_name_
     ) in proc.stderr, proc.stderr[-3000:]
     (tmp_path / "experiments").mkdir()
     (tmp_path / "exp.yaml").rename(tmp_path / "experiments" / "default.yaml")
-    proc = subprocess.run([SNAKEMAKE, "-n", "--cores", "1"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = subprocess.run([SNAKEMAKE, "-n", "--cores", "1", "--workflow-profile", str(PROFILE)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0 and "feat/a/v1" in proc.stdout, proc.stderr[-3000:]

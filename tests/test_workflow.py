@@ -511,6 +511,10 @@ def test_command_line_kept_in_records_redacts_secret_looking_values():
     for secret in ("abc123", "=pw", " SK", "K2", "S3"):
         assert secret not in shown, shown
     assert "prefix=/a" in shown and "hf_token=<redacted>" in shown and shown.endswith("-n")
+    # Snakemake's short -C: separate, attached (-CKEY=V) and -C=KEY=V
+    short = ["snakemake", "-C", "target=a@v2", "hf_token=T1", "api_key=T2", "-Cmy_token=T3", "-C=db_secret=T4", "-n"]
+    assert redact_command(short) == ["snakemake", "-C", "target=a@v2", "hf_token=<redacted>", "api_key=<redacted>",
+                                     "-Cmy_token=<redacted>", "-C=db_secret=<redacted>", "-n"]  # fmt: skip
 
 
 def test_a_user_step_module_beside_the_snakefile_is_found_by_planning_and_by_the_jobs(tmp_path):

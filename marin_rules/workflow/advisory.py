@@ -25,8 +25,9 @@ What the semantics need from Snakemake's own settings (`profiles/default`: only 
 record builds; a failed job never deletes a record another run wrote) is applied by the
 workflow profile, which Snakemake finds beside the main Snakefile or in the working
 directory only: a user's Snakefile that includes ours, or uses it as a `module`, runs
-without it. The main process then says once, while planning, which keys are missing and
-how to add them (`settings_warning`).
+without it. The main process then refuses, while planning, a rerun-triggers other than
+mtime (`triggers_refusal`: Snakemake would leave requested artifacts unbuilt), and says
+once which other keys are missing and how to add them (`settings_warning`).
 """
 
 from __future__ import annotations
@@ -141,32 +142,37 @@ def missing_settings(workflow: Any) -> list[tuple[str, str]]:
     return missing
 
 
-def settings_warning(missing: list[tuple[str, str]]) -> str:
-    """One line naming the `missing_settings`, what goes wrong without them, and the fix.
-    With `keep-incomplete` and `ignore-incomplete` in effect the workflow profile was
-    applied (no option turns them off), so a rerun-triggers other than mtime (and other
-    than Snakemake's default, all of them: then those two came from elsewhere) was set
-    on the command line or by another profile: the line names its value here. Otherwise
-    the profile was not applied (a user's Snakefile using ours): the line says to add it."""
+def triggers_refusal(missing: list[tuple[str, str]]) -> str | None:
+    """The refusal of a rerun-triggers other than mtime alone among the `missing_settings`
+    (None when it is mtime). Every edge between our rules is `ancient()` and our rules'
+    params differ from run to run (the command line, the job registry), and Snakemake
+    (9.27) leaves out a job whose ancient input's producer must run again for a params
+    or code change: a missing artifact after a built one was never built, while the run
+    ended "100% done". Names the fix: the workflow profile where it was not applied
+    (`keep-incomplete` missing too, or Snakemake's default triggers), else the override."""
     from snakemake.settings.enums import RerunTrigger
 
+    value = dict(missing).get("rerun-triggers")
+    if value is None:
+        return None
     where = str(PROFILE) if PROFILE.is_dir() else "marin-rules' profiles/default"
-    keys = [key for key, _ in missing]
-    harm = []
-    if "rerun-triggers" in keys:
-        harm.append("the jobs of finished artifacts, and rules that use their records, run again when params or "
-                    "code change (\"Params have changed\")")
-    if any(key.endswith("-incomplete") for key in keys):
-        harm.append("a failed job may delete a record another run on the prefix just wrote")
+    harm = (f"rerun-triggers is {value} here, but marin-rules needs mtime alone: with other triggers Snakemake "
+            "runs finished artifacts' jobs again for their params and leaves out the jobs after them, so an "
+            "artifact downstream of a built one is never built")  # fmt: skip
     snakemakes_default = " ".join(sorted(t.item_to_choice() for t in RerunTrigger.all()))
-    if keys == ["rerun-triggers"] and " ".join(sorted(missing[0][1].split())) != snakemakes_default:
-        return (
-            f"marin-rules: warning: rerun-triggers is {missing[0][1]} here, but marin-rules needs mtime (as its "
-            f"workflow profile {where} sets it; the command line or another profile overrides it): {harm[0]}; "
-            "drop that setting, or set it to mtime"
-        )
+    applied = len(missing) == 1 and " ".join(sorted(value.split())) != snakemakes_default
+    if applied:  # the profile's other keys are there: the command line or another profile overrides it
+        return f"{harm}; drop that setting (the workflow profile {where} sets mtime), or set it to mtime"
+    return f"{harm}; add --workflow-profile {where} (or --rerun-triggers mtime)"
+
+
+def settings_warning(missing: list[tuple[str, str]]) -> str:
+    """One line naming the `missing_settings` other than rerun-triggers (refused by
+    `triggers_refusal`): `keep-incomplete`/`ignore-incomplete`, which only the workflow
+    profile sets here (a user's Snakefile using ours runs without it), and the fix."""
+    where = str(PROFILE) if PROFILE.is_dir() else "marin-rules' profiles/default"
     return (
         f"marin-rules: warning: this run lacks settings of marin-rules' workflow profile "
-        f"({'; '.join(f'{key}: {NEEDED[key]}' for key in keys)}): "
-        f"{'; '.join(harm)}; add --workflow-profile {where}, or copy those keys into your own profile"
+        f"({'; '.join(f'{key}: {NEEDED[key]}' for key, _ in missing)}): a failed job may delete a record another "
+        f"run on the prefix just wrote; add --workflow-profile {where}, or copy those keys into your own profile"
     )

@@ -407,7 +407,7 @@ def _target_hint(experiment: Experiment, item: str) -> str:
 
 
 def redact_command(argv: list[str]) -> list[str]:
-    """The command line with values of secret-looking `--config` keys and options hidden."""
+    """The command line with values of secret-looking `--config` (`-C`) keys and options hidden."""
     out: list[str] = []
     in_config = False
     hide_next = False
@@ -416,11 +416,15 @@ def redact_command(argv: list[str]) -> list[str]:
             out.append(REDACTED)
             hide_next = False
             continue
+        if arg.startswith("-C") and len(arg) > 2 and arg[2] != "=":  # Snakemake's short --config, a pair attached
+            in_config = True
+            out.append(f"-C{_redact_pair(arg[2:])}")
+            continue
         if arg.startswith("-"):
             name, eq, _ = arg.partition("=")
-            in_config = name == "--config"
+            in_config = name in ("--config", "-C")
             if in_config and eq:
-                out.append(f"--config={_redact_pair(arg[len('--config='):])}")
+                out.append(f"{name}={_redact_pair(arg[len(name) + 1:])}")
                 continue
             if SECRET.search(name.lstrip("-")) and not in_config:
                 out.append(f"{name}={REDACTED}" if eq else arg)

@@ -407,6 +407,9 @@ class Session:
         if self.main_process and SETTINGS not in self.warned:
             self.warned.add(SETTINGS)
             missing = advisory.missing_settings(self.workflow)
+            refusal = advisory.triggers_refusal(missing)
+            if refusal:
+                raise stop(MarinError(refusal))
             if missing:
                 print(advisory.settings_warning(missing), file=sys.stderr)
         forced = self.is_forced(artifact.key)

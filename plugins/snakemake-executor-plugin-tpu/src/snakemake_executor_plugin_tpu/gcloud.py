@@ -194,7 +194,7 @@ def worker_command(
     learn its place in the slice, export `exports` (quoted), run the job command; then
     worker 0 packs the job's `outputs` and `logs` (paths relative to the workdir; after
     a failure the logs alone) into `~/outputs_archive` for the driver. Exits with the
-    job's status."""
+    job's status; a job that ended well without one of its `outputs` fails (status 1)."""
     parts = []
     if archives:
         parts.append(f"mkdir -p {shlex.quote(workdir)}")
@@ -211,9 +211,15 @@ def worker_command(
         return f'tar -czf "$HOME"/{shlex.quote(outputs_archive)} --ignore-failed-read -- {shlex.join(files)}'
 
     on_failure = pack(logs) if logs else ":"
+    # a success without a declared output (a name the job command could not carry) fails the job here:
+    # tar --ignore-failed-read (for logs a rule may not write) would pack the rest and report success
+    present = "".join(
+        f"[ -e {shlex.quote(f)} ] || {{ echo {shlex.quote(f'tpu executor: the job ended without its output {f}')} >&2; "
+        "code=1; }; " for f in outputs
+    )  # fmt: skip
     finish = (
-        f'if [ "${ENV_PROCESS_ID}" = 0 ]; then if [ "$code" = 0 ]; then {pack([*outputs, *logs])} || code=$?; '
-        f"else {on_failure}; fi; fi"
+        f'if [ "${ENV_PROCESS_ID}" = 0 ]; then if [ "$code" = 0 ]; then {present}fi; '
+        f'if [ "$code" = 0 ]; then {pack([*outputs, *logs])} || code=$?; else {on_failure}; fi; fi'
     )
     return " && ".join(parts) + f" && {{ ( {job_command} ); code=$?; {finish}; exit $code; }}"
 

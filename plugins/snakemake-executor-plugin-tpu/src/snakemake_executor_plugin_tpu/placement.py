@@ -77,15 +77,16 @@ def node_name(rule: str, wildcards: Mapping[str, Any], workdir: str, fixed: str 
 
 def check_target_wildcards(rule: str, wildcards: Mapping[str, Any]) -> None:
     """Refuse wildcard values that Snakemake's `--target-jobs RULE:NAME=VALUE,...`
-    (how every executor plugin names the job to run) cannot carry: it splits on `,`
-    and strips quotes at both ends of a value, so the job would build another file."""
+    (how every executor plugin names the job to run) cannot carry: it splits on `,`,
+    strips quotes at both ends of a value and doubles a backslash, so the job would
+    build another file."""
     for name, value in wildcards.items():
         text = str(value)
-        if "," in text or text[:1] in QUOTES or text[-1:] in QUOTES:
+        if "," in text or "\\" in text or text[:1] in QUOTES or text[-1:] in QUOTES:
             raise WorkflowError(
                 f"tpu executor: rule {rule}: wildcard {name}={text!r} cannot be passed to a job run by an executor "
-                "plugin (Snakemake's --target-jobs splits values on ',' and strips quotes at their ends); "
-                "use a file name without them, or run this rule locally (localrules:)"
+                "plugin (Snakemake's --target-jobs splits values on ',', strips quotes at their ends and doubles "
+                "backslashes); use a file name without them, or run this rule locally (localrules:)"
             )
 
 
