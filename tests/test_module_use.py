@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -103,6 +104,25 @@ def test_a_missing_artifact_after_a_built_one_is_built_in_a_users_workflow(tmp_p
     _snakemake(tmp_path, env, *profile, "--config", "target=feat/a@v1")
     _snakemake(tmp_path, env, *profile, "--config", "target=feat/b@v1")
     assert json.loads((tmp_path / "artifacts/feat/b/v1/.artifact.json").read_text())["result"] == {"after": True}
+
+
+def test_a_suggested_rebuild_command_carries_the_workflow_profile_and_runs_as_printed(tmp_path):
+    env = _user_workflow(tmp_path, MODULE)
+    profile = ["--workflow-profile", str(PROFILE)]
+    _snakemake(tmp_path, env, *profile)
+    record = tmp_path / "artifacts/feat/a/v1/.artifact.json"
+    record.write_text("{")
+    planned = subprocess.run([SNAKEMAKE, "--configfile", "exp.yaml", "-n", *profile], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    (line,) = [l for l in planned.stderr.splitlines() if l.startswith("marin-rules: ")]
+    command = line.partition("delete it and rebuild the artifact with: ")[2]
+    assert f"--workflow-profile {PROFILE}" in command, line
+    record.unlink()
+    program, *args = shlex.split(command)
+    assert program == "snakemake"
+    rebuilt = subprocess.run([SNAKEMAKE, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    assert json.loads(record.read_text())["result"] == {"ok": True}
 
 
 def test_an_experiment_read_by_the_users_configfile_directive_is_refused_naming_the_directive(tmp_path):

@@ -70,6 +70,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--registry", help="folder to register this process in for signal forwarding")
     p.add_argument("--workflow-dir", default=".")
     p.add_argument("--snakefile", default="", help="the run's Snakefile (for suggested commands)")
+    p.add_argument("--profile", default="", help="the run's --workflow-profile, if it named one (for suggested commands)")
     p.add_argument("--log", help="file for this job's output")
     p.add_argument("--command", default="", help="the user's command line (secrets already redacted)")
     p.add_argument("--shard", help="kkkkk-of-nnnnn: build this shard of a sharded step")
@@ -195,7 +196,7 @@ def rerun_hint(args: argparse.Namespace) -> str:
     """The flags a suggested rebuild command needs (`workflow.options.rerun_flags`)."""
     from marin_rules.workflow.options import rerun_flags
 
-    return rerun_flags(args.experiment, args.prefix, args.workflow_dir, args.snakefile, os.getcwd())
+    return rerun_flags(args.experiment, args.prefix, args.workflow_dir, args.snakefile, os.getcwd(), args.profile)
 
 
 def lease_settings(text: str) -> dict[str, Any]:

@@ -60,7 +60,7 @@ JOB_SHELL = _job_pythonpath() + (
     "{params.python:q} -P -m marin_rules.job --artifact {wildcards.artifact:q} --rule {rule:q} --jobid {jobid}"
     " --experiment {params.experiment:q} --prefix {params.prefix:q} --records {params.records:q}"
     " --lease {params.lease:q} --registry {params.registry:q} --workflow-dir {params.workflow_dir:q}"
-    " --snakefile {params.snakefile:q}"
+    " --snakefile {params.snakefile:q} --profile {params.profile:q}"
     " --log {log:q} --command {params.command:q}"
 )
 SHARD_SHELL = JOB_SHELL + " --shard {wildcards.shard:q} --threads {threads}"  # a `{step}_shard` rule's
@@ -131,6 +131,7 @@ def begin(workflow: Any, config: dict) -> Session:
         targets_config=config.get("target"),
         lease=options.lease_options(config),
         registry=registry,
+        profile=options.workflow_profile(sys.argv[1:]) if main_process else "",
     )
     if main_process:
         by_path = experiment.by_path

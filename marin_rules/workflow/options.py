@@ -262,7 +262,23 @@ def parse_prefix(text: Any, option: str) -> str:
 PROJECT_SNAKEFILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "Snakefile")
 
 
-def rerun_flags(experiment_path: str, prefix: str, workflow_dir: str, snakefile: str = "", workdir: str = "") -> str:
+def workflow_profile(argv: list[str]) -> str:
+    """The `--workflow-profile` a Snakemake command line names ("" when none; a path
+    made absolute when it names a folder or file here, else a profile name as given)."""
+    for i, arg in enumerate(argv):
+        value = None
+        if arg == "--workflow-profile" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--workflow-profile="):
+            value = arg.partition("=")[2]
+        if value:
+            return os.path.abspath(value) if os.path.exists(value) else value
+    return ""
+
+
+def rerun_flags(
+    experiment_path: str, prefix: str, workflow_dir: str, snakefile: str = "", workdir: str = "", profile: str = ""
+) -> str:
     """What a command a message suggests (`snakemake -f RECORD`) needs besides its target
     to plan this experiment on this prefix, shell-quoted (`shlex`: a path may hold
     spaces, quotes or `$(...)`): `-s SNAKEFILE -d WORKDIR` (absolute) whenever both are
@@ -270,10 +286,13 @@ def rerun_flags(experiment_path: str, prefix: str, workflow_dir: str, snakefile:
     relative prefix read in WORKDIR, as in the run (a target stays as Snakemake saw it:
     an absolute one would not match its relative output pattern); `--configfile
     EXPERIMENT` (absolute) unless it is the default one; `--config prefix=PREFIX` unless
-    it is the default."""
+    it is the default; `--workflow-profile PROFILE` when the run named one (a user's
+    Snakefile using ours gets our settings, `cores: all` among them, only from it)."""
     flags = []
     if snakefile and workdir:
         flags += ["-s", os.path.abspath(snakefile), "-d", os.path.abspath(workdir)]
+    if profile:
+        flags += ["--workflow-profile", profile]
     if os.path.abspath(experiment_path) != os.path.abspath(os.path.join(workflow_dir, DEFAULT_EXPERIMENT)):
         flags += ["--configfile", os.path.abspath(experiment_path)]
     if prefix != DEFAULT_PREFIX:

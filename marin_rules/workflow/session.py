@@ -115,6 +115,7 @@ class Session:
     targets_config: str | None
     lease: str  # lease settings for the job command (options.lease_options)
     registry: str  # where job processes register for signal forwarding
+    profile: str = ""  # the --workflow-profile the command line named (`options.workflow_profile`), for suggested commands
     warned: set = field(default_factory=set)  # keys (and (key, shard) pairs) already reported
     training: list[str] = field(default_factory=list)  # train jobs that will run: the priced plan's
     _forced: dict[str, bool] = field(default_factory=dict)
@@ -208,7 +209,7 @@ class Session:
         """What a command this run suggests (`snakemake -f RECORD`) needs besides its
         target to plan this experiment on this prefix (`options.rerun_flags`)."""
         return rerun_flags(os.path.abspath(self.experiment.path), self.prefix, self.workflow_dir,
-                           self.workflow.main_snakefile, os.getcwd())  # fmt: skip
+                           self.workflow.main_snakefile, os.getcwd(), self.profile)  # fmt: skip
 
     # ---- targets and job parameters --------------------------------------------------
     def targets(self) -> list[str]:
@@ -221,7 +222,7 @@ class Session:
             "python": sys.executable, "experiment": os.path.abspath(self.experiment.path), "prefix": self.prefix,
             "records": self.records_root, "command": self.command, "lease": self.lease,
             "registry": self.registry, "workflow_dir": self.workflow_dir,
-            "snakefile": os.path.abspath(self.workflow.main_snakefile),
+            "snakefile": os.path.abspath(self.workflow.main_snakefile), "profile": self.profile,
         }  # fmt: skip
 
     def tpu(self, wildcards) -> str:
