@@ -60,7 +60,7 @@ JOB_SHELL = _job_pythonpath() + (
     "{params.python:q} -P -m marin_rules.job --artifact {wildcards.artifact:q} --rule {rule:q} --jobid {jobid}"
     " --experiment {params.experiment:q} --prefix {params.prefix:q} --records {params.records:q}"
     " --lease {params.lease:q} --registry {params.registry:q} --workflow-dir {params.workflow_dir:q}"
-    " --snakefile {params.snakefile:q} --profile {params.profile:q}"
+    " --snakefile {params.snakefile:q} --profile={params.profile:q}"
     " --log {log:q} --command {params.command:q}"
 )
 SHARD_SHELL = JOB_SHELL + " --shard {wildcards.shard:q} --threads {threads}"  # a `{step}_shard` rule's
