@@ -110,24 +110,6 @@ def test_a_pinned_artifact_served_a_build_of_another_recipe_fails_in_one_line(tm
     assert not (tmp_path / "runs.log.consumed").exists()  # nothing ran on the build B refused
 
 
-def test_a_job_rerun_on_a_record_planning_already_judged_warns_once(tmp_path):
-    """Snakemake reruns the job of a built artifact when told to (`--rerun-triggers
-    params`): planning has warned of the drift already, so the job serving it says
-    nothing more."""
-    (tmp_path / "driftsteps.py").write_text(STEP)
-    (tmp_path / "runs.log.release").write_text("")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "RUNS_LOG": str(tmp_path / "runs.log")}
-    command = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "exp.yaml", "--config",
-               f"prefix={tmp_path / 'art'}", "--rerun-triggers", "params", "mtime"]  # fmt: skip
-    (tmp_path / "exp.yaml").write_text(_experiment(10, consumer=False))
-    subprocess.run(command, cwd=tmp_path, env=env, check=True, capture_output=True, timeout=180)
-    (tmp_path / "exp.yaml").write_text(_experiment(12, consumer=False))
-    again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
-    out = again.stdout + again.stderr
-    assert again.returncode == 0 and "feat/s@v1: built already" in out, out[-3000:]  # the job ran and served it
-    assert out.count("recipe drift") == 1, out[-3000:]
-
-
 def test_a_dev_version_served_from_another_run_is_not_drift_checked(capsys):
     """A dev version is rebuilt on every run and never drift-checked: serving another
     run's build of it tells no 'bump the version'; a fixed version's does."""
