@@ -93,6 +93,30 @@ def test_jsonl_and_parquet_records_become_documents_keyed_by_their_id(tmp_path):
     assert [d["text"] for d in docs(tmp_path / "raw", "heldout")] == ["to be"]
 
 
+def test_json_lines_end_at_newlines_only_so_raw_line_separators_inside_strings_are_text(tmp_path):
+    src = tmp_path / "a.jsonl"
+    texts = ["x\u2028y", "p\u2029q", "n\x85l", "ff\x0cvt\x0b"]  # raw, as ensure_ascii=False writes them
+    src.write_text("".join(json.dumps({"id": str(i), "text": t}, ensure_ascii=False) + "\r\n" for i, t in enumerate(texts)))
+    run_download(tmp_path / "raw", source=str(src))
+    assert [d["text"] for d in docs(tmp_path / "raw", "train")] == texts
+    (tmp_path / "b.jsonl").write_text('{"text": "ok"}\n{"text": \u2028\n')
+    with pytest.raises(StepError, match=r"b.jsonl line 2 is not JSON"):  # line numbers count newlines
+        run_download(tmp_path / "raw2", source=str(tmp_path / "b.jsonl"))
+
+
+def test_every_document_with_a_held_out_key_is_held_out(tmp_path):
+    """Keys need not be unique (two folders' x.txt, a repeated id): each one is held out,
+    none dropped unseen."""
+    for folder, text in (("a", "first text"), ("b", "second text")):
+        (tmp_path / "src" / folder).mkdir(parents=True)
+        (tmp_path / "src" / folder / "x.txt").write_text(text)
+    (tmp_path / "src" / "y.txt").write_text("training text")
+    result = run_download(tmp_path / "raw", source=str(tmp_path / "src"), heldout=["x"])
+    assert sorted(d["text"] for d in docs(tmp_path / "raw", "heldout")) == ["first text", "second text"]
+    assert [d["text"] for d in docs(tmp_path / "raw", "train")] == ["training text"]
+    assert result["heldout_documents"] == 2
+
+
 def test_sample_count_caps_training_documents_but_not_heldout(tmp_path):
     result = run_download(tmp_path / "raw", sample_count=3, heldout=["sonnets"])
     assert result["train_documents"] == 3 and result["heldout_documents"] == 1

@@ -330,6 +330,12 @@ def test_a_shard_killed_mid_way_on_a_cluster_executor_is_the_only_one_rebuilt(tm
     out = second.stdout + second.stderr
     assert second.returncode == 0, out[-6000:]
     assert out.count("rule tokenize_shard:") == 1 and f"shard={killed}" in out  # only the killed one
+    # the killed attempt, which could write nothing, is in the history: written by the job that took over
+    (lost,) = [json.loads(p.read_text()) for p in (prefix / TOKENS / ".failures").iterdir()]
+    assert lost["shard"] == {"index": 1, "count": 3} and lost["error"]["type"] == "AttemptLost", lost
+    assert lost["error"]["exit_status"] == "killed"
+    assert marin(["history", "tokenized/slice@v1", "--prefix", str(prefix), "--configfile", str(exp)]) == 0
+    assert "AttemptLost" in capsys.readouterr().out
     assert "rule dedup_shard:" not in out
     assert {k: (p.stat().st_mtime_ns, p.read_bytes()) for k, p in finished.items()} == before
     assert (shard / "shard.json").exists()
@@ -337,6 +343,7 @@ def test_a_shard_killed_mid_way_on_a_cluster_executor_is_the_only_one_rebuilt(tm
     assert record["result"]["shards"] == 3 and not (prefix / TOKENS / ".history").exists()
     assert streams(prefix / TOKENS) == in_one_process(prefix, tmp_path / "direct")  # bitwise
 
+    shutil.rmtree(prefix / TOKENS / ".failures")  # (an attempt's failure would make it "failed")
     (prefix / TOKENS / ".artifact.json").unlink()  # every shard built, the gather's record gone
     (row,) = [r for r in experiment_status(load_experiment(str(exp)), str(prefix)) if r.key == "tokenized/slice@v1"]
     assert (row.state, row.reason) == ("missing", "not gathered: all 3 shard(s) built; the next run gathers them")

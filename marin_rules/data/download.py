@@ -88,7 +88,7 @@ def download(ctx: StepContext) -> dict[str, Any]:
 
     seen: set[str] = set()
     train: list[dict[str, Any]] = []
-    heldout: dict[str, dict[str, Any]] = {}
+    heldout: dict[str, list[dict[str, Any]]] = {}  # key -> every document with it (two files named x.txt)
     duplicates = empty = 0
     for raw in read_source(source):
         if not raw.text.strip():
@@ -104,7 +104,7 @@ def download(ctx: StepContext) -> dict[str, Any]:
         seen.add(doc_id)
         doc = dolma_doc(raw, doc_id, source, added)
         if raw.key in heldout_keys:
-            heldout.setdefault(raw.key, doc)
+            heldout.setdefault(raw.key, []).append(doc)
         elif sample_count is None or len(train) < sample_count:
             train.append(doc)
     if not train and not heldout:
@@ -115,7 +115,7 @@ def download(ctx: StepContext) -> dict[str, Any]:
         raise StepError(f"config.heldout: no document with key {missing[0]!r} in {source!r}{example}")
     if not train:
         raise StepError(f"config.heldout: every document of {source!r} is held out; nothing is left to train on")
-    heldout_docs = [heldout[k] for k in heldout_keys]
+    heldout_docs = [doc for k in heldout_keys for doc in heldout[k]]
 
     try:
         shards = {
@@ -312,7 +312,9 @@ def _jsonl_records(location: str) -> Iterator[tuple[int, Any]]:
             elif problem.startswith("is not gzip"):
                 fix = "rename it to .jsonl, or compress it with gzip"
             raise source_error(location, problem, fix) from None
-    for number, line in enumerate(_decode(data, location).splitlines(), 1):
+    # lines end at "\n" only (JSON Lines): str.splitlines would also cut at U+2028, U+2029 or
+    # U+0085, which JSON allows raw inside strings (ensure_ascii=False, pandas, datasets write them)
+    for number, line in enumerate(_decode(data, location).split("\n"), 1):
         if not line.strip():
             continue
         try:

@@ -494,7 +494,9 @@ class AttemptLost(Exception):
     ended without ending its lease."""
 
 
-def record_lost_attempt(artifact: Any, experiment: Any, location: str, args: argparse.Namespace, holder: Any) -> None:
+def record_lost_attempt(
+    artifact: Any, experiment: Any, location: str, args: argparse.Namespace, holder: Any, shard: Any = None
+) -> None:
     """A job took the lease over from `holder`, gone or stale: an attempt that left its
     lease behind was killed outright (SIGKILL, the OOM killer: `lease.holder_gone` tells
     on its own host), or stopped renewing (killed elsewhere, a lost machine, or paused:
@@ -502,16 +504,21 @@ def record_lost_attempt(artifact: Any, experiment: Any, location: str, args: arg
     other end releases the lease. Unless it wrote a failure record
     since it began (its own: on a pod, process 0's, not one of the processes stopped
     with it), write the one it could not (under this run's recipe, which a resumed
-    build shares), so `marin history` lists every attempt, and say so on the console."""
+    build shares), so `marin history` lists every attempt, and say so on the console.
+    `shard`: the attempt was that shard's job (its lease is the shard folder's)."""
     from marin_rules.artifacts.records import read_failures, write_failure
     from marin_rules.job.context import job_context
 
+    index = None if shard is None else shard.index
     for failure in read_failures(location):  # a pod's other processes write their own: not the holder's
-        if not failure.get("process") and str((failure.get("provenance") or {}).get("started", "")) >= holder.since:
+        own = index is None or (failure.get("shard") or {}).get("index") == index
+        if own and not failure.get("process") and str((failure.get("provenance") or {}).get("started", "")) >= holder.since:
             return
     from marin_rules.artifacts.lease import holder_gone
 
     _, entry, _, _ = job_context(artifact, experiment, location, args)
+    if shard is not None:
+        entry = {**entry, "shard": {"index": shard.index, "count": shard.count}}
     if holder_gone(holder):  # its process is known to be gone (this host, this pid namespace)
         why, status, said = "killed outright (SIGKILL, the OOM killer)", "killed", "was killed before it ended"
     else:  # only known to have stopped renewing: a paused process that wakes up writes its own record too
@@ -524,7 +531,8 @@ def record_lost_attempt(artifact: Any, experiment: Any, location: str, args: arg
     provenance = {"user": holder.user, "host": holder.host, "pid": holder.pid, "started": holder.since,
                   "ended": holder.renewed, "duration_s": None}  # fmt: skip
     where = write_failure(location, entry, lost, provenance, status)
-    tell(f"{artifact.key}: an earlier attempt ({holder.describe()}) {said}; taking the build over "
+    what = "an earlier attempt" if shard is None else f"an earlier attempt at shard {shard.name}"
+    tell(f"{artifact.key}: {what} ({holder.describe()}) {said}; taking the build over "
          f"(failure record {where})")  # fmt: skip
 
 
