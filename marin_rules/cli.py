@@ -199,7 +199,7 @@ def _prefix_key(text: str, experiment: Experiment | None, prefix: str, dev_user:
 def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: str | None) -> int:
     """`marin verify`; `flags`: what the suggested snakemake command needs besides its
     target; None for an artifact the experiment does not define (an older version)."""
-    from marin_rules.adopt import recorded_source, recorded_source_problems
+    from marin_rules.adopt import recorded_source, recorded_source_problems, source_changed
     from marin_rules.artifacts.files import recorded_digests
     from marin_rules.artifacts.records import read_record, rebuild_hint, verify_files
 
@@ -210,12 +210,17 @@ def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: s
         return 1
     problems = verify_files(location, record, contents=True)
     source = recorded_source(record.step, record.result)  # data adopted in place: its source too
-    problems += [f"adopted source {source}: {p}" for p in recorded_source_problems(record.step, record.result)]
+    changed = recorded_source_problems(record.step, record.result)
+    problems += [f"adopted source {source}: {p}" for p in changed]
     if problems:
         for problem in problems:
             print(f"{key}: {problem}")
-        hint = rebuild_hint(location, flags) if flags is not None else (
-            "it is not an artifact of this experiment: rebuild it with the experiment that defines it")
+        if changed:  # a rebuild would adopt the changed data under the same version
+            hint = source_changed(source, changed)
+        elif flags is not None:
+            hint = rebuild_hint(location, flags)
+        else:
+            hint = "it is not an artifact of this experiment: rebuild it with the experiment that defines it"
         print(f"{key}: {len(problems)} problem(s); {hint}", file=sys.stderr)
         return 1
     adopted = "" if source is None else f"; its adopted source {source} holds its {len(record.result['listing'])} file(s)"

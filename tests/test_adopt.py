@@ -93,8 +93,11 @@ def test_adopted_corpus_is_tokenized_in_place_through_a_real_run(tmp_path, snake
         # the inspection commands say so too (they read the record alone)
         prefix = ["--prefix", str(tmp_path / "art"), "--configfile", str(tmp_path / "exp.yaml")]
         assert cli_main(["verify", "corpus/adopted@v1", *prefix]) == 1
-        out = capsys.readouterr().out
-        assert f"corpus/adopted@v1: adopted source {built_corpus}: changed train/{shard.name}" in out
+        captured = capsys.readouterr()
+        assert f"corpus/adopted@v1: adopted source {built_corpus}: changed train/{shard.name}" in captured.out
+        assert captured.err.startswith(f"corpus/adopted@v1: 1 problem(s); the adopted source {built_corpus} changed")
+        assert captured.err.endswith("; consumers will refuse it: restore it, or adopt it under a new version\n")
+        assert "snakemake -f" not in captured.err  # a rebuild would adopt the change under the same version
         assert cli_main(["status", *prefix, "--json"]) == 0
         rows = {row["key"]: row for row in json.loads(capsys.readouterr().out)}
         assert rows["corpus/adopted@v1"]["state"] == "source changed"
