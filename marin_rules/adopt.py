@@ -31,6 +31,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, json_problem
 from marin_rules.artifacts.files import file_problems, list_data_files
 from marin_rules.artifacts.identity import artifact_location
+from marin_rules.data import dolma
 from marin_rules.data.relative import resolve_location
 from marin_rules.validation import Bool, OneOf, Text, check_fields
 
@@ -69,9 +70,12 @@ def _corpus(source: str, listing: Mapping[str, int]) -> str | None:
     manifest = _json(source, "manifest.json", listing, "shards")
     if "train_documents" not in manifest:
         return "missing train_documents in manifest.json"
+    problem = dolma.manifest_problem(manifest)  # what every reader of a corpus checks
+    if problem:
+        return f"manifest.json: {problem}"
+    if "train" not in manifest["shards"]:
+        return "manifest.json lists no train shards (shards.train)"
     for split, names in manifest["shards"].items():
-        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
-            return f"shards.{split} in manifest.json is not a list of shard file names"
         for name in names:
             if f"{split}/{name}" not in listing:
                 return f"missing {split}/{name} (listed in manifest.json)"

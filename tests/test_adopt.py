@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -184,7 +185,7 @@ def test_shard_lists_that_are_not_lists_of_names_are_refused_naming_them(tmp_pat
     (tmp_path / "train" / "shard-00000.jsonl.gz").write_bytes(b"x")
     manifest = {"train_documents": 1, "shards": {"train": "shard-00000.jsonl.gz"}}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ConfigError, match=r"d@v1: adopt.source: .* shards.train in manifest.json is not a list of shard"):
+    with pytest.raises(ConfigError, match=r"d@v1: adopt.source: .* manifest.json: shards.train is not a list of shard file names"):
         check_layout("d@v1", {"source": str(tmp_path), "kind": "corpus"})
     index = {"vocab_size": 400, "dtype": "uint16", "eos_id": 1, "tokenizer": "t.json", "splits": {"train": {"shards": "train/t.npy"}}}
     (tmp_path / "index.json").write_text(json.dumps(index))
@@ -255,6 +256,46 @@ def test_a_bucket_folder_is_adopted_in_place_or_copied(tmp_path, snakemake_cmd, 
     assert in_place["result"]["source"] == source and in_place["result"]["listing"] == listing
     assert in_place["files"] == {} and copied["files"] == listing
     assert (tmp_path / "art/tok/copied/v1/tokenizer.json").read_text() == '{"model": {}}'
+
+
+@pytest.mark.parametrize(
+    "manifest, problem",
+    [({"train_documents": "6"}, "manifest.json: `train_documents` is a string, not a count of documents"),
+     ({"train_documents": 6, "rename": "validation"}, "manifest.json lists no train shards (shards.train)")],
+)  # fmt: skip
+def test_a_corpus_manifest_its_readers_would_refuse_is_refused_at_adoption(tmp_path, manifest, problem):
+    source = their_corpus(tmp_path / "theirs", heldout_split=False)
+    written = json.loads((source / "manifest.json").read_text())
+    if manifest.pop("rename", None):
+        (source / "train").rename(source / "validation")
+        written["shards"] = {"validation": written["shards"]["train"]}
+    (source / "manifest.json").write_text(json.dumps({**written, **manifest}))
+    with pytest.raises(ConfigError) as e:
+        check_layout("c@v1", {"source": str(source), "kind": "corpus"})
+    assert f"is not a 'corpus' layout: {problem}" in str(e.value)
+
+
+def test_a_manifest_that_undercounts_its_shards_stops_tokenize_and_dedup_instead_of_cutting_the_split(tmp_path):
+    """Adopted data whose manifest gives fewer training documents than its shards hold:
+    tokenize read only the first ones, and dedup numbered the rest as held-out documents."""
+    from marin_rules.artifacts.context import StepContext
+    from marin_rules.artifacts.errors import StepError
+    from marin_rules.data import dolma
+    from marin_rules.data.dedup import dedup
+
+    source = their_corpus(tmp_path / "theirs", heldout_split=True)
+    manifest = json.loads((source / "manifest.json").read_text())
+    (source / "manifest.json").write_text(json.dumps({**manifest, "train_documents": 4}))
+    surplus = (f"deps.corpus: {source}/manifest.json gives 4 train document(s), but its train shards hold more (the "
+               f"next one is in {source}/train")  # fmt: skip
+    with pytest.raises(StepError, match=re.escape(surplus)):
+        list(dolma.read_range(str(source), "train", 0, 4, last=True))
+    assert len(list(dolma.read_range(str(source), "train", 0, 4))) == 4  # a share of the split: no end to check
+    assert len(list(dolma.read_range(str(source), "train", 2, 4))) == 2
+    with pytest.raises(StepError, match=re.escape(surplus)):
+        list(dolma.read_range(str(source), "train", 2, 4, last=True))
+    with pytest.raises(StepError, match=re.escape(surplus)):
+        dedup(StepContext("dedup/x", "v1", {"threshold": 0.8}, {"corpus": str(source)}, output=str(tmp_path / "d")))
 
 
 def their_corpus(folder: Path, heldout_split: bool) -> Path:

@@ -104,6 +104,16 @@ def test_json_lines_end_at_newlines_only_so_raw_line_separators_inside_strings_a
         run_download(tmp_path / "raw2", source=str(tmp_path / "b.jsonl"))
 
 
+def test_a_dangling_symlink_in_a_source_folder_is_one_line_naming_it(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("a text")
+    (tmp_path / "src" / "gone.txt").symlink_to(tmp_path / "nowhere.txt")
+    with pytest.raises(StepError) as e:
+        run_download(tmp_path / "raw", source=str(tmp_path / "src"))
+    assert str(e.value) == (f"config.source: {tmp_path / 'src' / 'gone.txt'} is listed but cannot be opened (a dangling "
+                            "symlink, or removed while reading): remove the link or restore what it points to")  # fmt: skip
+
+
 def test_every_document_with_a_held_out_key_is_held_out(tmp_path):
     """Keys need not be unique (two folders' x.txt, a repeated id): each one is held out,
     none dropped unseen."""

@@ -130,7 +130,7 @@ def gather_dedup(ctx: StepContext, signed: list[dict[str, Any]]) -> dict[str, An
     first = {"train": 0, "heldout": n_train}
     listed = {"train": n_train, "heldout": n_heldout}  # a split with none may not be listed (`document_counts`)
     kept_lines = {
-        split: [line for i, line in enumerate(dolma.read_lines(corpus, split), first[split]) if i in keep]
+        split: [line for i, line in _counted(corpus, split, first[split], listed[split]) if i in keep]
         if listed[split] else [] for split in dolma.SPLITS
     }
     shards = {split: dolma.write_lines(ctx.output, split, kept_lines[split], compresslevel=1) for split in dolma.SPLITS}
@@ -178,6 +178,15 @@ def document_counts(corpus: str, manifest: dict[str, Any]) -> tuple[int, int]:
     (`dolma.split_documents`: one adopted from elsewhere may lack `heldout_documents`, or a
     held-out split)."""
     return dolma.split_documents(corpus, manifest, "train"), dolma.split_documents(corpus, manifest, "heldout")
+
+
+def _counted(corpus: str, split: str, first: int, count: int) -> Iterator[tuple[int, bytes]]:
+    """(document index, JSON line) of the split, numbered from `first`; a line past the
+    `count` the manifest gives is `dolma.surplus_error` (it would take another split's index)."""
+    for i, line in enumerate(dolma.read_lines(corpus, split)):
+        if i >= count:
+            raise dolma.surplus_error(corpus, split, count, f"{corpus}/{split}")
+        yield first + i, line
 
 
 def _read_range(corpus: str, split: str, start: int, stop: int) -> Iterator[dict[str, Any]]:

@@ -247,18 +247,28 @@ def _utf8_encodable(text: str) -> bool:
     return True
 
 
-def read_range(location: str, split: str, start: int, stop: int, field: str = "deps.corpus") -> Iterator[dict[str, Any]]:
+def read_range(
+    location: str, split: str, start: int, stop: int, field: str = "deps.corpus", *, last: bool = False
+) -> Iterator[dict[str, Any]]:
     """Documents `start` .. `stop - 1` of a split, in order. Files and lines before
-    `start` are counted, not parsed (a shard job reads only its share as JSON)."""
+    `start` are counted, not parsed (a shard job reads only its share as JSON). With
+    `last` (`stop` is the count the manifest gives), a line after them is `surplus_error`:
+    a manifest that undercounts its shards would otherwise cut the split short unseen."""
     position = 0
-    for name in shard_names(location, split, field):
+    names = shard_names(location, split, field)
+    for at, name in enumerate(names):
         if position >= stop:
+            if last:
+                _check_no_more(location, split, names[at:], stop, field)
             return
         path = storage.join(location, split, name)
         if position >= start:  # nothing to skip in this file: parse lines as they are decompressed
-            for doc in _documents(path, itertools.islice(_streamed_lines(path), stop - position), field):
+            streamed = _streamed_lines(path)
+            for doc in _documents(path, itertools.islice(streamed, stop - position), field):
                 yield doc
                 position += 1
+            if last and position >= stop and next(streamed, None) is not None:
+                raise surplus_error(location, split, stop, path, field)
             continue
         lines = _lines(path, field)
         if position + len(lines) <= start:
@@ -266,4 +276,22 @@ def read_range(location: str, split: str, start: int, stop: int, field: str = "d
             continue
         first = max(0, start - position)
         yield from _documents(path, lines[first : stop - position], field, first)
+        if last and position + len(lines) > stop:
+            raise surplus_error(location, split, stop, path, field)
         position += len(lines)
+
+
+def _check_no_more(location: str, split: str, names: list[str], stop: int, field: str) -> None:
+    for name in names:
+        path = storage.join(location, split, name)
+        if next(iter(_streamed_lines(path)), None) is not None:
+            raise surplus_error(location, split, stop, path, field)
+
+
+def surplus_error(location: str, split: str, count: int, path: str, field: str = "deps.corpus") -> StepError:
+    """A split whose shards hold more documents than its manifest's count (data adopted
+    from elsewhere, a manifest edited by hand): reading stops nowhere silently."""
+    return StepError(
+        f"{field}: {storage.join(location, MANIFEST)} gives {count} {split} document(s), but its {split} shards hold "
+        f"more (the next one is in {path}); correct `{split}_documents` in manifest.json to the shards' count"
+    )

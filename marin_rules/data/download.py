@@ -283,6 +283,9 @@ def _read_bytes(location: str) -> bytes:
         return storage.read_bytes(location)
     except PermissionError as e:
         raise source_error(location, f"cannot be read ({e.strerror or e})", "check its permissions") from None
+    except FileNotFoundError:  # listed, then not there: a dangling symlink, or removed meanwhile
+        raise source_error(location, "is listed but cannot be opened (a dangling symlink, or removed while "
+                           "reading)", "remove the link or restore what it points to") from None  # fmt: skip
 
 
 def _decode(data: bytes, location: str) -> str:

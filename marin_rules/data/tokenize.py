@@ -112,7 +112,8 @@ def tokenize_shard(ctx: StepContext, shard: Shard) -> dict[str, Any]:
     n_docs = min(available, ctx.config.get("sample_count") or available)
     labels = split_labels(n_docs, fraction)
     span = shard.document_range(n_docs)
-    texts = (doc["text"] for doc in dolma.read_range(corpus, "train", span.start, span.stop))
+    last = span.stop == available  # the split's end: a manifest undercounting its shards is found
+    texts = (doc["text"] for doc in dolma.read_range(corpus, "train", span.start, span.stop, last=last))
     sample: list[str] = []  # the first shard: texts of the corpus's first documents, for `round_trip`
     sample_ids: list[list[int]] = []
     if shard.index == 0:
