@@ -126,6 +126,7 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
         "marin_rules.scaling.step:scaling_check", "marin_rules.scaling.checks:check_scaling_check",
         "marin_rules.scaling.checks:ScalingCheckConfig",
         {"fit": "scaling_fit", "run": "train"},
+        check_upstream="marin_rules.scaling.checks:check_scaling_check_upstream",
     ),
 }
 

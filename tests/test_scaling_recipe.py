@@ -164,6 +164,30 @@ def test_runs_whose_steps_miss_every_budget_are_all_named_at_load_before_any_tra
     assert message.count("% from 1e+10)") == 2 and "\n" not in message
 
 
+def test_a_budget_no_run_lands_on_is_refused_at_load_before_the_sweep_trains():
+    exp = scaling_experiment()
+    runs = exp["artifacts"]["scaling/fit@v1"]["deps"]["runs"]
+    exp["artifacts"]["scaling/fit@v1"]["deps"]["runs"] = {key: 1 for key in runs if "/c5.48e10-" not in key}
+    with pytest.raises(ConfigError) as err:
+        build_experiment(exp)
+    assert str(err.value) == (
+        "scaling/fit@v1: config.budgets: no run of deps.runs costs within 10% of 5.48e+10, so the fit would have no "
+        "point there; add runs at those budgets to deps.runs, or drop them"
+    )
+
+
+def test_a_checked_run_that_does_not_cost_the_fits_predict_budget_is_refused_at_load():
+    exp = scaling_experiment()
+    fit = exp["artifacts"]["scaling/fit@v1"]
+    small = next(iter(fit["deps"]["runs"]))
+    exp["artifacts"]["scaling/check@v1"]["deps"]["run"] = small
+    with pytest.raises(ConfigError) as err:
+        build_experiment(exp)
+    message = str(err.value)
+    assert message.startswith(f"scaling/check@v1: deps.run: {small} costs ") and "\n" not in message
+    assert f"not within 10% of the predict_budget {fit['config']['predict_budget']:g} of scaling/fit@v1" in message
+
+
 def test_the_writer_refuses_budgets_too_small_for_whole_steps_naming_every_run_off_by_more_than_10_percent():
     with pytest.raises(ValueError) as err:
         scaling_experiment(budgets=(2e8, 4e8, 8e8, 1.6e9), sizes=3, predict_factor=1.25)

@@ -73,35 +73,72 @@ def check_scaling_fit(config: Any, deps: Any) -> None:
         )
 
 
-def check_scaling_fit_upstream(config: Mapping[str, Any], upstream: Mapping[str, Any]) -> None:
-    """At load, what the runs' train recipes settle: each run's FLOPs (as its record
-    will count them: steps x batch x seq_len x `flops_per_token`) must lie within
-    BUDGET_TOLERANCE of one of `config.budgets`, or `scaling_fit` refuses it after
-    every run has trained. All the misfits are named at once. A run whose vocabulary
-    is not settled here (no `model.vocab_size`, no tokenizer entry with one) is
-    checked when the fit runs."""
+def run_flops(run: Any) -> float | None:
+    """A train entry's FLOPs as its record will count them (steps x batch x seq_len x
+    `flops_per_token`); None when its vocabulary is not settled by the recipes (no
+    `model.vocab_size`, no tokenizer entry with one) or it is not a `train` entry."""
     from marin_rules.model.flops import flops_per_token
     from marin_rules.train.config import parse_train_config
 
+    if run.step != "train":
+        return None
+    vocab = next((t.get("vocab_size") for d in run.upstreams("data") for t in d.upstreams("tokenizer")), None)
+    if not isinstance(vocab, int) and "vocab_size" not in (run.get("model") or {}):
+        return None
+    train = parse_train_config(dict(run.config), vocab_size=vocab if isinstance(vocab, int) else None)
+    return float(flops_per_token(train.model, train.seq_len) * train.num_train_steps * train.batch_size * train.seq_len)
+
+
+def check_scaling_fit_upstream(config: Mapping[str, Any], upstream: Mapping[str, Any]) -> None:
+    """At load, what the runs' train recipes settle (`run_flops`): each run must lie
+    within BUDGET_TOLERANCE of one of `config.budgets`, and each budget must get a run,
+    or `scaling_fit` refuses them after every run has trained. All the misfits are named
+    at once. A run whose FLOPs are not settled here is checked when the fit runs (and
+    budgets without a run are then not known here either)."""
     budgets = [float(b) for b in config["budgets"]]
-    misfits = []
+    misfits, placed, unsettled = [], set(), False
     for key, run in (upstream.get("runs") or {}).items():
-        if run.step != "train":
+        flops = run_flops(run)
+        if flops is None:
+            unsettled = True
             continue
-        vocab = next((t.get("vocab_size") for d in run.upstreams("data") for t in d.upstreams("tokenizer")), None)
-        if not isinstance(vocab, int) and "vocab_size" not in (run.get("model") or {}):
-            continue
-        train = parse_train_config(dict(run.config), vocab_size=vocab if isinstance(vocab, int) else None)
-        flops = flops_per_token(train.model, train.seq_len) * train.num_train_steps * train.batch_size * train.seq_len
         budget = min(budgets, key=lambda b: abs(math.log(flops / b)))  # as scaling_fit places it
         if abs(flops / budget - 1) > BUDGET_TOLERANCE:
             misfits.append(f"{key} costs {flops:.3g} ({flops / budget - 1:+.1%} from {budget:g})")
+        else:
+            placed.add(budget)
     if misfits:
         raise ConfigError(
             "deps.runs",
             f"{len(misfits)} run(s) cost more than {BUDGET_TOLERANCE:.0%} from every budget in config.budgets, "
             f"so the fit could not place them: {'; '.join(misfits)}; change their num_train_steps "
             "(whole steps miss a small budget by more) or the budgets",
+        )
+    empty = [b for b in budgets if b not in placed]
+    if empty and not unsettled:
+        raise ConfigError(
+            "config.budgets",
+            f"no run of deps.runs costs within {BUDGET_TOLERANCE:.0%} of {', '.join(f'{b:g}' for b in empty)}, so the "
+            "fit would have no point there; add runs at those budgets to deps.runs, or drop them",
+        )
+
+
+def check_scaling_check_upstream(config: Mapping[str, Any], upstream: Mapping[str, Any]) -> None:
+    """At load: the checked run must cost the fit's `predict_budget` (within
+    BUDGET_TOLERANCE), or `scaling_check` refuses it after it has trained (the most
+    expensive run of a sweep, as a rule). Skipped where the recipes do not settle it."""
+    fit, run = upstream.get("fit"), upstream.get("run")
+    if fit is None or run is None or fit.step != "scaling_fit":
+        return
+    target, flops = fit.get("predict_budget"), run_flops(run)
+    if not isinstance(target, (int, float)) or isinstance(target, bool) or flops is None:
+        return
+    if abs(flops / target - 1) > BUDGET_TOLERANCE:
+        raise ConfigError(
+            "deps.run",
+            f"{run.key} costs {flops:.3g} FLOPs ({flops / target - 1:+.1%}), not within {BUDGET_TOLERANCE:.0%} of the "
+            f"predict_budget {target:g} of {fit.key}; check the run the fit predicts (change its num_train_steps "
+            "or model), or another fit",
         )
 
 
