@@ -111,6 +111,32 @@ def test_cpu_time_comes_from_past_runs_on_this_host(experiment_file, tmp_path): 
     assert price.cpu_s == pytest.approx(100.0)
 
 
+def test_a_stopped_run_is_priced_for_the_steps_left_after_its_newest_checkpoint(experiment_file, tmp_path):  # noqa: F811
+    """100 steps; checkpoint 40 committed (60 is orbax's unfinished temporary): 60 steps
+    left, unless forced (it starts over) or built."""
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    checkpoints = tmp_path / "artifacts" / "checkpoints" / "nano" / "v1" / "checkpoints"
+    (checkpoints / "20").mkdir(parents=True)
+    (checkpoints / "40").mkdir()
+    (checkpoints / "60.orbax-checkpoint-tmp-1").mkdir()
+    price = price_job(experiment, "checkpoints/nano@v1", prefix=prefix)
+    assert price.tokens == 60 * 8 * 64 and price.flops == pytest.approx(FLOPS * 0.6)
+    assert price.note == "resumes from step 40 of 100"
+    assert price_job(experiment, "checkpoints/nano@v1", prefix=prefix, fresh=True).tokens == 51_200
+    assert "(resumes from step 40 of 100)" in plan_lines(experiment, prefix)[1]
+    assert "resumes" not in plan_lines(experiment, prefix, forced=["checkpoints/nano@v1"])[1]
+
+
+def test_the_cpu_overhead_of_a_resumed_record_counts_the_tokens_of_its_last_attempt():
+    """Resumed from step 50 of 100: its 100 s trained 25,600 of the 51,200 tokens at
+    1,000 tokens/s, so 74.4 s were overhead (not 100 - 51.2)."""
+    record = {"result": {"tokens_per_s": 1000.0, "flops_per_token": 594_816, "tokens_seen": 51_200,
+                         "resumed_from_step": 50}, "config": {"num_train_steps": 100},
+              "provenance": {"host": socket.gethostname(), "duration_s": 100.0}, "runtime": {}}  # fmt: skip
+    assert cpu_speed([record]).overhead_s == pytest.approx(74.4)
+
+
 def test_plan_prices_what_would_run_and_uses_records_on_the_prefix(experiment_file, tmp_path, capsys):  # noqa: F811
     prefix = str(tmp_path / "artifacts")
     experiment = load_experiment(experiment_file)

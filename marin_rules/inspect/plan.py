@@ -118,17 +118,24 @@ def _vocab_size(experiment: Experiment, artifact: Artifact, prefix: str | None) 
 
 
 def price_job(
-    experiment: Experiment, key: str, mfu: float = DEFAULT_MFU, cpu: CpuSpeed | None = None, prefix: str | None = None
+    experiment: Experiment, key: str, mfu: float = DEFAULT_MFU, cpu: CpuSpeed | None = None,
+    prefix: str | None = None, fresh: bool = False,
 ) -> JobPrice:
-    """`key`'s price; `prefix`: where its upstreams may be built (their recorded vocabulary)."""
+    """`key`'s price; `prefix`: where it and its upstreams may be built (their recorded
+    vocabulary; a stopped run of it resumes from its newest checkpoint, priced for the
+    steps left, unless `fresh`: forced, it starts over)."""
     from marin_rules.train.config import parse_train_config  # pure Python, no JAX
 
     artifact = experiment[key]
     vocab = _vocab_size(experiment, artifact, prefix)
-    note = "" if vocab or "vocab_size" in artifact.config.get("model", {}) else "vocabulary assumed 4096"
+    notes = [] if vocab or "vocab_size" in artifact.config.get("model", {}) else ["vocabulary assumed 4096"]
     train = parse_train_config(artifact.config, vocab_size=vocab)
     model = train.model
-    tokens = train.num_train_steps * train.batch_size * train.seq_len
+    done = None if prefix is None or fresh else _resumes_from(prefix, artifact)
+    if done:
+        notes.append(f"resumes from step {done} of {train.num_train_steps}")
+    steps = train.num_train_steps - min(done or 0, train.num_train_steps)
+    tokens = steps * train.batch_size * train.seq_len
     flops = float(tokens * flops_per_token(model, train.seq_len))
     named = artifact.runtime.get("accelerator") or artifact.runtime.get("tpu")
     accelerator = parse_accelerator(named)
@@ -136,7 +143,21 @@ def price_job(
     cpu_s = flops / cpu.flops_per_s + cpu.overhead_s if cpu else None
     params = total_params(model), active_params(model)
     refusal = device_refusal(train, accelerator) if accelerator else ""
-    return JobPrice(key, *params, tokens, flops, accelerator, accelerator_s, cpu_s, note, str(named or ""), refusal)
+    return JobPrice(key, *params, tokens, flops, accelerator, accelerator_s, cpu_s, "; ".join(notes), str(named or ""),
+                    refusal)  # fmt: skip
+
+
+def _resumes_from(prefix: str, artifact: Artifact) -> int | None:
+    """The checkpoint step a stopped (unbuilt, not forced, not dev) run resumes from."""
+    from marin_rules.train.recipe import resumable_step
+
+    location = artifact_location(prefix, artifact.id)
+    if artifact.id.is_dev or reading.record_dict(location, artifact.id) is not None or reading.forced_rebuild_owed(location):
+        return None
+    try:
+        return resumable_step(location)
+    except OSError:  # pricing is advice
+        return None
 
 
 def device_refusal(train: Any, accelerator: Accelerator) -> str:
@@ -169,6 +190,9 @@ def cpu_speed(records: Iterable[Mapping[str, Any]], host: str | None = None) -> 
             continue  # a pod's speed is not this CPU's
         duration = (record.get("provenance") or {}).get("duration_s")
         tokens = result.get("tokens_seen") or 0
+        steps, resumed = (record.get("config") or {}).get("num_train_steps"), result.get("resumed_from_step") or 0
+        if isinstance(steps, int) and steps > 0 and isinstance(resumed, int) and 0 < resumed <= steps:
+            tokens *= 1 - resumed / steps  # the record's duration is its last attempt's: from the resumed step
         overhead = max(0.0, duration - tokens / tps) if isinstance(duration, (int, float)) else 0.0
         measured.append(((record.get("provenance") or {}).get("host") == host, tps * fpt, overhead))
     local = [m for m in measured if m[0]]
@@ -231,15 +255,18 @@ def count(n: float) -> str:
 
 
 def plan_lines(
-    experiment: Experiment, prefix: str, keys: Iterable[str] | None = None, mfu: float = DEFAULT_MFU
+    experiment: Experiment, prefix: str, keys: Iterable[str] | None = None, mfu: float = DEFAULT_MFU,
+    forced: Iterable[str] = (),
 ) -> list[str]:
     """The priced plan as lines (for `marin plan`, and for stderr during `snakemake -n`).
-    `keys`: the train artifacts that would run (default: those with no success record)."""
+    `keys`: the train artifacts that would run (default: those with no success record);
+    `forced`: those of them that start over."""
     keys = [k for k in (jobs_to_run(experiment, prefix) if keys is None else keys) if experiment[k].step == "train"]
     if not keys:
         return ["plan: no training job to run"]
     cpu = cpu_speed(past_train_records(experiment, prefix))
-    prices = [price_job(experiment, k, mfu, cpu, prefix) for k in keys]
+    forced = set(forced)
+    prices = [price_job(experiment, k, mfu, cpu, prefix, fresh=k in forced) for k in keys]
     if cpu:
         where = "records built on this host" if cpu.this_host else "records built on other hosts"
         cpu_text = (

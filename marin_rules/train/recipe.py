@@ -180,10 +180,16 @@ COMMIT_NOTE = "commit_success.txt"  # orbax ends every finished checkpoint (and 
 
 
 def _has_checkpoint(output: str) -> bool:
-    """Is there a checkpoint to resume from: a `checkpoints/<step>/` folder (orbax renames
-    a finished one into place; on gs:// one with its commit note)?"""
+    return resumable_step(output) is not None
+
+
+def resumable_step(output: str) -> int | None:
+    """The step of the newest checkpoint a stopped run would resume from: a
+    `checkpoints/<step>/` folder (orbax renames a finished one into place; on gs:// one
+    with its commit note); None when there is none."""
     checkpoints = _checkpoints(output)
-    steps = [loc for loc in storage.list_files(checkpoints) if loc.rstrip("/").rsplit("/", 1)[-1].isdigit()]
-    if not storage.is_remote(output):
-        return any(os.path.isdir(storage.local_path(loc)) for loc in steps)
-    return any(storage.exists(storage.join(loc, COMMIT_NOTE)) for loc in sorted(steps, reverse=True))
+    named = [(loc.rstrip("/").rsplit("/", 1)[-1], loc) for loc in storage.list_files(checkpoints)]
+    for step, loc in sorted(((int(n), loc) for n, loc in named if n.isdigit()), reverse=True):
+        if storage.exists(storage.join(loc, COMMIT_NOTE)) if storage.is_remote(output) else os.path.isdir(storage.local_path(loc)):
+            return step
+    return None

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from marin_rules.artifacts import builds
 from marin_rules.artifacts.builds import build_of, upstream_builds
@@ -104,14 +104,15 @@ def refusal_warning(
     return None if message is None else printable(f"{artifact.key}: its job will refuse to resume: {message}")
 
 
-def print_plan(experiment: Experiment, prefix: str, keys: list[str]) -> None:
-    """The priced plan of the training jobs `keys` on stderr (nothing when none)."""
+def print_plan(experiment: Experiment, prefix: str, keys: list[str], forced: Iterable[str] = ()) -> None:
+    """The priced plan of the training jobs `keys` (`forced`: those that start over) on
+    stderr (nothing when none)."""
     if not keys:
         return
     from marin_rules.inspect.plan import plan_lines
 
     try:
-        lines = plan_lines(experiment, prefix, keys)
+        lines = plan_lines(experiment, prefix, keys, forced=forced)
     except (MarinError, ValueError, KeyError) as e:  # pricing is advice: never stop a run for it
         lines = [f"plan: not priced ({type(e).__name__}: {e})"]
     print("\n".join(lines), file=sys.stderr, flush=True)

@@ -645,7 +645,7 @@ class Session:
     def print_plan(self) -> None:
         """The priced plan of the training jobs that will run, once (main process)."""
         keys, self.training = self.training, []
-        advisory.print_plan(self.experiment, self.prefix, keys)
+        advisory.print_plan(self.experiment, self.prefix, keys, [k for k in keys if self.is_forced(k)])
 
 
 def tpu_of(artifact: Artifact) -> str:
