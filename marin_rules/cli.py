@@ -88,11 +88,14 @@ def _key_as_experiment(command: str, text: str) -> str:
             f"see one artifact with marin status {shown} or marin show {shown}")  # fmt: skip
 
 
-def workflow_snakefile() -> str:
-    """The Snakefile a run from here uses, absolute: `./Snakefile`, else this project's
-    (a run elsewhere names it with -s); "" when there is neither."""
-    here = os.path.abspath("Snakefile")
-    return here if os.path.exists(here) else PROJECT_SNAKEFILE if os.path.exists(PROJECT_SNAKEFILE) else ""
+def workflow_snakefile(directory: str | None = None) -> str:
+    """The Snakefile a run from here uses, absolute: `./Snakefile`, else the one in the
+    working directory `directory` (`-d DIR`: a project run from there with its own), else
+    this project's (a run elsewhere names it with -s); "" when there is none."""
+    for candidate in ("Snakefile", os.path.join(directory, "Snakefile") if directory else None, PROJECT_SNAKEFILE):
+        if candidate and os.path.exists(candidate):
+            return os.path.abspath(candidate)
+    return ""
 
 
 def default_experiment(snakefile: str, absolute: bool) -> str:
@@ -109,7 +112,7 @@ def _anchor(args) -> None:
     """Before moving into `-d DIR`: what names a file where `marin` was started (the
     experiment, `-o`) made absolute, as snakemake reads --configfile; the Snakefile and
     the default experiment found from here. A missing DIR is one line."""
-    args.snakefile = workflow_snakefile()
+    args.snakefile = workflow_snakefile(args.directory)
     args.default_experiment = default_experiment(args.snakefile, absolute=bool(args.directory))
     if not args.directory:
         return

@@ -198,7 +198,10 @@ def find_user_module(module_name: str, step: str = "") -> ModuleSpec | None:
     if "." not in module_name:
         return own if other is None or (_namespace(other) and own is not None) else other
     with _working_folder_last(cwd):
-        return importlib.util.find_spec(module_name)
+        try:
+            return importlib.util.find_spec(module_name)
+        except ImportError:  # its package is nowhere (find_spec imports the parents): not found
+            return None
 
 
 def _same_file(a: ModuleSpec, b: ModuleSpec) -> bool:

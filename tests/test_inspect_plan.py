@@ -113,9 +113,12 @@ def test_cpu_time_comes_from_past_runs_on_this_host(experiment_file, tmp_path): 
 
 def test_a_stopped_run_is_priced_for_the_steps_left_after_its_newest_checkpoint(experiment_file, tmp_path):  # noqa: F811
     """100 steps; checkpoint 40 committed (60 is orbax's unfinished temporary): 60 steps
-    left, unless forced (it starts over) or built."""
+    left, unless forced (it starts over), or its checkpoints hold another recipe (its job
+    refuses them: planning says so)."""
     prefix = str(tmp_path / "artifacts")
     experiment = load_experiment(experiment_file)
+    for key in ("raw/s@v1", "tokenizers/bpe@v1", "tokenized/s@v1"):
+        build(prefix, experiment, key)
     checkpoints = tmp_path / "artifacts" / "checkpoints" / "nano" / "v1" / "checkpoints"
     (checkpoints / "20").mkdir(parents=True)
     (checkpoints / "40").mkdir()
@@ -126,6 +129,11 @@ def test_a_stopped_run_is_priced_for_the_steps_left_after_its_newest_checkpoint(
     assert price_job(experiment, "checkpoints/nano@v1", prefix=prefix, fresh=True).tokens == 51_200
     assert "(resumes from step 40 of 100)" in plan_lines(experiment, prefix)[1]
     assert "resumes" not in plan_lines(experiment, prefix, forced=["checkpoints/nano@v1"])[1]
+    from marin_rules.train.recipe import make_recipe, record_recipe
+
+    output = str(tmp_path / "artifacts" / "checkpoints" / "nano" / "v1")
+    record_recipe(output, make_recipe({**experiment["checkpoints/nano@v1"].config, "seed": 7}, {}, output))
+    assert price_job(experiment, "checkpoints/nano@v1", prefix=prefix).tokens == 51_200  # refused: starts over
 
 
 def test_the_cpu_overhead_of_a_resumed_record_counts_the_tokens_of_its_last_attempt():

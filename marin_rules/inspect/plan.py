@@ -131,7 +131,7 @@ def price_job(
     notes = [] if vocab or "vocab_size" in artifact.config.get("model", {}) else ["vocabulary assumed 4096"]
     train = parse_train_config(artifact.config, vocab_size=vocab)
     model = train.model
-    done = None if prefix is None or fresh else _resumes_from(prefix, artifact)
+    done = None if prefix is None or fresh else _resumes_from(experiment, prefix, artifact)
     if done:
         notes.append(f"resumes from step {done} of {train.num_train_steps}")
     steps = train.num_train_steps - min(done or 0, train.num_train_steps)
@@ -147,16 +147,25 @@ def price_job(
                     refusal)  # fmt: skip
 
 
-def _resumes_from(prefix: str, artifact: Artifact) -> int | None:
-    """The checkpoint step a stopped (unbuilt, not forced, not dev) run resumes from."""
+def _resumes_from(experiment: Experiment, prefix: str, artifact: Artifact) -> int | None:
+    """The checkpoint step a stopped (unbuilt, not forced, not dev) run resumes from:
+    None when it has none, or its job will refuse them (another recipe: planning says so)
+    or set them aside (other upstream builds) and start over."""
+    from marin_rules.artifacts.builds import upstream_builds
+    from marin_rules.job.attempt import job_recipe, resumes
     from marin_rules.train.recipe import resumable_step
 
     location = artifact_location(prefix, artifact.id)
     if artifact.id.is_dev or reading.record_dict(location, artifact.id) is not None or reading.forced_rebuild_owed(location):
         return None
     try:
-        return resumable_step(location)
-    except OSError:  # pricing is advice
+        step = resumable_step(location)
+        if step is None:
+            return None
+        ids = {key: experiment[key].id for key in artifact.upstream_keys()}
+        upstreams = upstream_builds(list(ids), lambda key: reading.record_dict(artifact_location(prefix, ids[key]), ids[key]))
+        return step if resumes(location, job_recipe(artifact, experiment, prefix, location), upstreams) else None
+    except (MarinError, OSError, ValueError):  # pricing is advice
         return None
 
 

@@ -95,6 +95,17 @@ def refusal_ahead(output: str, recipe: Mapping[str, Any], upstreams: Mapping[str
     return message
 
 
+def resumes(output: str, recipe: Mapping[str, Any], upstreams: Mapping[str, Any] | None) -> bool:
+    """Will the next job of the unbuilt, unforced train artifact at `output` resume from
+    its checkpoints (for pricing what is left): its recipe is theirs (no refusal ahead),
+    and `begin` keeps them (the attempt saw today's upstream builds, all built)."""
+    return (
+        stored_recipe_refusal(output, recipe) is None
+        and upstreams is not None
+        and not _sets_aside(output, "train", upstreams)
+    )
+
+
 def _sets_aside(location: str, step: str, upstreams: Mapping[str, Any]) -> bool:
     """Would `begin` move what an earlier attempt left at `location` aside because that
     attempt saw other upstream builds (or its file is unreadable)?"""
