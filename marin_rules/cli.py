@@ -172,7 +172,7 @@ def _recorded_key(text: str, experiment: Experiment, prefix: str, dev_user: str 
             artifact = _stored_id(text, experiment, prefix, dev_user)
         except MarinError:
             artifact = None
-        if artifact is None or not storage.exists(record_path(prefix, artifact)):
+        if artifact is None or not storage.exists(storage.join(artifact_location(prefix, artifact), RECORD_FILE)):
             _experiment_key(text, experiment, command)  # one line with the nearest key
         return artifact
     return experiment[text].id

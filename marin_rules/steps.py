@@ -198,10 +198,7 @@ def find_user_module(module_name: str, step: str = "") -> ModuleSpec | None:
     if "." not in module_name:
         return own if other is None or (_namespace(other) and own is not None) else other
     with _working_folder_last(cwd):
-        try:
-            return importlib.util.find_spec(module_name)
-        except ImportError:  # its package is nowhere (find_spec imports the parents): not found
-            return None
+        return importlib.util.find_spec(module_name)  # (imports the parents: ModuleNotFoundError when one is nowhere)
 
 
 def _same_file(a: ModuleSpec, b: ModuleSpec) -> bool:

@@ -117,6 +117,17 @@ def test_worker_command_fails_a_job_that_ended_well_without_its_output(tmp_path)
     assert listed.stdout.split() == ["logs/x.log"]  # its log comes back, as after any failure
 
 
+def test_worker_command_of_a_job_with_logs_and_no_local_output_is_valid_shell(tmp_path):
+    (tmp_path / "wf" / "logs").mkdir(parents=True)
+    cmd = gcloud.worker_command("echo log > logs/x.log", "wf", logs=["logs/x.log"], outputs_archive="back.tar.gz")
+    cmd = cmd.replace(gcloud.pod_env_exports(), "export SNAKEMAKE_TPU_PROCESS_ID=0")  # no metadata server here
+    proc = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)}, timeout=30,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    listed = subprocess.run(["tar", "-tzf", str(tmp_path / "back.tar.gz")], capture_output=True, text=True, check=True)
+    assert listed.stdout.split() == ["logs/x.log"]
+
+
 def test_worker_command_exports_the_jobs_submission_quoted_before_the_job():
     cmd = gcloud.worker_command("run", "w", exports={"SNAKEMAKE_TPU_JOBID": "4", "SNAKEMAKE_TPU_SUBMITTER": "h 1 pid:[2]"})
     assert cmd.endswith(" && export SNAKEMAKE_TPU_JOBID=4 && export SNAKEMAKE_TPU_SUBMITTER='h 1 pid:[2]' && run")

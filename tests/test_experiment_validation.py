@@ -33,14 +33,20 @@ CHAIN = {
         "deps": {"runs": {"checkpoints/x@v1": 1, **{f"checkpoints/s{i}@v1": 1 for i in range(5)}}},
         "config": {"budgets": [3.8e9, 1e10, 3e10, 1e11], "predict_budget": 1e12},
     },
-    "scaling/check@v1": {"step": "scaling_check", "deps": {"fit": "scaling/fit@v1", "run": "checkpoints/x@v1"}},
+    "scaling/check@v1": {"step": "scaling_check", "deps": {"fit": "scaling/fit@v1", "run": "checkpoints/v@v1"}},
 }
-# the scaling fit needs six runs: five more like checkpoints/x, placed before the fit
+# the scaling fit needs six runs and a run on every budget: five more like checkpoints/x
+# (3.79e9 FLOPs in 10 steps), at 10, 26, 79, 264 and 264 steps; the check's run at the
+# predicted budget (2640 steps); all placed before the scaling entries
 CHAIN = {
     **{k: v for k, v in CHAIN.items() if not k.startswith("scaling/")},
-    **{f"checkpoints/s{i}@v1": CHAIN["checkpoints/x@v1"] for i in range(5)},
+    **{f"checkpoints/s{i}@v1": {**CHAIN["checkpoints/x@v1"], "config": {**CHAIN["checkpoints/x@v1"]["config"],
+                                                                        "num_train_steps": steps}}
+       for i, steps in enumerate((10, 26, 79, 264, 264))},
+    "checkpoints/v@v1": {**CHAIN["checkpoints/x@v1"], "config": {**CHAIN["checkpoints/x@v1"]["config"],
+                                                                 "num_train_steps": 2640}},
     **{k: v for k, v in CHAIN.items() if k.startswith("scaling/")},
-}
+}  # fmt: skip
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -97,14 +97,13 @@ def test_status_of_a_user_step_whose_module_is_not_found_from_here_says_its_code
 def test_a_user_step_in_a_package_not_found_from_here_is_not_found_rather_than_an_import_error(tmp_path):
     """`pkg.steps:fn` run elsewhere: find_spec imports `pkg` to look inside it, and raised
     ModuleNotFoundError through `marin status` and `marin dag` (a traceback)."""
-    from marin_rules.steps import find_user_module
+    from marin_rules.inspect.status import _why_code_unknown
 
     with contextlib.chdir(tmp_path):
-        assert find_user_module("mypkg_nowhere.steps") is None
-        (tmp_path / "mypkg_here").mkdir()
-        (tmp_path / "mypkg_here" / "__init__.py").write_text("")
-        (tmp_path / "mypkg_here" / "steps.py").write_text("def fn(ctx):\n    return {}\n")
-        assert find_user_module("mypkg_here.steps").origin == str(tmp_path / "mypkg_here" / "steps.py")
+        assert _why_code_unknown("mypkg_nowhere.steps:fn") == (
+            "module 'mypkg_nowhere.steps' not importable from here: run marin in the run's working directory, or "
+            "give it with -d DIR"
+        )
 
 
 def test_status_of_a_user_step_whose_module_another_of_its_name_now_hides_says_why(run, tmp_path, monkeypatch):

@@ -68,7 +68,8 @@ def test_a_run_without_the_workflow_profile_is_refused_for_its_triggers_and_warn
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert bare.returncode != 0 and "Traceback" not in bare.stderr
     refusal = ("marin-rules: rerun-triggers is mtime params input software-env code here, but marin-rules needs "
-               "mtime alone: with other triggers Snakemake runs finished artifacts' jobs again for their params and "
+               "mtime alone: with other triggers Snakemake runs finished artifacts' jobs again (for their params, "
+               "code or inputs) and "
                "leaves out the jobs after them, so an artifact downstream of a built one is never built")  # fmt: skip
     assert f"{refusal}; add --workflow-profile {PROFILE} (or --rerun-triggers mtime)\n" in bare.stderr
     assert not (tmp_path / "artifacts").exists()

@@ -128,10 +128,10 @@ def gather_dedup(ctx: StepContext, signed: list[dict[str, Any]]) -> dict[str, An
     # the kept documents' lines, copied unchanged; gzip level 1: writing at download's
     # level 5 would cost as much as the MinHash work
     first = {"train": 0, "heldout": n_train}
-    listed = {"train": n_train, "heldout": n_heldout}  # a split with none may not be listed (`document_counts`)
-    kept_lines = {
+    listed = {"train": n_train, "heldout": n_heldout}  # (a split the manifest lists no shards of has none)
+    kept_lines = {  # every split the manifest lists is read: a count of 0 with lines is a surplus too
         split: [line for i, line in _counted(corpus, split, first[split], listed[split]) if i in keep]
-        if listed[split] else [] for split in dolma.SPLITS
+        if split in upstream["shards"] else [] for split in dolma.SPLITS
     }
     shards = {split: dolma.write_lines(ctx.output, split, kept_lines[split], compresslevel=1) for split in dolma.SPLITS}
     kept_bytes = {

@@ -267,7 +267,7 @@ def read_range(
             for doc in _documents(path, itertools.islice(streamed, stop - position), field):
                 yield doc
                 position += 1
-            if last and position >= stop and next(streamed, None) is not None:
+            if last and position >= stop and _has_more(streamed, path, field):
                 raise surplus_error(location, split, stop, path, field)
             continue
         lines = _lines(path, field)
@@ -284,8 +284,19 @@ def read_range(
 def _check_no_more(location: str, split: str, names: list[str], stop: int, field: str) -> None:
     for name in names:
         path = storage.join(location, split, name)
-        if next(iter(_streamed_lines(path)), None) is not None:
+        if _has_more(_streamed_lines(path), path, field):
             raise surplus_error(location, split, stop, path, field)
+
+
+def _has_more(lines: Iterator[bytes], path: str, field: str) -> bool:
+    """Does `lines` (`_streamed_lines` of `path`) hold another line? A missing or damaged
+    shard is `shard_error`, as for the lines read before."""
+    try:
+        return next(lines, None) is not None
+    except FileNotFoundError:
+        raise shard_error(field, path, MISSING) from None
+    except GZIP_ERRORS as e:
+        raise shard_error(field, path, gzip_problem(e, True)) from None
 
 
 def surplus_error(location: str, split: str, count: int, path: str, field: str = "deps.corpus") -> StepError:

@@ -245,6 +245,8 @@ def _why_code_unknown(step: str) -> str:
         find_user_module(module, step)
     except ConfigError as refused:
         return refused.message
+    except ImportError:  # a package of a dotted name that is nowhere here (find_spec imports it): not found
+        pass
     return (f"module {module!r} not importable from here: run marin in the run's working directory, "
             "or give it with -d DIR")  # fmt: skip
 

@@ -38,6 +38,7 @@ from marin_rules.workflow.session import Session, stop
 # forwards SIGINT/SIGTERM. Workers elsewhere (a gcloud pod) do not see them.
 COMMAND_ENV = "MARIN_USER_COMMAND"
 REGISTRY_ENV = "MARIN_SIGNAL_REGISTRY"
+PROFILE_ENV = "MARIN_WORKFLOW_PROFILE"  # the main process's --workflow-profile, for jobs planned elsewhere
 DEFAULT_PREFIX = options.DEFAULT_PREFIX
 
 
@@ -113,13 +114,16 @@ def begin(workflow: Any, config: dict) -> Session:
             raise stop(e) from None
     command = shlex.join(options.redact_command(sys.argv))
     registry = signals.registry_dir()
+    profile = options.workflow_profile(sys.argv[1:])
     if main_process:
         os.environ[COMMAND_ENV] = command
         os.environ[REGISTRY_ENV] = registry
+        os.environ[PROFILE_ENV] = profile
         signals.clear_stop(registry)  # left by an earlier main process that had this pid
     else:
         command = os.environ.get(COMMAND_ENV) or command
         registry = os.environ.get(REGISTRY_ENV) or registry
+        profile = os.environ.get(PROFILE_ENV, "")
     _session = Session(
         experiment=experiment,
         prefix=prefix,
@@ -131,7 +135,7 @@ def begin(workflow: Any, config: dict) -> Session:
         targets_config=config.get("target"),
         lease=options.lease_options(config),
         registry=registry,
-        profile=options.workflow_profile(sys.argv[1:]) if main_process else "",
+        profile=profile,
     )
     if main_process:
         by_path = experiment.by_path

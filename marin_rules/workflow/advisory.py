@@ -158,8 +158,8 @@ def triggers_refusal(missing: list[tuple[str, str]]) -> str | None:
         return None
     where = str(PROFILE) if PROFILE.is_dir() else "marin-rules' profiles/default"
     harm = (f"rerun-triggers is {value} here, but marin-rules needs mtime alone: with other triggers Snakemake "
-            "runs finished artifacts' jobs again for their params and leaves out the jobs after them, so an "
-            "artifact downstream of a built one is never built")  # fmt: skip
+            "runs finished artifacts' jobs again (for their params, code or inputs) and leaves out the jobs after "
+            "them, so an artifact downstream of a built one is never built")  # fmt: skip
     snakemakes_default = " ".join(sorted(t.item_to_choice() for t in RerunTrigger.all()))
     applied = len(missing) == 1 and " ".join(sorted(value.split())) != snakemakes_default
     if applied:  # the profile's other keys are there: the command line or another profile overrides it

@@ -217,8 +217,9 @@ def worker_command(
         f"[ -e {shlex.quote(f)} ] || {{ echo {shlex.quote(f'tpu executor: the job ended without its output {f}')} >&2; "
         "code=1; }; " for f in outputs
     )  # fmt: skip
+    check = f'if [ "$code" = 0 ]; then {present}fi; ' if outputs else ""  # (no outputs, logs only: nothing to check)
     finish = (
-        f'if [ "${ENV_PROCESS_ID}" = 0 ]; then if [ "$code" = 0 ]; then {present}fi; '
+        f'if [ "${ENV_PROCESS_ID}" = 0 ]; then {check}'
         f'if [ "$code" = 0 ]; then {pack([*outputs, *logs])} || code=$?; else {on_failure}; fi; fi'
     )
     return " && ".join(parts) + f" && {{ ( {job_command} ); code=$?; {finish}; exit $code; }}"
