@@ -37,6 +37,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, ArtifactId, artifact_location
+from marin_rules.artifacts.records import record_location
 from marin_rules.dev_versions import default_dev_user, owned
 from marin_rules.experiment import DEFAULT_EXPERIMENT, Experiment, load_experiment
 from marin_rules.inspect import reading
@@ -172,7 +173,7 @@ def _recorded_key(text: str, experiment: Experiment, prefix: str, dev_user: str 
             artifact = _stored_id(text, experiment, prefix, dev_user)
         except MarinError:
             artifact = None
-        if artifact is None or not storage.exists(storage.join(artifact_location(prefix, artifact), RECORD_FILE)):
+        if artifact is None or not storage.exists(record_location(artifact_location(prefix, artifact))):
             _experiment_key(text, experiment, command)  # one line with the nearest key
         return artifact
     return experiment[text].id

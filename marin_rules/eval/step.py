@@ -119,11 +119,12 @@ def check_shots(tasks: tuple[TaskSpec, ...], counts: dict[str, int]) -> None:
     for spec in tasks:
         n = counts.get(spec.name)
         if n is not None and spec.num_fewshot > n - 1:
-            raise StepError(
-                f"{spec.shots_field}: {spec.num_fewshot} few-shot examples before each question, but {spec.name} "
-                f"has {n} document(s) from deps.data's held-out plays and draws its examples from the others: "
-                f"use at most {n - 1}, or hold out more plays"
-            )
+            raise _too_many_shots(spec, f"{spec.name} has {n} document(s) from deps.data's held-out plays and draws "
+                                  f"its examples from the others: use at most {n - 1}, or hold out more plays")  # fmt: skip
+
+
+def _too_many_shots(spec: TaskSpec, why: str) -> StepError:
+    return StepError(f"{spec.shots_field}: {spec.num_fewshot} few-shot examples before each question, but {why}")
 
 
 def run_tasks(lm: Any, config: EvaluateConfig, task_folder: str | None) -> dict[str, Any]:
@@ -175,10 +176,8 @@ def _named_shots(spec: TaskSpec) -> Iterator[None]:
     except ValueError as e:
         if "Sample larger than population" not in str(e):
             raise
-        raise StepError(
-            f"{spec.shots_field}: {spec.num_fewshot} few-shot examples before each question, but {spec.name}'s "
-            "few-shot split holds fewer documents: lower num_fewshot for this task"
-        ) from None
+        raise _too_many_shots(spec, f"{spec.name}'s few-shot split holds fewer documents: lower num_fewshot for "
+                              "this task") from None  # fmt: skip
 
 
 def relative_paths(value: Any, root: str) -> Any:

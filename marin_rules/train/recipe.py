@@ -189,7 +189,9 @@ def resumable_step(output: str) -> int | None:
     with its commit note); None when there is none."""
     checkpoints = _checkpoints(output)
     named = [(loc.rstrip("/").rsplit("/", 1)[-1], loc) for loc in storage.list_files(checkpoints)]
+    remote = storage.is_remote(output)
     for step, loc in sorted(((int(n), loc) for n, loc in named if n.isdigit()), reverse=True):
-        if storage.exists(storage.join(loc, COMMIT_NOTE)) if storage.is_remote(output) else os.path.isdir(storage.local_path(loc)):
+        finished = storage.exists(storage.join(loc, COMMIT_NOTE)) if remote else os.path.isdir(storage.local_path(loc))
+        if finished:
             return step
     return None

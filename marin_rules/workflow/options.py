@@ -265,15 +265,8 @@ PROJECT_SNAKEFILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname
 def workflow_profile(argv: list[str]) -> str:
     """The `--workflow-profile` a Snakemake command line names ("" when none; a path
     made absolute when it names a folder or file here, else a profile name as given)."""
-    for i, arg in enumerate(argv):
-        value = None
-        if arg == "--workflow-profile" and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith("--workflow-profile="):
-            value = arg.partition("=")[2]
-        if value:
-            return os.path.abspath(value) if os.path.exists(value) else value
-    return ""
+    value = next((v for v in typed_option_values(argv, ("--workflow-profile",)) if v), "")
+    return os.path.abspath(value) if value and os.path.exists(value) else value
 
 
 def rerun_flags(
@@ -338,18 +331,25 @@ def typed_configfiles(arguments: Iterable[str]) -> list[str]:
     """Every file given to `--configfile`/`--configfiles` on the command line, as typed:
     Snakemake keeps only the last of a repeated option, which would run one of two
     experiments and say nothing of the other."""
-    files: list[str] = []
+    return typed_option_values(arguments, ("--configfile", "--configfiles"))
+
+
+def typed_option_values(arguments: Iterable[str], names: tuple[str, ...]) -> list[str]:
+    """Every value given to the options `names` on a command line, as typed: `--opt=V`,
+    or the words after `--opt` up to the next option (for a one-value option, its value
+    comes first; targets may follow it)."""
+    values: list[str] = []
     taking = False
     for argument in arguments:
         name, equals, value = str(argument).partition("=")
-        if name in ("--configfile", "--configfiles"):
+        if name in names:
             taking = not equals
-            files += [value] if equals else []
+            values += [value] if equals else []
         elif argument.startswith("-"):
             taking = False
         elif taking:
-            files.append(argument)
-    return files
+            values.append(argument)
+    return values
 
 
 def _is_experiment_file(path: str, users_workflow: bool = False) -> bool:
