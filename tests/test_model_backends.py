@@ -12,6 +12,7 @@ from flax import nnx
 
 from marin_rules.model.config import ModelConfig
 from marin_rules.model.moe import (
+    LIVE_CAPACITY,
     SPECULATIVE_CAPACITY,
     _bucket_slots,
     blocked_layout,
@@ -134,3 +135,24 @@ def test_padded_ragged_drops_nothing_whether_its_speculative_buckets_fit_or_not(
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):  # the backward: exact path
         # f32 sums in another order: errors scale with the largest entry (a 1.7e-5 one was seen beside 491)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6 * float(np.max(np.abs(want))))
+
+
+@pytest.mark.parametrize("skewed", [False, True], ids=["live-buckets-fit", "live-buckets-overflow"])
+def test_ragged_with_live_inputs_gives_the_same_live_outputs_bitwise(skewed):
+    """Padding takes no slot of the factor-1.0 buckets (its output is 0 there); when the
+    live inputs overflow them, the path without `live` runs: live outputs are bitwise
+    the same either way."""
+    T, E, D, I = 256, 4, 8, 16
+    experts = _assignments(T, E, skewed)
+    live = jnp.arange(T) % 8 < 6  # a quarter padding, as at the end of packed rows
+    live_loads = np.bincount(np.asarray(experts)[np.asarray(live)].ravel(), minlength=E)
+    assert (live_loads.max() > capacity(T, 2, E, LIVE_CAPACITY)) == skewed  # the case it claims to be
+    x = jax.random.normal(jax.random.key(1), (T, D))
+    weights = jax.random.uniform(jax.random.key(2), (T, 2))
+    ws = [0.3 * jax.random.normal(jax.random.key(i), s) for i, s in enumerate([(E, D, I), (E, D, I), (E, I, D)], 3)]
+    run = jax.jit(lambda live: dispatch_ragged(x, experts, weights, *ws, capacity_factor=1.0, live=live)[0])
+    y, y_all = np.asarray(run(live)), np.asarray(run(None))
+    np.testing.assert_array_equal(y[np.asarray(live)], y_all[np.asarray(live)])
+    padding_out = y[~np.asarray(live)]
+    # fitting: the padding skipped (0); overflowing: computed like every input
+    assert (np.all(padding_out == 0) if not skewed else np.array_equal(padding_out, y_all[~np.asarray(live)]))

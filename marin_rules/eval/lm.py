@@ -50,7 +50,7 @@ from tqdm import tqdm
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.records import unreadable_file
-from marin_rules.data.tokenizer import RoundTrip, bulk_encoder, round_trip
+from marin_rules.data.tokenizer import RoundTrip, round_trip, text_encoder
 from marin_rules.eval import packing
 from marin_rules.eval.config import DEFAULT_BATCH_SIZE
 from marin_rules.eval.packing import Piece
@@ -77,7 +77,7 @@ def load_tokenizer(location: str) -> tuple[Tokenizer, SpecialTokens]:
     `special_tokens.json` beside it, else from well-known token strings."""
     try:
         # as the tokenize step: "<|endoftext|>" in a text is text
-        tokenizer = bulk_encoder(storage.read_text(location))
+        tokenizer = text_encoder(storage.read_text(location))
     except FileNotFoundError:  # named with its artifact's rebuild command, as a damaged one
         raise unreadable_file("deps.model", location, storage.parent(location), "missing") from None
     except Exception as e:  # tokenizers raises a bare Exception on bad JSON

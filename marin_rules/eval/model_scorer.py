@@ -3,8 +3,10 @@
 Model: `score` runs the batch's packed rows (packing.py) in one forward pass, each
 input attending to what its segment and branch let it see (`packed_mask`: padding is
 a segment of its own, so no real input sees it), with the head only at the scored
-positions; `prefill` + `decode` are cached greedy decoding (right padding: a causal
-model's outputs at real positions do not depend on the padding after them). A
+positions and the padding marked as not `live` (its expert work is skipped where
+the dispatch can: model/moe.py); `prefill` + `decode` are cached greedy decoding
+(right padding: a causal model's outputs at real positions do not depend on the
+padding after them). A
 request's score must not depend on the rest of its batch either, so the scorer
 always runs a dropless MoE dispatch (`dropless`): a model trained with `moe_impl:
 capacity` (which drops assignments ranked over the whole batch, so later tokens can
@@ -56,7 +58,8 @@ def packed_mask(positions: jax.Array, segments: jax.Array, branches: jax.Array) 
 
 def _score(model, tokens, positions, segments, branches, targets, scored):
     R, T = tokens.shape
-    hidden, _, _ = model.trunk(tokens, positions=positions, mask=packed_mask(positions, segments, branches))
+    mask, live = packed_mask(positions, segments, branches), segments >= 0  # padding: no live input sees it
+    hidden, _, _ = model.trunk(tokens, positions=positions, mask=mask, live=live)
     logits = model.logits(hidden.reshape(R * T, -1)[scored])  # the head only where scores are needed
     target_logits = jnp.take_along_axis(logits, targets.reshape(-1)[scored][:, None], axis=-1)[:, 0]
     # logit - logsumexp, not a full log_softmax: one pass less over [K, V]
@@ -104,9 +107,10 @@ def programs(graphdef: Any, treedef: Any) -> Programs:
 
 def spread_padding(tokens: np.ndarray, padding: np.ndarray, vocab_size: int) -> np.ndarray:
     """`tokens` with the padding inputs (seen by no real input, so any ids score the
-    same) spread over the vocabulary: identical pad tokens all route to the same experts
-    and overflow the speculative buckets of the CPU MoE dispatch (model/moe.py), which
-    then takes its slower exact path for the whole batch."""
+    same) spread over the vocabulary. The scoring pass marks padding as not live, so the
+    CPU MoE dispatch (model/moe.py) first tries buckets it takes no slot of; when those
+    overflow, every input is bucketed, and identical pad tokens would all route to the
+    same experts and overflow those buckets too, sending the batch to the slower exact path."""
     out = np.array(tokens, np.int32)
     out[padding] = np.arange(np.count_nonzero(padding)) % vocab_size
     return out

@@ -199,7 +199,9 @@ class MoE(nnx.Module):
         self.w_down = _normal(rngs, (c.n_experts, c.d_expert, c.d_model), c.init_std / (2 * c.n_layers) ** 0.5)
         self.shared = SwiGLU(c, c.d_expert, rngs=rngs) if c.shared_expert else None
 
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def __call__(self, x: jax.Array, live: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """`live` [B, T] (or None: all): the inputs whose outputs are used; a dispatch
+        backend may skip the others' expert work (moe.py)."""
         B, T, D = x.shape
         tokens = x.reshape(B * T, D)
         route = self.router(tokens)
@@ -212,6 +214,7 @@ class MoE(nnx.Module):
             self.w_up[...].astype(dt),
             self.w_down[...].astype(dt),
             capacity_factor=self.capacity_factor,
+            live=None if live is None else live.reshape(B * T),
         )
         if self.shared is not None:
             y = y + self.shared(tokens)
@@ -236,12 +239,12 @@ class Block(nnx.Module):
         self.is_moe = c.is_moe_layer(layer)
         self.ffn = MoE(c, rngs=rngs) if self.is_moe else SwiGLU(c, c.d_ff, rngs=rngs)
 
-    def __call__(self, x, cos, sin, kv=None, positions=None, mask=None):
+    def __call__(self, x, cos, sin, kv=None, positions=None, mask=None, live=None):
         """Returns (x, the MoE layer's stats or None, the updated layer cache or None)."""
         attended, kv = self.attn(self.attn_norm(x), cos, sin, kv, positions, mask)
         x = x + attended
         if self.is_moe:
-            y, stats = self.ffn(self.ffn_norm(x))
+            y, stats = self.ffn(self.ffn_norm(x), live)
         else:
             y, stats = self.ffn(self.ffn_norm(x)), None
         return constrain_batch(x + y), stats, kv
@@ -267,11 +270,14 @@ class MoETransformer(nnx.Module):
         positions: jax.Array | None = None,
         cache: KVCache | None = None,
         mask: jax.Array | None = None,
+        live: jax.Array | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array], KVCache | None]:
         """Final-normed hidden states [B, T, D], aux, and the updated cache. Without a
         cache: one causal pass over positions 0..T-1, or with `mask` [B, T, T] (which
         inputs each input sees) and `positions` [B, T] several packed sequences in a
-        row. With a cache: tokens at `positions` attend to it (module docstring)."""
+        row. With a cache: tokens at `positions` attend to it (module docstring).
+        `live` [B, T] (None: all) marks the inputs whose outputs are used: the others
+        (padding no live input sees) may come out as anything finite."""
         c = self.config
         B, T = tokens.shape
         dt = jnp.dtype(c.compute_dtype)
@@ -285,7 +291,7 @@ class MoETransformer(nnx.Module):
         layer_stats, keys, values = [], [], []
         for i, block in enumerate(self.blocks):
             kv = None if cache is None else (cache.k[i], cache.v[i])
-            x, stats, kv = block(x, cos, sin, kv, positions, mask)
+            x, stats, kv = block(x, cos, sin, kv, positions, mask, live)
             if stats is not None:
                 layer_stats.append(stats)
             if kv is not None:
