@@ -24,7 +24,7 @@ from typing import Any
 from marin_rules.experiment import ADOPT, RUNTIME_READERS, Runtime
 from marin_rules.steps import BUILTIN_STEPS, SHARDED_STEPS, USER_STEP, import_function
 from marin_rules.sweeps import MAX_SWEEP_ARTIFACTS
-from marin_rules.validation import json_schema, specs
+from marin_rules.validation import json_schema, nullable, specs
 
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "schema", "experiment.schema.json")
 SEGMENT = "[a-z0-9][a-z0-9._-]*"
@@ -51,16 +51,15 @@ def experiment_schema() -> dict[str, Any]:
         },
         "deps": {
             "description": "role -> upstream name@version, or role -> {name@version: weight} (a mixture)",
-            "type": "object",
-            "propertyNames": {"pattern": ROLE_PATTERN},
-            "additionalProperties": dep,
+            **nullable({"type": "object", "propertyNames": {"pattern": ROLE_PATTERN}, "additionalProperties": dep}),
         },
-        "config": {"description": "the step's settings; fingerprinted", "type": "object"},
+        "config": {"description": "the step's settings; fingerprinted", **nullable({"type": "object"})},
         "runtime": {
             "description": "where and how it runs (tpu, zone, shards, ...); recorded, not fingerprinted",
-            **json_schema(Runtime),
+            **nullable(json_schema(Runtime)),
         },
-        "expect_fingerprint": {"description": "pin: loading fails if the recipe no longer fingerprints to this", "type": "string", "pattern": "^[0-9a-f]{16}$"},
+        "expect_fingerprint": {"description": "pin: loading fails if the recipe no longer fingerprints to this",
+                               "anyOf": [{"type": "string", "pattern": "^[0-9a-f]{16}$"}, {"type": "null"}]},
         "description": {"type": "string"},
     }
     per_step = []
@@ -75,9 +74,9 @@ def experiment_schema() -> dict[str, Any]:
         config = json_schema(import_function(builtin.settings), title=f"{name} config")
         unread = [k for k, readers in RUNTIME_READERS.items() if name not in readers]
         unread = sorted(unread + ([] if name in SHARDED_STEPS else ["shards"]))
-        then = {"config": config, "deps": deps}
+        then = {"config": nullable(config), "deps": nullable(deps)}
         if unread:  # keys this step never reads: the loader refuses them too
-            then["runtime"] = {"not": {"anyOf": [{"required": [k]} for k in unread]}}
+            then["runtime"] = {"not": {"type": "object", "anyOf": [{"required": [k]} for k in unread]}}  # (null: none)
         per_step.append({
             "if": {"properties": {"step": {"const": name}}, "required": ["step"]},
             "then": {"properties": then},

@@ -1,8 +1,9 @@
 """Reading a YAML file the user wrote: duplicate keys refused, errors with file:line:column.
 
 Model: PyYAML's safe loader, except that a mapping which repeats a key (at any depth)
-is an error instead of silently keeping the last value; merge keys (`<<: *base`)
-still let an explicit key override a merged one, and a value that holds itself
+is an error instead of silently keeping the last value; merge keys (`<<: *base`,
+`<<: [*a, *b]`) let an explicit key override a merged one and an earlier merged
+mapping a later one (the YAML spec's order, `flatten_mapping`), and a value that holds itself
 through an alias (`a: &x [*x]`, a mapping merging or holding its own anchor) is an
 error naming its key (`_refuse_recursion`: every reader of it would recurse without end),
 as is a value nested more than MAX_DEPTH levels deep or one that its aliases expand to
@@ -107,6 +108,39 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_document(self, node: yaml.Node) -> Any:
         _refuse_recursion(node, self.alias_marks)
         return super().construct_document(node)
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        """Merge keys (`<<: *a`, `<<: [*a, *b]`) in the YAML spec's order: a key written
+        in the mapping wins, then the earliest mapping of a merge list that has it.
+        PyYAML 6.0.3-6.0.4 tell merged keys apart by the identity of their Python
+        strings, so a key Python does not intern (`d_model`, unlike `x`) took the last
+        mapping's value."""
+        merged: list[tuple[yaml.Node, yaml.Node]] = []
+        seen: set[Any] = set()
+        index = 0
+        while index < len(node.value):
+            key_node, value_node = node.value[index]
+            if key_node.tag != MERGE_TAG:
+                if key_node.tag == "tag:yaml.org,2002:value":  # `=` as a key: a string, as PyYAML reads it
+                    key_node.tag = "tag:yaml.org,2002:str"
+                index += 1
+                continue
+            del node.value[index]
+            sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for source in sources:
+                if not isinstance(source, yaml.MappingNode):
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"expected a mapping or list of mappings for merging, but found {source.id}", source.start_mark,
+                    )  # fmt: skip
+                self.flatten_mapping(source)
+                for pair in source.value:
+                    key = (pair[0].tag, pair[0].value) if isinstance(pair[0], yaml.ScalarNode) else id(pair[0])
+                    if key not in seen:
+                        seen.add(key)
+                        merged.append(pair)
+        if merged:
+            node.value = merged + node.value
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         first_line: dict[Any, int] = {}

@@ -102,3 +102,20 @@ def test_every_setting_of_every_builtin_step_has_a_description_for_editors():
     for case in experiment_schema()["definitions"]["entry"]["allOf"]:
         walk(case["then"]["properties"]["config"], case["if"]["properties"]["step"]["const"])
     assert undocumented == []
+
+
+def test_sections_written_null_are_accepted_by_schema_and_loader_alike(validator):
+    """`optimizer: ~`, `runtime: ~`, ... load as left out; the schema says so too, while
+    `model: ~` (a section with required settings) is refused by both."""
+    data = _train(optimizer=None, mesh=None)
+    data["artifacts"][TRAIN].update(runtime=None, expect_fingerprint=None)
+    data["artifacts"]["tokenized/shakespeare@v1"]["deps"]["corpus"] = "raw/shakespeare@v1"
+    data["artifacts"]["raw/shakespeare@v1"]["deps"] = None
+    alone = {"artifacts": {"raw/x@v1": {"step": "download", "config": None}}}
+    for accepted in (data, alone):
+        assert list(validator.iter_errors(accepted)) == []
+        build_experiment(accepted)
+    refused = _train(model=None)
+    assert [list(e.absolute_path) for e in validator.iter_errors(refused)] == [["artifacts", TRAIN, "config", "model"]]
+    with pytest.raises(MarinError, match=f"^{TRAIN}: config.model"):
+        build_experiment(refused)

@@ -409,6 +409,18 @@ def test_merge_keys_may_still_override_a_merged_value():
     assert data["artifacts"]["raw/b@v1"]["config"] == {"heldout": ["tempest"]}
 
 
+def test_a_merge_list_takes_each_key_from_its_earliest_mapping_whatever_the_key():
+    """The YAML spec's order (PyYAML 6.0.4 alone kept the LAST mapping's `d_model`: it
+    told merged keys apart by string identity, and only short keys such as `x` are shared)."""
+    from marin_rules.yaml_file import load_yaml_text
+
+    text = """    small: &small {d_model: 24, n_layers: 2, x: 1}
+    wide: &wide {d_model: 32, d_ff: 128, x: 2}
+    model: {<<: [*small, *wide], n_layers: 4}
+    """
+    assert load_yaml_text(textwrap.dedent(text), "exp.yaml")["model"] == {"d_model": 24, "n_layers": 4, "x": 1, "d_ff": 128}
+
+
 @pytest.mark.parametrize(
     "text,where,problem",
     [

@@ -326,3 +326,34 @@ def test_history_entries_and_failure_records_are_named_by_one_stamp(tmp_path):
     assert moved.startswith(f"{location}/.history/") and moved.endswith("-stale/tokens/train.bin")
     assert storage.read_bytes(moved) == b"t" * 4000 and not storage.exists(f"{location}/tokens/train.bin")
     assert history_entry(moved) == moved[: -len("/tokens/train.bin")]
+
+
+def test_a_number_spelled_another_way_is_not_drift_nor_a_pin_error(tmp_path):
+    """`validation_fraction: 0` built, `0.0` now: JSON (hence the fingerprint) tells them
+    apart, but the setting is the same: no drift warning, and a pinned artifact is
+    served. A real change beside it is drift, and the respelled number is shown as such."""
+    from types import SimpleNamespace
+
+    from marin_rules.artifacts.canonical import fingerprint, fingerprint_payload
+    from marin_rules.artifacts.records import drift_warning
+
+    deps = {"corpus": "raw/c@v1", "mix": {"raw/d@v1": 1}}
+
+    def served(config: dict, recorded: dict, pin: bool = False, recorded_deps: dict = deps):
+        entry = {"name": "tok/a", "version": "v1", "step": "tokenize", "config": recorded, "runtime": {},
+                 "fingerprint": fingerprint("tokenize", recorded, recorded_deps),
+                 "deps": {"corpus": {"name": "raw/c", "version": "v1"},
+                          "mix": [{"name": "raw/d", "version": "v1", "weight": recorded_deps["mix"]["raw/d@v1"]}]}}  # fmt: skip
+        record = write_success(str(tmp_path / "art/tok/a/v1"), entry, {}, {"ended": "2026-12-03T12:00:00.000Z"})
+        now = fingerprint("tokenize", config, deps)
+        assert now != record.fingerprint  # the spellings hash apart
+        artifact = SimpleNamespace(key="tok/a@v1", fingerprint=now, expect_fingerprint=record.fingerprint if pin else None,
+                                   payload=lambda: fingerprint_payload("tokenize", config, deps), config_default=None)  # fmt: skip
+        return drift_warning(record, artifact)
+
+    assert served({"validation_fraction": 0.0}, {"validation_fraction": 0}) is None
+    assert served({"validation_fraction": 1}, {"validation_fraction": 1.0}, pin=True) is None
+    assert served({"validation_fraction": 1}, {"validation_fraction": 1}, recorded_deps={**deps, "mix": {"raw/d@v1": 1.0}}) is None
+    warning = served({"validation_fraction": 0.0, "seed": 1}, {"validation_fraction": 0}).splitlines()
+    assert warning[2:] == ["  seed (added)", "  validation_fraction: 0 -> 0.0 (the same number)"]
+    assert served({"validation_fraction": 1}, {"validation_fraction": True}) is not None  # a bool is not the number 1

@@ -63,13 +63,16 @@ def test_changed_learning_rate_and_steps_are_named_with_the_ways_out(tmp_path):
     assert "\n" not in message
 
 
-def test_the_same_recipe_and_logging_or_checkpoint_frequency_changes_resume(tmp_path):
+def test_the_same_recipe_a_number_respelled_and_logging_or_checkpoint_frequency_changes_resume(tmp_path):
     output = str(tmp_path / "out")
     record_recipe(output, make_recipe(CONFIG, deps(tmp_path), output))
     check_recipe(output, make_recipe(dict(CONFIG), deps(tmp_path), output))
     check_recipe(output, make_recipe(changed(log_every=1, checkpoint_every=7, eval_every=0), deps(tmp_path), output))
     without = {k: v for k, v in CONFIG.items() if k not in ("log_every", "eval_every")}
     check_recipe(output, make_recipe(without, deps(tmp_path), output))
+    respelled = changed(optimizer={"name": "adamw", "learning_rate": 0.003, "min_lr_ratio": 0})
+    record_recipe(output, make_recipe(respelled, deps(tmp_path), output))
+    check_recipe(output, make_recipe(changed(optimizer={**respelled["optimizer"], "min_lr_ratio": 0.0}), deps(tmp_path), output))
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,9 @@ A config field added or removed at the value its step's settings give as its def
 now reads `path (added: value, the default now)`: the fingerprint is of the recipe as
 written, so writing a default out is drift, but the message says when every
 difference is of that kind (the same settings, unless the defaults changed since).
+A number spelled another way (`0 -> 0.0`: JSON, hence the fingerprint, tells an int
+from a float) reads `path: 0 -> 0.0 (the same number)`; a record whose every difference
+is of that kind holds the recipe now: no drift (`records.recipe_drift`).
 The drift message shows at most 20 such lines, then `...and N more`; an artifact
 that pins its fingerprint (`expect_fingerprint:`) gets a one-line error instead
 (`drift_notice`: planning and a job serving another run's build alike). A record whose
@@ -27,6 +30,7 @@ from marin_rules.artifacts.errors import DriftError
 
 MAX_DIFF_LINES = 20
 AT_DEFAULT = "the default now"
+SAME_NUMBER = "the same number"
 SAME_SETTINGS = (
     "every difference is a setting written out or left out at its default now: the same settings, "
     "unless the step's defaults changed since this was built"
@@ -83,12 +87,28 @@ def diff_values(
         return lines
     if old == new and type(old) is type(new):
         return []
-    return [f"{path or '(value)'}: {_show(old)} -> {_show(new)}"]
+    line = f"{path or '(value)'}: {_show(old)} -> {_show(new)}"
+    return [SameNumber(f"{line} ({SAME_NUMBER})") if _same_number(old, new) else line]
+
+
+def _same_number(old: Any, new: Any) -> bool:
+    number = (int, float)
+    return all(isinstance(v, number) and not isinstance(v, bool) for v in (old, new)) and old == new
 
 
 class AtDefault(str):
     """A diff line of a field added or removed at its default now (`diff_values`): a
     type, not a text pattern, so no config value can pass for one."""
+
+
+class SameNumber(str):
+    """A diff line of a number spelled another way (`0 -> 0.0`, `1.0 -> 1`): the
+    fingerprint hashes JSON's spelling, but the setting is the same (`diff_values`)."""
+
+
+def only_respelled(lines: list[str]) -> bool:
+    """Is every line of a recipe diff a number spelled another way (`SameNumber`)?"""
+    return bool(lines) and all(isinstance(line, SameNumber) for line in lines)
 
 
 def only_defaults(lines: list[str]) -> bool:

@@ -43,7 +43,9 @@ from typing import Any, Mapping
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.canonical import fingerprint
-from marin_rules.artifacts.drift import EDITED_FIX, DefaultLookup, drift_notice, printable, recipe_diff
+from marin_rules.artifacts.drift import (
+    EDITED_FIX, DefaultLookup, drift_notice, only_respelled, printable, recipe_diff,
+)
 from marin_rules.artifacts.errors import ConfigError, MarinError, StepError, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, ArtifactId
 from marin_rules.artifacts.files import (
@@ -278,12 +280,16 @@ def recipe_drift(
 ) -> list[str] | None:
     """How a success record's recipe differs from the recipe now (`payload`, whose
     fingerprint is `fingerprint_now`): None when its fingerprint and its own recipe
-    fields both match; else the field lines (`recipe_diff`, with the step's config
-    `default`s when given) of its recorded recipe against `payload`, [] when only its
-    fingerprint differs. So a record whose `step`, `config` or `deps` were edited is
-    drift, as one whose fingerprint was edited is."""
+    fields both match, or when its recipe differs only in numbers spelled another way
+    (`0` for `0.0`: the same settings) and its fingerprint is its own recipe's; else the
+    field lines (`recipe_diff`, with the step's config `default`s when given) of its
+    recorded recipe against `payload`, [] when only its fingerprint differs. So a record
+    whose `step`, `config` or `deps` were edited is drift, as one whose fingerprint was
+    edited is."""
     lines = recipe_diff(recorded_payload(record), payload, default)
     if record.get("fingerprint") == fingerprint_now and not lines:
+        return None
+    if only_respelled(lines) and edited_note(record) is None:
         return None
     return lines
 

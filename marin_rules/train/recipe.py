@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.canonical import canonical_value
-from marin_rules.artifacts.drift import MAX_DIFF_LINES, recipe_diff
+from marin_rules.artifacts.drift import MAX_DIFF_LINES, SameNumber, recipe_diff
 from marin_rules.artifacts.errors import StepError
 from marin_rules.data.relative import relative_location
 
@@ -94,8 +94,9 @@ def _binding(recipe: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def recipe_changes(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """Lines `field: old -> new` (config fields bare, deps as `deps.<role>`) that forbid a resume."""
-    return recipe_diff(_binding(stored), _binding(current))
+    """Lines `field: old -> new` (config fields bare, deps as `deps.<role>`) that forbid a
+    resume; a number spelled another way (`0` for `0.0`) is the same setting and does not."""
+    return [line for line in recipe_diff(_binding(stored), _binding(current)) if not isinstance(line, SameNumber)]
 
 
 def record_recipe(output: str, recipe: Mapping[str, Any]) -> None:

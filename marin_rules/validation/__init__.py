@@ -7,7 +7,7 @@ fields carry rules (`parse`, `check_fields`, `check_instance`, `json_schema`,
 `default_at`).
 """
 
-from marin_rules.validation.fields import check_fields, check_instance, default_at, json_schema, parse, specs
+from marin_rules.validation.fields import check_fields, check_instance, default_at, json_schema, nullable, parse, specs
 from marin_rules.validation.rules import (
     INT32_MAX,
     MAX_SEED,
@@ -27,5 +27,5 @@ from marin_rules.validation.rules import (
 __all__ = [
     "INT32_MAX", "MAX_SEED",
     "Bool", "Int", "ListOf", "Number", "OneOf", "Optional", "Rule", "Text", "bool_word_hint",
-    "check_fields", "check_instance", "default_at", "is_number", "json_schema", "parse", "specs", "suggest_key",
+    "check_fields", "check_instance", "default_at", "is_number", "json_schema", "nullable", "parse", "specs", "suggest_key",
 ]  # fmt: skip

@@ -122,7 +122,7 @@ def json_schema(cls: type, title: str = "") -> dict[str, Any]:
     """JSON Schema (draft-07 keywords) of a config's mapping, from its rules."""
     props: dict[str, Any] = {}
     for spec in specs(cls):
-        s = json_schema(spec.nested) if spec.nested is not None else dict(spec.rule.schema())
+        s = nullable(json_schema(spec.nested)) if spec.nested is not None else dict(spec.rule.schema())
         if spec.doc:
             s["description"] = spec.doc
         if spec.default is not None and spec.nested is None:
@@ -135,6 +135,14 @@ def json_schema(cls: type, title: str = "") -> dict[str, Any]:
     if title:
         out["title"] = title
     return out
+
+
+def nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema of a section that may also be written null (YAML `~`), which the
+    loader reads as left out: every section without required settings (`check_fields`).
+    `type: [object, null]` rather than `anyOf`, so an editor still points at the bad
+    setting inside an object (keywords on properties apply to objects only)."""
+    return schema if schema.get("required") else {**schema, "type": [schema["type"], "null"]}
 
 
 def _join(parent: str, name: str) -> str:
