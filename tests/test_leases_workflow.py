@@ -331,3 +331,28 @@ def test_a_lease_held_on_a_tpu_worker_by_a_job_this_run_submitted_is_named_as_it
         assert "@t1v-n-0a1b2c3d-w-0 pid 4242" in line
         said = "this run's pod job still holds its lease" if ours else "another run is building it"
         assert said in line, (submitter, line)
+
+
+def test_two_runs_forcing_one_artifact_at_once_build_it_once(tmp_path):
+    """Bob forces ck/l while Alice's forced rebuild of it runs (Alice has moved the old
+    build aside, so Bob's run finds none to set aside): Alice's build of the same
+    recipe and code, ended while Bob's job waited for the lease, meets Bob's force."""
+    env = _env(tmp_path)
+    (tmp_path / "runs.log.release").write_text("")  # the first build runs through
+    first = _start(tmp_path / "first", str(tmp_path / "art"), env)
+    assert first.communicate(timeout=180)[0] is not None and first.returncode == 0
+    (tmp_path / "runs.log").unlink()
+    (tmp_path / "runs.log.release").unlink()
+    alice = _start(tmp_path / "alice", str(tmp_path / "art"), env, "--forceall")
+    try:
+        rc1, out1, rc2, out2 = _race(tmp_path, str(tmp_path / "art"), env, alice, "--forceall")
+    finally:
+        (tmp_path / "runs.log.release").write_text("")
+        if alice.poll() is None:
+            alice.communicate(timeout=180)
+    assert rc1 == 0 and rc2 == 0, (out1, out2)
+    assert len((tmp_path / "runs.log").read_text().split()) == 1  # Alice's rebuild only
+    assert "forced, but another run was building it when this run began" in out2
+    assert "not building it twice; serving it" in out2
+    history = sorted(p.name for p in (tmp_path / "art/ck/l/v1/.history").iterdir())
+    assert len(history) == 1, history  # the first build, set aside once (by Alice)

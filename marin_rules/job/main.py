@@ -214,7 +214,7 @@ def build(args: argparse.Namespace) -> int:
     from marin_rules.cluster.pod import pod_process_from_env
     from marin_rules.experiment import dev_user_in_path, load_experiment, owned_by
     from marin_rules.steps import SHARDED_STEPS
-    from marin_rules.workflow.forcing import end_rebuild, mark_forced, recover_interrupted, restore_old_build
+    from marin_rules.workflow.forcing import end_rebuild, mark_forced, recover_interrupted, restore_old_build, unmark_forced
 
     experiment = load_experiment(args.experiment)
     if args.artifact not in experiment.by_path:  # a dev version: its path names its owner
@@ -245,6 +245,14 @@ def build(args: argparse.Namespace) -> int:
                  f"in place (what the attempt left: {kept_or_discarded(artifact, recovered)})")  # fmt: skip
         elif held.taken_over is not None and not process:  # (recover_interrupted wrote that one's record)
             record_lost_attempt(artifact, experiment, location, args, held.taken_over)
+        met = force_met_meanwhile(artifact, location, began)
+        if met:
+            unmark_forced(location)
+            if is_done():
+                held.release()
+                return serve(artifact, location, args, f"forced, but another run was building it when this run "
+                             f"began, and that build of the same recipe and code ended {met}, while this job "
+                             "waited: not building it twice")  # fmt: skip
         if is_done():  # the old build serves, as after any failed direct force (or an unreadable pointer went)
             held.release()
             return serve(artifact, location, args, "its previous build is in place")
@@ -348,6 +356,29 @@ def kept_or_discarded(artifact: Any, moved: str) -> str:
         return moved
     discard(history_entry(moved))  # the whole .history/<stamp>/, not only a shard's folder in it
     return DISCARDED
+
+
+def force_met_meanwhile(artifact: Any, location: str, began: str) -> str | None:
+    """A forced job whose run found no finished build to set aside (its marker is `null`:
+    another run's build was under way, `forcing.mark_forced`) meets its force with that
+    build when it finished while this job waited for the lease (ended after `began`)
+    with this recipe and this step code: the end time of its record; else None."""
+    from marin_rules.artifacts.code import step_code
+    from marin_rules.workflow.forcing import marker_of
+
+    try:
+        if storage.read_bytes(marker_of(location)).strip() != b"null":
+            return None
+        record = storage.read_json(storage.join(location, RECORD_FILE))
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        return None
+    provenance = record.get("provenance") if isinstance(record, dict) else None
+    if not isinstance(provenance, dict) or record.get("fingerprint") != artifact.fingerprint:
+        return None
+    ended = provenance.get("ended")
+    if provenance.get("code") != step_code(artifact.step) or not isinstance(ended, str) or ended < began:
+        return None
+    return ended
 
 
 def done_check(artifact: Any, experiment: Any, location: str, prefix: str) -> tuple[Callable[[], bool], list[str]]:
