@@ -77,6 +77,7 @@ def test_a_dead_pod_process_fails_the_job_and_stops_the_other(tmp_path):
     # the cause is on record, from the process that failed
     (failure,) = [json.loads(f.read_text()) for f in (out / ".failures").glob("*-p1.json")]
     assert failure["process"] == 1 and "process 1 lost its TPU" in failure["error"]["message"]
+    assert len(failure["provenance"]["pod_attempt"]) == 16  # the attempt it belongs to (marin history)
 
 
 @pytest.mark.slow

@@ -148,6 +148,35 @@ def test_history_lists_attempts_and_forced_rebuilds_with_time_host_duration_and_
     assert [e["outcome"] for e in events] == ["built (replaced by a forced rebuild)", "failed", "built (current)"]
 
 
+def test_history_shows_the_failure_records_of_one_pod_attempt_as_one_attempt(experiment_file, tmp_path, capsys):  # noqa: F811
+    """Each process of a pod writes its own failure record, naming the attempt: one
+    attempt in history (the earliest record's error: the cause), not one per process."""
+    from marin_rules.artifacts.records import write_failure
+
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    key = "checkpoints/nano@v1"
+    artifact = experiment[key]
+    location = artifact_location(prefix, artifact.id)
+    entry = {"name": artifact.id.name, "version": artifact.id.version, "step": artifact.step, "fingerprint": artifact.fingerprint,
+             "config": dict(artifact.config), "deps": {}, "runtime": {}, "path": artifact.id.path}  # fmt: skip
+
+    def failed(process: int, attempt: str, started: str, ended: str, message: str) -> None:
+        provenance = {"host": f"worker-{process}", "started": started, "ended": ended, "duration_s": 30.0 + process,
+                      "pod_attempt": attempt}  # fmt: skip
+        write_failure(location, entry, RuntimeError(message), provenance, "SIGINT", process)
+
+    failed(0, "a" * 16, "2026-12-02T09:00:00.000Z", "2026-12-02T09:00:35.000Z", "stopped with the pod")
+    failed(1, "a" * 16, "2026-12-02T09:00:04.000Z", "2026-12-02T09:00:34.000Z", "process 1 lost its TPU")
+    failed(0, "b" * 16, "2026-12-02T10:00:00.000Z", "2026-12-02T10:00:09.000Z", "a later attempt")
+    assert main(["history", key, "--prefix", prefix, "--configfile", experiment_file]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{key}: 2 attempts"
+    assert lines[1].startswith("  2026-12-02 09:00:00  failed (2 pod processes)") and "took 31.0s" in lines[1]
+    assert lines[2] == "      error: RuntimeError (exit status SIGINT): process 1 lost its TPU"
+    assert lines[3].startswith("  2026-12-02 10:00:00  failed ")
+
+
 def test_dag_draws_every_artifact_labelled_and_coloured_by_state(experiment_file, tmp_path, capsys):  # noqa: F811
     prefix = str(tmp_path / "artifacts")
     experiment = load_experiment(experiment_file)

@@ -8,7 +8,8 @@ attempt its lease names, which has no record yet: building now, or killed withou
 (`_leased`, as `marin status` tells them). Each
 becomes one `Event` with its time, outcome, host, duration, fingerprint and, for a
 failure, the error's first line (said last, after its exit status: a command it ends
-with is followed by nothing). Events that appear twice (a failure copied into a
+with is followed by nothing). The failure records the processes of one pod attempt
+each wrote (naming it: `provenance.pod_attempt`) are one event, the earliest one's. Events that appear twice (a failure copied into a
 history folder) are shown once. A failure record (or the current record) that cannot
 be read is an `unreadable` event naming the file (`reading.UnreadableRecord`), listed
 last: an attempt is never left out unsaid. A record a forced rebuild kept
@@ -23,7 +24,7 @@ rebuild command. The text form shows each value `printable`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
 from marin_rules.artifacts.drift import printable
@@ -55,6 +56,8 @@ class Event:
     duration_s: float | None
     fingerprint: str
     error: str = ""
+    pod_attempt: str = ""  # the pod attempt its record names (`pod_start.attempt_id`)
+    processes: int = 1  # the pod processes whose failure records make this one attempt
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,7 +81,25 @@ def _event(record: Mapping[str, Any], outcome: str) -> Event:
         duration_s=duration if isinstance(duration, (int, float)) else None,
         fingerprint=str(record.get("fingerprint") or "-"),
         error=message,
+        pod_attempt=str(provenance.get("pod_attempt") or ""),
     )
+
+
+def _one_per_pod_attempt(events: list[Event]) -> list[Event]:
+    """The failure records of one pod attempt (each process writes its own, naming the
+    attempt) as one event: the earliest one's (the cause; the others were stopped with
+    it), spanning them all, with their count."""
+    groups: dict[str, list[Event]] = {}
+    for e in events:
+        if e.pod_attempt and e.outcome == "failed":
+            groups.setdefault(e.pod_attempt, []).append(e)
+    out = [e for e in events if not (e.pod_attempt and e.outcome == "failed")]
+    for group in groups.values():
+        first = min(group, key=lambda e: (e.ended, e.started))
+        durations = [e.duration_s for e in group if e.duration_s is not None]
+        out.append(replace(first, started=min(e.started for e in group), ended=max(e.ended for e in group),
+                           duration_s=max(durations) if durations else None, processes=len(group)))  # fmt: skip
+    return out
 
 
 def artifact_history(location: str, expected: ArtifactId | None = None, hint_flags: str = "") -> list[Event]:
@@ -111,7 +132,7 @@ def artifact_history(location: str, expected: ArtifactId | None = None, hint_fla
     if holder is not None:  # an attempt that has no record yet: running, or killed without one
         events.append(_leased(holder))
     unique = {(e.started, e.ended, e.outcome, e.host, e.error): e for e in events}
-    return sorted(unique.values(), key=lambda e: (e.started, e.ended))  # unreadable ("?") last
+    return sorted(_one_per_pod_attempt(list(unique.values())), key=lambda e: (e.started, e.ended))  # unreadable ("?") last
 
 
 def _leased(holder: LeaseHolder) -> Event:
@@ -170,6 +191,7 @@ def format_history(key: str, events: list[Event], unbuilt: str = "never built") 
             continue
         took = "-" if e.duration_s is None else f"{e.duration_s:.1f}s"
         when = e.started.replace("T", " ")[:19]
-        line = printable(f"  {when}  {e.outcome:<38} host {e.host}  took {took}  fingerprint {e.fingerprint}")
+        outcome = e.outcome if e.processes == 1 else f"{e.outcome} ({e.processes} pod processes)"
+        line = printable(f"  {when}  {outcome:<38} host {e.host}  took {took}  fingerprint {e.fingerprint}")
         lines.append(line + (f"\n      error: {printable(e.error)}" if e.error else ""))
     return "\n".join(lines)

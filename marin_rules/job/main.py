@@ -43,6 +43,7 @@ Exit status: 0 built or served, 1 failed, 128+N stopped by signal N.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from functools import partial
@@ -632,6 +633,12 @@ def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace,
     ctx, entry, provenance, deps_record = job_context(artifact, experiment, location, args)
     sharded = artifact.step in SHARDED_STEPS
     process = None if pod is None else pod.process_id
+    if pod is not None:  # every process's record names the attempt: one attempt in `marin history`
+        from marin_rules.job.pod_start import attempt_id, begun_token
+
+        token = held.holder.token if held is not None else begun_token(location, pod.coordinator)
+        if token is not None:
+            provenance = dataclasses.replace(provenance, extra=(*provenance.extra, ("pod_attempt", attempt_id(token))))
 
     def step(c: StepContext) -> Any:
         check_upstreams(artifact, experiment, args.prefix, deps_record, rerun_hint(args))  # fills in what was seen

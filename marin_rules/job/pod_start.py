@@ -23,13 +23,16 @@ before it began (its log says why), or never started. While any live holder has 
 (process 0 building, or another run process 0 waits for) it waits on, as process 0 does.
 
 A process stopped by a signal after process 0 died outright says so in its failure
-record (`process_0_died`): that is why the pod stopped, not a user's Ctrl-C.
+record (`process_0_died`): that is why the pod stopped, not a user's Ctrl-C. Every
+process's records name the attempt (`attempt_id` of the begun lease's token).
 """
 
 from __future__ import annotations
 
 import time
 from typing import Callable
+
+import xxhash
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
@@ -49,12 +52,19 @@ def begun_file(location: str) -> str:
     return storage.join(location, BEGUN_FILE)
 
 
+def attempt_id(token: str) -> str:
+    """The pod attempt every process's record names (`provenance.pod_attempt`), so
+    `marin history` shows their failure records as one attempt: a digest of the lease
+    token process 0 took (new for every lease), which the token cannot be read back from."""
+    return xxhash.xxh3_64_hexdigest(token.encode("utf-8"))
+
+
 def announce_begun(location: str, token: str, coordinator: str) -> None:
     """Process 0, holding the lease with `token`: the artifact folder is ready for the step."""
     storage.write_json_atomic(begun_file(location), {"token": token, "coordinator": coordinator})
 
 
-def _begun_token(location: str, coordinator: str) -> str | None:
+def begun_token(location: str, coordinator: str) -> str | None:
     """The lease token the begun file names for this pod (`coordinator`), or None."""
     try:
         data = storage.read_json(begun_file(location))
@@ -79,7 +89,7 @@ def wait_for_process_0(
         fs.invalidate_cache()  # another process writes these (gcsfs caches listings)
         holder = read_lease(location)
         live = holder is not None and holder.age_s() < stale_s and not holder_gone(holder)
-        if live and _begun_token(location, coordinator) == holder.token:
+        if live and begun_token(location, coordinator) == holder.token:
             return "begun"
         if is_done():
             return "done"
@@ -103,7 +113,7 @@ def process_0_died(location: str, coordinator: str) -> str | None:
     at once). Every other end of process 0 releases the lease and writes its own
     record. None when it cannot tell."""
     holder = read_lease(location)
-    if holder is None or not holder_gone(holder) or _begun_token(location, coordinator) != holder.token:
+    if holder is None or not holder_gone(holder) or begun_token(location, coordinator) != holder.token:
         return None
     return (f"process 0 of the pod ({holder.describe()}) died before it, without a record (SIGKILL, the OOM "
             "killer?), and the pod was stopped")
