@@ -42,6 +42,7 @@ from marin_rules.dev_versions import default_dev_user, owned
 from marin_rules.experiment import DEFAULT_EXPERIMENT, Experiment, load_experiment
 from marin_rules.inspect import reading
 from marin_rules.mirror import records_root
+from marin_rules.workflow.advisory import PROFILE
 from marin_rules.workflow.options import DEFAULT_PREFIX, PROJECT_SNAKEFILE, parse_prefix, rerun_flags
 
 EXPERIMENT_COMMANDS = ("status", "show", "path", "verify", "plan", "dag")
@@ -237,12 +238,18 @@ def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: s
 def _rerun_flags(experiment: Experiment | None, prefix: str, snakefile: str) -> str:
     """What a `snakemake -f RECORD` these commands suggest needs besides its target
     (`rerun_flags`): the run's Snakefile (`workflow_snakefile`) and working directory
-    (here: `-d DIR` or where `marin` runs), so that it runs from anywhere."""
+    (here: `-d DIR` or where `marin` runs), so that it runs from anywhere; for a user's
+    Snakefile using ours without a `profiles/default` of its own beside it, our workflow
+    profile, without which Snakemake refuses the run (`advisory.triggers_refusal`)."""
     if experiment is None:
         return ""
     here = os.getcwd()
     workflow_dir = os.path.dirname(snakefile) if snakefile else here
-    return rerun_flags(os.path.abspath(experiment.path), prefix, workflow_dir, snakefile, here)
+    profile = ""
+    if snakefile and os.path.abspath(snakefile) != PROJECT_SNAKEFILE:
+        if not os.path.isdir(os.path.join(os.path.dirname(os.path.abspath(snakefile)), "profiles", "default")):
+            profile = str(PROFILE)
+    return rerun_flags(os.path.abspath(experiment.path), prefix, workflow_dir, snakefile, here, profile)
 
 
 def _run(args) -> int:

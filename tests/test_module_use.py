@@ -118,6 +118,10 @@ def test_a_suggested_rebuild_command_carries_the_workflow_profile_and_runs_as_pr
     (line,) = [l for l in planned.stderr.splitlines() if l.startswith("marin-rules: ")]
     command = line.partition("delete it and rebuild the artifact with: ")[2]
     assert f"--workflow-profile {PROFILE}" in command, line
+    # `marin status` in the user's folder (their Snakefile, no profile of their own) suggests it too
+    status = subprocess.run([str(Path(SNAKEMAKE).parent / "marin"), "status", "--configfile", "exp.yaml"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert f"-s {tmp_path / 'Snakefile'} -d {tmp_path} --workflow-profile {PROFILE}" in status.stdout + status.stderr
     record.unlink()
     program, *args = shlex.split(command)
     assert program == "snakemake"
