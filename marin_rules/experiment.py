@@ -134,6 +134,13 @@ class Artifact:
     def payload(self) -> dict[str, Any]:
         return fingerprint_payload(self.step, self.config, self.deps)
 
+    @property
+    def typed_numbers(self) -> bool:
+        """Does this artifact's step read its settings by type (a built-in step: `0` and
+        `0.0` are one number there; a user step's function sees how it was spelled)?"""
+        builtin = BUILTIN_STEPS.get(self.step)
+        return builtin is not None and bool(builtin.settings)
+
     def config_default(self, path: tuple[str, ...]) -> Any:
         """The default now of the config setting at `path` of this artifact's built-in
         step (`validation.default_at`), else `drift.NO_DEFAULT` (user steps have none):

@@ -83,7 +83,7 @@ def experiment_schema() -> dict[str, Any]:
         })  # fmt: skip
     sweep_props = {
         **entry_props,
-        "runtime": {"description": entry_props["runtime"]["description"], "type": "object",
+        "runtime": {"description": entry_props["runtime"]["description"], "type": ["object", "null"],
                     "propertyNames": {"enum": [spec.name for spec in specs(Runtime)]}},  # values may be {var}
         "grid": {"description": "variable -> list of values (or {range: [start, stop]}); every combination",
                  "type": "object", "additionalProperties": {"anyOf": [{"type": "array", "minItems": 1}, _ref("range")]}},

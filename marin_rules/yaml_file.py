@@ -94,6 +94,11 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return list(node.value) if isinstance(node, yaml.SequenceNode) else []
 
 
+def _merge_key(node: yaml.Node) -> Any:
+    """What tells two keys of merged mappings apart: a scalar's tag and text, another node itself."""
+    return (node.tag, node.value) if isinstance(node, yaml.ScalarNode) else id(node)
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     def __init__(self, stream: Any):
         super().__init__(stream)
@@ -133,9 +138,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                         "while constructing a mapping", node.start_mark,
                         f"expected a mapping or list of mappings for merging, but found {source.id}", source.start_mark,
                     )  # fmt: skip
-                self.flatten_mapping(source)
-                for pair in source.value:
-                    key = (pair[0].tag, pair[0].value) if isinstance(pair[0], yaml.ScalarNode) else id(pair[0])
+                self.flatten_mapping(source)  # its merged pairs first, then its own, which win there
+                effective = {_merge_key(k): (k, v) for k, v in source.value}
+                for key, pair in effective.items():
                     if key not in seen:
                         seen.add(key)
                         merged.append(pair)

@@ -419,6 +419,15 @@ def test_a_merge_list_takes_each_key_from_its_earliest_mapping_whatever_the_key(
     model: {<<: [*small, *wide], n_layers: 4}
     """
     assert load_yaml_text(textwrap.dedent(text), "exp.yaml")["model"] == {"d_model": 24, "n_layers": 4, "x": 1, "d_ff": 128}
+    # a merged mapping that merges and overrides itself: its override, in a list or alone
+    text = """\
+    small: &small {d_model: 24}
+    wide: &wide {<<: *small, d_model: 32}
+    alone: {<<: *wide}
+    listed: {<<: [*wide, *small]}
+    """
+    data = load_yaml_text(textwrap.dedent(text), "exp.yaml")
+    assert data["alone"] == data["listed"] == {"d_model": 32}
 
 
 @pytest.mark.parametrize(

@@ -137,22 +137,31 @@ def test_padded_ragged_drops_nothing_whether_its_speculative_buckets_fit_or_not(
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6 * float(np.max(np.abs(want))))
 
 
-@pytest.mark.parametrize("skewed", [False, True], ids=["live-buckets-fit", "live-buckets-overflow"])
-def test_ragged_with_live_inputs_gives_the_same_live_outputs_bitwise(skewed):
+@pytest.mark.parametrize("case", ["both-bucketed", "live-overflows", "only-live-fits"])
+def test_ragged_with_live_inputs_gives_the_same_live_outputs(case):
     """Padding takes no slot of the factor-1.0 buckets (its output is 0 there); when the
-    live inputs overflow them, the path without `live` runs: live outputs are bitwise
-    the same either way."""
+    live inputs overflow them, the path without `live` runs. Live outputs are bitwise
+    the same where both take buckets, within float rounding where only the live inputs
+    fit them (the path without `live` is then the exact one, laid out otherwise)."""
     T, E, D, I = 256, 4, 8, 16
-    experts = _assignments(T, E, skewed)
-    live = jnp.arange(T) % 8 < 6  # a quarter padding, as at the end of packed rows
-    live_loads = np.bincount(np.asarray(experts)[np.asarray(live)].ravel(), minlength=E)
-    assert (live_loads.max() > capacity(T, 2, E, LIVE_CAPACITY)) == skewed  # the case it claims to be
+    live = np.arange(T) % 8 < 5  # 3/8 padding, as at the end of packed rows
+    experts = np.array(_assignments(T, E, skewed=case == "live-overflows"))
+    if case == "only-live-fits":  # the padding all on experts 0 and 1: every input overflows the 1.25 buckets
+        experts[~live] = [0, 1]
+    loads = np.bincount(experts.ravel(), minlength=E)
+    live_loads = np.bincount(experts[live].ravel(), minlength=E)
+    assert (live_loads.max() > capacity(T, 2, E, LIVE_CAPACITY)) == (case == "live-overflows")  # the case it claims
+    assert (loads.max() > capacity(T, 2, E, SPECULATIVE_CAPACITY)) == (case != "both-bucketed")
     x = jax.random.normal(jax.random.key(1), (T, D))
     weights = jax.random.uniform(jax.random.key(2), (T, 2))
     ws = [0.3 * jax.random.normal(jax.random.key(i), s) for i, s in enumerate([(E, D, I), (E, D, I), (E, I, D)], 3)]
-    run = jax.jit(lambda live: dispatch_ragged(x, experts, weights, *ws, capacity_factor=1.0, live=live)[0])
-    y, y_all = np.asarray(run(live)), np.asarray(run(None))
-    np.testing.assert_array_equal(y[np.asarray(live)], y_all[np.asarray(live)])
-    padding_out = y[~np.asarray(live)]
-    # fitting: the padding skipped (0); overflowing: computed like every input
-    assert (np.all(padding_out == 0) if not skewed else np.array_equal(padding_out, y_all[~np.asarray(live)]))
+    run = jax.jit(lambda live: dispatch_ragged(x, jnp.asarray(experts), weights, *ws, capacity_factor=1.0, live=live)[0])
+    y, y_all = np.asarray(run(jnp.asarray(live))), np.asarray(run(None))
+    if case == "only-live-fits":
+        np.testing.assert_allclose(y[live], y_all[live], rtol=1e-6, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(y[live], y_all[live])
+    if case == "live-overflows":  # computed like every input
+        np.testing.assert_array_equal(y[~live], y_all[~live])
+    else:  # the padding skipped
+        assert np.all(y[~live] == 0)

@@ -328,10 +328,11 @@ def test_history_entries_and_failure_records_are_named_by_one_stamp(tmp_path):
     assert history_entry(moved) == moved[: -len("/tokens/train.bin")]
 
 
-def test_a_number_spelled_another_way_is_not_drift_nor_a_pin_error(tmp_path):
-    """`validation_fraction: 0` built, `0.0` now: JSON (hence the fingerprint) tells them
-    apart, but the setting is the same: no drift warning, and a pinned artifact is
-    served. A real change beside it is drift, and the respelled number is shown as such."""
+def test_a_number_spelled_another_way_is_not_drift_for_a_built_in_step(tmp_path):
+    """`validation_fraction: 0` built, `0.0` now (or inside a list, or a mixture weight):
+    JSON (hence the fingerprint) tells them apart, but a built-in step reads one number:
+    no drift warning. A real change beside it is drift, with the respelled number shown
+    as such; a bool is no number; a user step's function sees the spelling: drift."""
     from types import SimpleNamespace
 
     from marin_rules.artifacts.canonical import fingerprint, fingerprint_payload
@@ -339,7 +340,7 @@ def test_a_number_spelled_another_way_is_not_drift_nor_a_pin_error(tmp_path):
 
     deps = {"corpus": "raw/c@v1", "mix": {"raw/d@v1": 1}}
 
-    def served(config: dict, recorded: dict, pin: bool = False, recorded_deps: dict = deps):
+    def served(config: dict, recorded: dict, recorded_deps: dict = deps, typed: bool = True):
         entry = {"name": "tok/a", "version": "v1", "step": "tokenize", "config": recorded, "runtime": {},
                  "fingerprint": fingerprint("tokenize", recorded, recorded_deps),
                  "deps": {"corpus": {"name": "raw/c", "version": "v1"},
@@ -347,13 +348,14 @@ def test_a_number_spelled_another_way_is_not_drift_nor_a_pin_error(tmp_path):
         record = write_success(str(tmp_path / "art/tok/a/v1"), entry, {}, {"ended": "2026-12-03T12:00:00.000Z"})
         now = fingerprint("tokenize", config, deps)
         assert now != record.fingerprint  # the spellings hash apart
-        artifact = SimpleNamespace(key="tok/a@v1", fingerprint=now, expect_fingerprint=record.fingerprint if pin else None,
+        artifact = SimpleNamespace(key="tok/a@v1", fingerprint=now, expect_fingerprint=None, typed_numbers=typed,
                                    payload=lambda: fingerprint_payload("tokenize", config, deps), config_default=None)  # fmt: skip
         return drift_warning(record, artifact)
 
     assert served({"validation_fraction": 0.0}, {"validation_fraction": 0}) is None
-    assert served({"validation_fraction": 1}, {"validation_fraction": 1.0}, pin=True) is None
+    assert served({"betas": [0.0, 0.95]}, {"betas": [0, 0.95]}) is None
     assert served({"validation_fraction": 1}, {"validation_fraction": 1}, recorded_deps={**deps, "mix": {"raw/d@v1": 1.0}}) is None
     warning = served({"validation_fraction": 0.0, "seed": 1}, {"validation_fraction": 0}).splitlines()
     assert warning[2:] == ["  seed (added)", "  validation_fraction: 0 -> 0.0 (the same number)"]
-    assert served({"validation_fraction": 1}, {"validation_fraction": True}) is not None  # a bool is not the number 1
+    assert served({"flags": [1]}, {"flags": [True]}).splitlines()[2:] == ["  flags: [true] -> [1]"]  # a bool is no number
+    assert served({"n": 3.0}, {"n": 3}, typed=False).splitlines()[2:] == ["  n: 3 -> 3.0 (the same number)"]

@@ -8,8 +8,9 @@ now reads `path (added: value, the default now)`: the fingerprint is of the reci
 written, so writing a default out is drift, but the message says when every
 difference is of that kind (the same settings, unless the defaults changed since).
 A number spelled another way (`0 -> 0.0`: JSON, hence the fingerprint, tells an int
-from a float) reads `path: 0 -> 0.0 (the same number)`; a record whose every difference
-is of that kind holds the recipe now: no drift (`records.recipe_drift`).
+from a float; in a list too) reads `path: 0 -> 0.0 (the same number)`; for a built-in
+step (whose settings read both spellings as one number) a record whose every
+difference is of that kind holds the recipe now: no drift (`records.recipe_drift`).
 The drift message shows at most 20 such lines, then `...and N more`; an artifact
 that pins its fingerprint (`expect_fingerprint:`) gets a one-line error instead
 (`drift_notice`: planning and a job serving another run's build alike). A record whose
@@ -85,15 +86,23 @@ def diff_values(
             else:
                 lines.append(f"{sub} ({change}: {_show(value)})" if values else f"{sub} ({change})")
         return lines
-    if old == new and type(old) is type(new):
+    if _equal(old, new, numbers_by_value=False):
         return []
     line = f"{path or '(value)'}: {_show(old)} -> {_show(new)}"
-    return [SameNumber(f"{line} ({SAME_NUMBER})") if _same_number(old, new) else line]
+    return [SameNumber(f"{line} ({SAME_NUMBER})") if _equal(old, new, numbers_by_value=True) else line]
 
 
-def _same_number(old: Any, new: Any) -> bool:
-    number = (int, float)
-    return all(isinstance(v, number) and not isinstance(v, bool) for v in (old, new)) and old == new
+def _equal(old: Any, new: Any, numbers_by_value: bool) -> bool:
+    """JSON values equal as spelled (`0` is not `0.0`, `true` is not `1`), or with
+    `numbers_by_value` equal but for how numbers are spelled; lists item by item."""
+    if isinstance(old, list) and isinstance(new, list):
+        return len(old) == len(new) and all(_equal(a, b, numbers_by_value) for a, b in zip(old, new))
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        return old.keys() == new.keys() and all(_equal(old[k], new[k], numbers_by_value) for k in old)
+    numbers = [isinstance(v, (int, float)) and not isinstance(v, bool) for v in (old, new)]
+    if numbers_by_value and all(numbers):
+        return old == new
+    return type(old) is type(new) and old == new
 
 
 class AtDefault(str):
@@ -112,8 +121,11 @@ def only_respelled(lines: list[str]) -> bool:
 
 
 def only_defaults(lines: list[str]) -> bool:
-    """Is every line of a recipe diff a field written out, or left out, at its default?"""
-    return bool(lines) and all(isinstance(line, AtDefault) for line in lines)
+    """Is every line of a recipe diff a field written out, or left out, at its default
+    (or a number spelled another way beside them)?"""
+    return any(isinstance(line, AtDefault) for line in lines) and all(
+        isinstance(line, (AtDefault, SameNumber)) for line in lines
+    )
 
 
 def recipe_diff(

@@ -276,12 +276,14 @@ def edited_note(record: Mapping[str, Any]) -> str | None:
 
 
 def recipe_drift(
-    record: Mapping[str, Any], payload: Mapping[str, Any], fingerprint_now: str, default: DefaultLookup | None = None
+    record: Mapping[str, Any], payload: Mapping[str, Any], fingerprint_now: str, default: DefaultLookup | None = None,
+    typed_numbers: bool = False,
 ) -> list[str] | None:
     """How a success record's recipe differs from the recipe now (`payload`, whose
     fingerprint is `fingerprint_now`): None when its fingerprint and its own recipe
-    fields both match, or when its recipe differs only in numbers spelled another way
-    (`0` for `0.0`: the same settings) and its fingerprint is its own recipe's; else the
+    fields both match, or when (`typed_numbers`: a built-in step, whose settings read
+    `0` and `0.0` as one number; a user step's function sees the spelling) its recipe
+    differs only in numbers spelled another way and its fingerprint is its own recipe's; else the
     field lines (`recipe_diff`, with the step's config `default`s when given) of its
     recorded recipe against `payload`, [] when only its fingerprint differs. So a record
     whose `step`, `config` or `deps` were edited is drift, as one whose fingerprint was
@@ -289,7 +291,7 @@ def recipe_drift(
     lines = recipe_diff(recorded_payload(record), payload, default)
     if record.get("fingerprint") == fingerprint_now and not lines:
         return None
-    if only_respelled(lines) and edited_note(record) is None:
+    if typed_numbers and only_respelled(lines) and edited_note(record) is None:
         return None
     return lines
 
@@ -301,7 +303,8 @@ def drift_warning(record: Record, artifact: Any) -> str | None:
     (`drift.drift_notice`), or DriftError when the artifact pins its fingerprint. One
     wording for planning and for a job serving another run's build."""
     data = record.to_json()
-    lines = recipe_drift(data, artifact.payload(), artifact.fingerprint, getattr(artifact, "config_default", None))
+    lines = recipe_drift(data, artifact.payload(), artifact.fingerprint, getattr(artifact, "config_default", None),
+                         getattr(artifact, "typed_numbers", False))  # fmt: skip
     if lines is None:
         return None
     note = edited_note(data)

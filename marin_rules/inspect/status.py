@@ -429,7 +429,9 @@ def location_status(
     built, took = _times(record)
     state, reason = "built", "matches the recipe" if artifact is not None else NOT_IN_EXPERIMENT
     rebuilt = _rebuilt_upstreams(record, upstream_records) if artifact is not None and upstream_records else []
-    drift = None if artifact is None else recipe_drift(record, artifact.payload(), artifact.fingerprint, artifact.config_default)
+    drift = None if artifact is None else recipe_drift(
+        record, artifact.payload(), artifact.fingerprint, artifact.config_default, artifact.typed_numbers
+    )
     if drift is not None:
         edited = edited_record(str(record.get("fingerprint")), artifact.fingerprint)
         state, reason = "drifted", _drift_reason(drift, edited_note(record), artifact.id.is_dev, edited)
