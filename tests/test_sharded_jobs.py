@@ -374,3 +374,18 @@ def test_on_gs_a_second_machine_sees_the_finished_shards_and_only_gathers(tmp_pa
     assert "rule tokenize_shard:" not in out and "rule tokenize:" in out
     again = storage.read_json(f"{location}/.artifact.json")
     assert again["result"]["tokens"] == built["result"]["tokens"] and again["files"] == built["files"]
+
+
+def test_a_target_naming_a_shard_the_artifact_does_not_have_is_refused_while_planning(tmp_path, snakemake_cmd):
+    exp = experiment(tmp_path, tokenize_shards=2, dedup_shards=1)
+    prefix = tmp_path / "art"
+    for shard in ("00005-of-00009", "00002-of-00002"):
+        target = str(prefix / TOKENS / f"shards/{shard}/shard.json")
+        proc = snakemake_cmd("-n", target, "--configfile", str(exp), "--config", f"prefix={prefix}", cwd=tmp_path, check=False)
+        assert proc.returncode != 0
+        assert (f"marin-rules: tokenized/slice@v1: it has no shard {shard}: runtime.shards gives it 2 "
+                "(00000-of-00002 .. 00001-of-00002)") in proc.stderr  # fmt: skip
+    assert not prefix.exists()  # nothing written
+    ok = snakemake_cmd("-n", str(prefix / TOKENS / "shards/00001-of-00002/shard.json"), "--configfile", str(exp),
+                       "--config", f"prefix={prefix}", cwd=tmp_path)  # fmt: skip
+    assert "tokenize_shard" in ok.stdout + ok.stderr

@@ -405,6 +405,8 @@ class Session:
         from snakemake.io import ancient
 
         artifact = self.experiment.by_path[wildcards.artifact]
+        if "shard" in wildcards.keys() and self.main_process:
+            self._refuse_unknown_shard(artifact, wildcards.shard)
         if self.main_process and SETTINGS not in self.warned:
             self.warned.add(SETTINGS)
             missing = advisory.missing_settings(self.workflow)
@@ -439,6 +441,15 @@ class Session:
             for i, path in enumerate(self.shard_records(artifact.key)):
                 inputs[f"shard_{i}"] = path
         return inputs
+
+    def _refuse_unknown_shard(self, artifact: Artifact, shard: str) -> None:
+        """A target naming a shard the artifact does not have (`runtime.shards` says how
+        many): refused while planning, in one line (its job would only refuse it later)."""
+        names = [s.name for s in all_shards(shard_count(artifact.runtime))]
+        if shard not in names:
+            listed = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}"
+            raise stop(MarinError(f"{artifact.key}: it has no shard {shard}: runtime.shards gives it {len(names)} "
+                                  f"({listed}); name one of those, or the artifact's record"))  # fmt: skip
 
     def _stale_shard(self, artifact: Artifact, shard: str) -> bool:
         """Was this finished shard of an unfinished artifact made from another recipe (changed
