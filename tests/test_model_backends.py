@@ -137,20 +137,23 @@ def test_padded_ragged_drops_nothing_whether_its_speculative_buckets_fit_or_not(
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6 * float(np.max(np.abs(want))))
 
 
-@pytest.mark.parametrize("case", ["both-bucketed", "live-overflows", "only-live-fits"])
+@pytest.mark.parametrize("case", ["both-bucketed", "live-overflows", "only-live-fits", "live-fits-at-1.25"])
 def test_ragged_with_live_inputs_gives_the_same_live_outputs(case):
     """Padding takes no slot of the factor-1.0 buckets (its output is 0 there); when the
     live inputs overflow them, the path without `live` runs. Live outputs are bitwise
     the same where both take buckets, within float rounding where only the live inputs
     fit them (the path without `live` is then the exact one, laid out otherwise)."""
     T, E, D, I = 256, 4, 8, 16
-    live = np.arange(T) % 8 < 5  # 3/8 padding, as at the end of packed rows
+    live = np.arange(T) % 8 < (6 if case == "live-overflows" else 5)  # 1/4-3/8 padding, as at the end of packed rows
     experts = np.array(_assignments(T, E, skewed=case == "live-overflows"))
     if case == "only-live-fits":  # the padding all on experts 0 and 1: every input overflows the 1.25 buckets
         experts[~live] = [0, 1]
+    if case == "live-fits-at-1.25":  # 100 live inputs on experts 0 and 1: past 1.0, within 1.25
+        experts[np.flatnonzero(live)[:100]] = [0, 1]
     loads = np.bincount(experts.ravel(), minlength=E)
     live_loads = np.bincount(experts[live].ravel(), minlength=E)
-    assert (live_loads.max() > capacity(T, 2, E, LIVE_CAPACITY)) == (case == "live-overflows")  # the case it claims
+    assert (live_loads.max() > capacity(T, 2, E, LIVE_CAPACITY)) == (case in ("live-overflows", "live-fits-at-1.25"))
+    assert (live_loads.max() > capacity(T, 2, E, SPECULATIVE_CAPACITY)) == (case == "live-overflows")  # as claimed
     assert (loads.max() > capacity(T, 2, E, SPECULATIVE_CAPACITY)) == (case != "both-bucketed")
     x = jax.random.normal(jax.random.key(1), (T, D))
     weights = jax.random.uniform(jax.random.key(2), (T, 2))

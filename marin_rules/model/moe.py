@@ -35,9 +35,9 @@ returns (y [T, D], dropped assignments as a fraction of T*k). They differ in cos
 
 Every backend takes `live` ([T] bool or None: all): the inputs whose outputs are used.
 Only `ragged` on CPU/GPU uses it: evaluation's packed rows (eval/packing.py) end in
-13-35% padding, so it first tries buckets at factor 1.0 (`LIVE_CAPACITY`) that the
-padding takes no slot of (its outputs are 0), then the path above. Live outputs are
-bitwise those of the path above where that takes its speculative buckets too, and
+13-35% padding, so it tries buckets that the padding takes no slot of (its outputs
+are 0), at factor 1.0 (`LIVE_CAPACITY`), then 1.25, then the exact path. Live outputs
+are bitwise those of the path above where that takes its speculative buckets too, and
 within float rounding where it takes the exact path (the live inputs fit, all of them
 do not: ~1e-7 in f32), as the two paths above differ; the MoE layer took 11.0 instead
 of 13.7 ms at T = 2,048 with 75% live (one core of this CPU). Training has no padding.
@@ -119,7 +119,7 @@ SPECULATIVE_CAPACITY = 1.25  # CPU/GPU `ragged`: bucket factor tried first (see 
 # of B rows costs about (peak FLOP/s / memory bytes/s) / B of its matmul time in weight
 # copies: ~15% at 1,024 rows on an H200), at most E * B padded rows.
 PADDED_BLOCK_ROWS = {"cpu": 512, "gpu": 1024}
-LIVE_CAPACITY = 1.0  # CPU/GPU `ragged` with `live` inputs: bucket factor tried first, padding taking no slot
+LIVE_CAPACITY = 1.0  # CPU/GPU `ragged` with `live` inputs: bucket factor tried first (then 1.25), padding taking no slot
 
 
 def dispatch_ragged(x, experts, weights, w_gate, w_up, w_down, *, capacity_factor, live=None):
@@ -128,15 +128,19 @@ def dispatch_ragged(x, experts, weights, w_gate, w_up, w_down, *, capacity_facto
     block = PADDED_BLOCK_ROWS.get(jax.default_backend())
     if block is None:
         return _sorted_grouped(x, experts, weights, w_gate, w_up, w_down, grouped_ffn_ragged_dot), none_dropped
-    padded = lambda: _dropless_padded(x, experts, weights, w_gate, w_up, w_down, block)  # noqa: E731
     if live is None:
-        return padded(), none_dropped
+        return _dropless_padded(x, experts, weights, w_gate, w_up, w_down, block), none_dropped
     T, k = experts.shape
     E = w_gate.shape[0]
-    cap = capacity(T, k, E, LIVE_CAPACITY)
     kept = jnp.where(live[:, None], experts, E)  # expert E: out of range, so no slot and an output of 0
-    fits = jnp.max(expert_counts(kept, E)) <= cap
-    y = jax.lax.cond(fits, lambda: _bucketed(x, kept, weights, w_gate, w_up, w_down, cap=cap)[0], padded)
+    load = jnp.max(expert_counts(kept, E))
+    y = functools.reduce(  # the first bucket size the live inputs fit, else the exact path over all inputs
+        lambda otherwise, cap: lambda: jax.lax.cond(
+            load <= cap, lambda: _bucketed(x, kept, weights, w_gate, w_up, w_down, cap=cap)[0], otherwise
+        ),
+        sorted({capacity(T, k, E, f) for f in (LIVE_CAPACITY, SPECULATIVE_CAPACITY)}, reverse=True),
+        lambda: _exact_padded(x, experts, weights, w_gate, w_up, w_down, block),
+    )()
     return y, none_dropped
 
 
