@@ -138,6 +138,13 @@ def test_a_held_out_document_whose_text_a_training_document_repeats_is_held_out_
     assert [d["metadata"]["key"] for d in docs(tmp_path / "raw", "heldout")] == ["b"]
     assert [d["text"] for d in docs(tmp_path / "raw", "train")] == ["other", "fourth", "fifth"]  # a's copy gave way
     assert (result["duplicates_dropped"], result["train_documents"]) == (1, 3)
+    # the held-out copy comes after the cap turned texts away: the first 3 others, in order
+    for name, text in (("a", "alpha"), ("b", "beta"), ("c", "gamma"), ("d", "delta"), ("e", "alpha")):
+        (src / f"{name}.txt").write_text(text)
+    result = run_download(tmp_path / "raw2", source=str(src), heldout=["e"], sample_count=3)
+    assert [d["text"] for d in docs(tmp_path / "raw2", "train")] == ["beta", "gamma", "delta"]
+    assert [d["text"] for d in docs(tmp_path / "raw2", "heldout")] == ["alpha"]
+    assert (result["duplicates_dropped"], result["train_documents"]) == (1, 3)
 
 
 def test_sample_count_caps_training_documents_but_not_heldout(tmp_path):

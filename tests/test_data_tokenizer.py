@@ -228,12 +228,13 @@ def test_a_long_run_without_whitespace_is_warned_and_a_vocabulary_short_of_the_r
     src = tmp_path / "src"
     src.mkdir()
     (src / "blob.txt").write_text("a b " + "Q" * 2500 + " c")
+    (src / "base64.txt").write_text("x " + "QUJD0123+/" * 400)  # 4,000 characters BPE cuts into short pieces
     (src / "tiny.txt").write_text("one line")
     raw = tmp_path / "raw"
     download(StepContext("raw/blob", "v1", {"source": str(src)}, {}, {}, str(raw)))
     result = run_train(tmp_path / "tok", str(raw), vocab_size=400)
     err = capsys.readouterr().err
-    assert f"tokenizers/test@v1: warning: document {src / 'blob.txt'} holds a run of 2,500 characters without whitespace" in err
+    assert f"tokenizers/test@v1: warning: document {src / 'blob.txt'} holds a run of 2,500 characters that BPE cannot cut" in err
     assert err.count("warning: document") == 1
     assert result["vocab_size"] < 400
     assert (f"tokenizers/test@v1: note: the corpus gave {result['vocab_size']:,} of the 400 ids asked for "

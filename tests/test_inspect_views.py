@@ -191,6 +191,15 @@ def test_every_state_marin_status_gives_has_a_colour_and_a_legend_entry_in_the_d
     assert states <= set(COLORS), states - set(COLORS)
 
 
+def test_the_dag_of_one_artifact_is_wide_enough_for_its_whole_legend(tmp_path):
+    from marin_rules.inspect.dag import COLORS, MARGIN, _legend_step, render_svg
+
+    (tmp_path / "exp.yaml").write_text("artifacts:\n  raw/a@v1: {step: download}\n")
+    svg = render_svg(load_experiment(str(tmp_path / "exp.yaml")), {})
+    width = float(ET.fromstring(svg).get("width"))
+    assert width >= MARGIN * 2 + sum(_legend_step(state) for state in COLORS) > 400  # one node is 240 wide
+
+
 def test_dag_draws_every_artifact_labelled_and_coloured_by_state(experiment_file, tmp_path, capsys):  # noqa: F811
     prefix = str(tmp_path / "artifacts")
     experiment = load_experiment(experiment_file)

@@ -147,3 +147,9 @@ def test_when_process_0_is_killed_outright_the_records_say_so(tmp_path):
     (lost,) = [f for f in failures if "process" not in f]
     assert lost["error"]["type"] == "AttemptLost" and lost["error"]["exit_status"] == "killed"
     assert "ended without a record" in lost["error"]["message"]
+    # both records name the one attempt: `marin history` shows it once, process 0's death as its cause
+    assert lost["provenance"]["pod_attempt"] == stopped["provenance"]["pod_attempt"]
+    from marin_rules.inspect.history import artifact_history
+
+    killed = [e for e in artifact_history(str(folder)) if e.outcome == "failed"]
+    assert [(e.processes, e.error.split(":")[0]) for e in killed] == [(2, "AttemptLost (exit status killed)")]

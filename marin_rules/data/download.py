@@ -125,6 +125,9 @@ def download(ctx: StepContext) -> dict[str, Any]:
         else:
             seen[doc_id] = PAST_CAP
     train = [doc for doc in trained if doc is not None]
+    if replaced and PAST_CAP in seen.values():  # a held-out copy freed a slot after the cap turned texts away
+        held = {doc_id for doc_id, place in seen.items() if place == HELD}
+        train = _first_training_documents(source, heldout_keys, held, sample_count, added)
     if not train and not heldout:
         raise StepError(f"config.source: {source!r} holds no non-empty documents")
     missing = [k for k in heldout_keys if k not in heldout]
@@ -237,6 +240,27 @@ def source_files(source: str) -> list[str]:
         print(f"config.source: note: skipped {len(skipped)} file(s) at {printable(source)} that are not "
               f"{'/'.join(SUFFIXES)} ({shown}{more})", file=sys.stderr)  # fmt: skip
     return files
+
+
+def _first_training_documents(
+    source: str, heldout_keys: list[str], held: set[str], count: int, added: str
+) -> list[dict[str, Any]]:
+    """The first `count` distinct training texts of `source` in order, none of them a
+    held-out text (`held`: their digests), read again: `download` keeps only `count`
+    while reading, and a held-out copy met later can free a slot an earlier text was
+    turned away from (rare: only then is the source read twice)."""
+    taken: set[str] = set()
+    train: list[dict[str, Any]] = []
+    for raw in read_source(source):
+        if len(train) == count:
+            break
+        if not raw.text.strip() or raw.key in heldout_keys:
+            continue
+        doc_id = xxhash.xxh3_128_hexdigest(raw.text.encode("utf-8"))
+        if doc_id not in held and doc_id not in taken:
+            taken.add(doc_id)
+            train.append(dolma_doc(raw, doc_id, source, added))
+    return train
 
 
 def _isdir(location: str) -> bool:

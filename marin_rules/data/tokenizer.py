@@ -116,7 +116,7 @@ def train_tokenizer(ctx: StepContext) -> dict[str, Any]:
 def train_bpe(texts: Iterator[str], vocab_size: int, special: dict[str, str], *, min_frequency: int = 2) -> Tokenizer:
     """A byte-level BPE over `texts`, special tokens first (ids 0, 1, ... in role order)."""
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = byte_level_pre_tokenizer()
     tokenizer.decoder = decoders.ByteLevel()
     unique_special = list(dict.fromkeys(special[role] for role in SPECIAL_ROLES))
     trainer = trainers.BpeTrainer(
@@ -128,6 +128,12 @@ def train_bpe(texts: Iterator[str], vocab_size: int, special: dict[str, str], *,
     )
     _interruptible(lambda: tokenizer.train_from_iterator(texts, trainer=trainer))
     return tokenizer
+
+
+def byte_level_pre_tokenizer() -> pre_tokenizers.ByteLevel:
+    """How `train_bpe` cuts text into the pieces BPE merges within (GPT-2's: runs of
+    letters, of digits, of other symbols, with a leading space)."""
+    return pre_tokenizers.ByteLevel(add_prefix_space=False)
 
 
 def _interruptible(work: Callable[[], Any], poll_s: float = 0.5) -> Any:
@@ -331,10 +337,13 @@ LONG_RUN_CHARS = 50_000  # a run of text without whitespace this long gets a war
 
 class TextCounter:
     """Iterates the texts of documents while counting them (for the result). The first
-    text holding a run of LONG_RUN_CHARS or more characters without whitespace (a
-    minified JSON or base64 line: one pre-token) gets one stderr line from `key`: BPE
-    training time grows with the square of the longest such run (this CPU, vocab 400:
-    40,000 characters 0.7 s, 80,000 2.9 s, 160,000 12 s; 2,000,000 ran past 13 minutes)."""
+    text holding a piece of LONG_RUN_CHARS or more characters that BPE cannot cut
+    (one pre-token: a run of one letter or symbol class without whitespace, such as
+    `xxxx...` or `====...`; base64 and minified JSON mix classes and are cut) gets one
+    stderr line from `key`: BPE training time grows with the square of the longest
+    piece (this CPU, vocab 400: 40,000 characters 0.7 s, 80,000 2.9 s, 160,000 12 s;
+    2,000,000 ran past 13 minutes). The words between whitespace bound the pieces, so
+    only a word that long is pre-tokenized to look."""
 
     def __init__(self, docs: Iterator[dict[str, Any]], key: str = ""):
         self._docs, self._key = docs, key
@@ -348,13 +357,15 @@ class TextCounter:
             self.documents += 1
             self.bytes += len(text.encode("utf-8"))
             if not self.warned and len(text) >= LONG_RUN_CHARS:
-                longest = max(map(len, text.split()), default=0)
+                word = max(text.split(), key=len, default="")
+                pieces = byte_level_pre_tokenizer().pre_tokenize_str(word) if len(word) >= LONG_RUN_CHARS else []
+                longest = max((len(piece) for piece, _ in pieces), default=0)
                 if longest >= LONG_RUN_CHARS:
                     self.warned = True
                     metadata = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
                     name = printable(str(metadata.get("path") or metadata.get("key") or doc.get("id")))
                     print(f"{self._key}: warning: document {name} holds a run of {longest:,} "
-                          "characters without whitespace; BPE training time grows with the square of such a run "
+                          "characters that BPE cannot cut; its training time grows with the square of such a run "
                           "(160,000 characters: ~12 s; millions: hours): split or drop such text in the corpus",
                           file=sys.stderr)  # fmt: skip
             yield text

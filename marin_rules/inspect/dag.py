@@ -45,7 +45,8 @@ def render_svg(experiment: Experiment, states: dict[str, str]) -> str:
         c = column[key]
         position[key] = (MARGIN + c * (node_w + GAP_X), top + rows.get(c, 0) * (NODE_H + GAP_Y))
         rows[c] = rows.get(c, 0) + 1
-    width = MARGIN * 2 + (max(column.values()) + 1) * (node_w + GAP_X) - GAP_X
+    legend_w = sum(_legend_step(state) for state in COLORS)
+    width = max(MARGIN * 2 + (max(column.values()) + 1) * (node_w + GAP_X) - GAP_X, MARGIN * 2 + legend_w)
     height = top + MARGIN + max(rows.values()) * (NODE_H + GAP_Y) - GAP_Y + 30
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -89,6 +90,11 @@ def render_svg(experiment: Experiment, states: dict[str, str]) -> str:
             f'<rect x="{x}" y="{legend_y - 10}" width="12" height="12" fill="{fill}" stroke="#333"/>'
             f'<text x="{x + 16}" y="{legend_y}" font-size="11">{escape(state)}</text>'
         )
-        x += 30 + 7 * len(state)
+        x += _legend_step(state)
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+def _legend_step(state: str) -> int:
+    """Width of one legend entry (swatch, label, gap): the picture is at least as wide as all of them."""
+    return 30 + 7 * len(state)

@@ -264,7 +264,12 @@ def build(args: argparse.Namespace) -> int:
     try:
         if not process:
             refuse_enclosed(artifact.key, artifact.id.path, location)
-        moved, owed = retire_forced_build(artifact, experiment, location, args) if not process else (None, False)
+        attempt = None
+        if pod is not None and not process:
+            from marin_rules.job.pod_start import attempt_id
+
+            attempt = attempt_id(held.holder.token)
+        moved, owed = retire_forced_build(artifact, experiment, location, args, attempt) if not process else (None, False)
         try:
             if not process and artifact.step not in SHARDED_STEPS:  # shards check their own (shards.py)
                 begin_attempt(artifact, experiment, location, args.prefix)
@@ -318,7 +323,7 @@ def refuse_enclosed(key: str, path: str, location: str) -> None:
 
 
 def retire_forced_build(
-    artifact: Any, experiment: Any, location: str, args: argparse.Namespace
+    artifact: Any, experiment: Any, location: str, args: argparse.Namespace, attempt: str | None = None
 ) -> tuple[str | None, bool]:
     """Process 0, under the lease: when the build was marked forced, move the old build
     to `.history/` (`forcing.move_old_build`) and note the rebuild under way, for a
@@ -341,7 +346,8 @@ def retire_forced_build(
         return None, owed
     _, entry, provenance, _ = job_context(artifact, experiment, location, args)
     now = utc_now()
-    begin_rebuild(location, moved, owed, entry, provenance.as_dict(now, now))
+    pod = {} if attempt is None else {"pod_attempt": attempt}  # (`attempt`: a pod's, as its records name it)
+    begin_rebuild(location, moved, owed, entry, {**provenance.as_dict(now, now), **pod})
     return moved, owed
 
 
@@ -562,6 +568,11 @@ def record_lost_attempt(
     )
     provenance = {"user": holder.user, "host": holder.host, "pid": holder.pid, "started": holder.since,
                   "ended": holder.renewed, "duration_s": None}  # fmt: skip
+    from marin_rules.job.pod_start import attempt_of
+
+    attempt = attempt_of(location, holder.token) if shard is None else None
+    if attempt is not None:  # a pod's process 0: one attempt with its other processes' records
+        provenance["pod_attempt"] = attempt
     where = write_failure(location, entry, lost, provenance, status)
     what = "an earlier attempt" if shard is None else f"an earlier attempt at shard {shard.name}"
     tell(f"{artifact.key}: {what} ({holder.describe()}) {said}; taking the build over "

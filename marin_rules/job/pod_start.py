@@ -52,6 +52,16 @@ def begun_file(location: str) -> str:
     return storage.join(location, BEGUN_FILE)
 
 
+def attempt_of(location: str, token: str) -> str | None:
+    """The `attempt_id` of the attempt the lease `token` began at `location` when it was a
+    pod's (the begun file names it), else None."""
+    try:
+        data = storage.read_json(begun_file(location))
+    except (FileNotFoundError, ValueError):
+        return None
+    return attempt_id(token) if isinstance(data, dict) and data.get("token") == token else None
+
+
 def attempt_id(token: str) -> str:
     """The pod attempt every process's record names (`provenance.pod_attempt`), so
     `marin history` shows their failure records as one attempt: a digest of the lease

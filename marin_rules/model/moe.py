@@ -138,7 +138,7 @@ def dispatch_ragged(x, experts, weights, w_gate, w_up, w_down, *, capacity_facto
         lambda otherwise, cap: lambda: jax.lax.cond(
             load <= cap, lambda: _bucketed(x, kept, weights, w_gate, w_up, w_down, cap=cap)[0], otherwise
         ),
-        sorted({capacity(T, k, E, f) for f in (LIVE_CAPACITY, SPECULATIVE_CAPACITY)}, reverse=True),
+        sorted({c for f in (LIVE_CAPACITY, SPECULATIVE_CAPACITY) if (c := capacity(T, k, E, f)) < T}, reverse=True),
         lambda: _exact_padded(x, experts, weights, w_gate, w_up, w_down, block),
     )()
     return y, none_dropped
