@@ -163,6 +163,10 @@ def test_node_names_are_valid_gcloud_names_and_distinct_per_job():
     assert name("pod", {"s": "b c"}) != name("pod", {"s": "b_c"})
     assert name("pod", {"s": "b c"}, "/home/a/wf") != name("pod", {"s": "b c"}, "/home/b/wf")
     assert name("pod", {"s": "b c"}) == name("pod", {"s": "b c"})  # a retry reuses its node
+    # one checkout, two runs into other places (the same wildcards: another prefix) get their own
+    outputs = lambda prefix: [f".snakemake/marin-mirror/gs/bucket/{prefix}/ck/a/v1/.artifact.json"]  # noqa: E731
+    assert placement.node_name("train", {"artifact": "ck/a/v1"}, "/w", outputs=outputs("p")) != placement.node_name(
+        "train", {"artifact": "ck/a/v1"}, "/w", outputs=outputs("q"))
     assert placement.node_name("train", {}, "/w", fixed="my-tpu") == "my-tpu"
 
 

@@ -154,6 +154,30 @@ def test_gcloud_backend_refuses_a_local_prefix_before_running_anything(tmp_path)
     assert not (wf / "artifacts").exists() and gcloud_calls(cloud) == []
 
 
+def test_gcloud_backend_refuses_an_experiment_file_the_workers_would_not_get(tmp_path, gcs_prefix, gcs_env):
+    """The workers get the working directory's git files: an experiment outside it, or
+    one git ignores, is refused before any job (it failed on the worker, node made)."""
+    wf = _workflow_checkout(tmp_path / "wf")
+    cloud = tmp_path / "cloud"
+    env = {**os.environ, **gcs_env, **install_fake_cloud(tmp_path / "bin", cloud), "PYTHONPATH": HELPERS}
+    outside = tmp_path / "elsewhere.yaml"
+    shutil.copy(wf / "exp.yaml", outside)
+    (wf / "scratch").mkdir()
+    shutil.copy(wf / "exp.yaml", wf / "scratch" / "exp.yaml")
+    (wf / ".gitignore").write_text(".snakemake/\nscratch/\n")
+    for experiment, problem in ((str(outside), f"lies outside the working directory {wf}"),
+                                ("scratch/exp.yaml", "is ignored by git")):  # fmt: skip
+        proc = subprocess.run(
+            [SNAKEMAKE, "--profile", "tpu", "--configfile", experiment, "--config", f"prefix={gcs_prefix}"],
+            cwd=wf, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode != 0
+        (line,) = [line for line in proc.stderr.splitlines() if problem in line]
+        shown = wf / experiment  # made absolute (an absolute `experiment` stays as it is)
+        assert line.startswith(f"marin-rules: pods/where@v1: its job goes to TPU workers: the experiment file {shown} ")
+        assert gcloud_calls(cloud) == [] and not storage.exists(f"{gcs_prefix}/raw/numbers/v1/.artifact.json")
+
+
 def test_gcloud_backend_runs_a_plan_without_pod_jobs_on_a_local_prefix(tmp_path):
     # no planned job asks for a TPU: every job runs on this host, which sees the local prefix
     wf = _workflow_checkout(tmp_path / "wf")

@@ -27,6 +27,7 @@ moves only declared files (the records), so the prefix must be a bucket there.
 from __future__ import annotations
 
 import os
+import subprocess
 import socket
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -86,6 +87,31 @@ def this_submitter() -> str:
     """This process as the tpu executor names the submitter of the jobs it starts
     (`<host> <pid> <pid namespace>`, the plugin's `local_pod.submitter`)."""
     return f"{socket.gethostname()} {os.getpid()} {pid_namespace()}".rstrip()
+
+
+def refuse_unreachable_experiment(executor: str | None, executor_settings: Any, experiment: str, workdir: str) -> None:
+    """Raise when jobs go to Cloud TPU workers (as `refuse_unreachable_prefix`) and the
+    experiment file would not reach them: the workflow copied there is the working
+    directory's git files (tracked, or untracked and not ignored), so a file outside it,
+    or one git ignores, is missing on the worker (the job failed there, after the node
+    was made). With `--tpu-expect-workflow` the user put the workflow there: not checked."""
+    if executor != "tpu" or getattr(executor_settings, "backend", None) != "gcloud":
+        return
+    if getattr(executor_settings, "expect_workflow", False):
+        return
+    path = os.path.abspath(experiment)
+    rel = os.path.relpath(path, os.path.abspath(workdir))
+    if rel == ".." or rel.startswith(".." + os.sep):
+        raise MarinError(
+            f"the experiment file {experiment} lies outside the working directory {workdir}, which is all the TPU "
+            "workers get; copy it into it (experiments/, say) and name that copy"
+        )
+    ignored = subprocess.run(["git", "-C", workdir, "check-ignore", "-q", "--", rel], capture_output=True, timeout=60)
+    if ignored.returncode == 0:
+        raise MarinError(
+            f"the experiment file {experiment} is ignored by git, and the workflow copied to the TPU workers is the "
+            "working directory's git files: move it where git does not ignore it, or change .gitignore"
+        )
 
 
 def refuse_unreachable_prefix(executor: str | None, executor_settings: Any, prefix: str) -> None:

@@ -268,15 +268,18 @@ class Session:
         self._to_retire, self._to_mark = [], []
 
     def _refuse_unreachable_prefix(self) -> None:
-        """Cloud TPU workers (executor `tpu`, backend `gcloud`) cannot see a local prefix:
-        refused in one line, but only when a planned job goes to them (`_pod_jobs`)."""
-        from marin_rules.cluster.pod import refuse_unreachable_prefix
+        """Cloud TPU workers (executor `tpu`, backend `gcloud`) cannot see a local prefix,
+        nor an experiment file the workflow copied to them leaves out: refused in one
+        line, but only when a planned job goes to them (`_pod_jobs`)."""
+        from marin_rules.cluster.pod import refuse_unreachable_experiment, refuse_unreachable_prefix
 
         if not self._pod_jobs:
             return
         plugin = getattr(self.workflow, "executor_plugin", None)
+        executor, settings = getattr(plugin, "name", None), self.workflow.executor_settings
         try:
-            refuse_unreachable_prefix(getattr(plugin, "name", None), self.workflow.executor_settings, self.prefix)
+            refuse_unreachable_prefix(executor, settings, self.prefix)
+            refuse_unreachable_experiment(executor, settings, self.experiment.path, os.getcwd())
         except MarinError as e:
             raise stop(MarinError(f"{self._pod_jobs[0]}: its job goes to TPU workers: {e}")) from None
 

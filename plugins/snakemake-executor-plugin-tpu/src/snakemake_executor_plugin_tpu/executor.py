@@ -235,7 +235,7 @@ class Executor(RemoteExecutor):
         workdir = os.getcwd()
         transfer.local_paths([self.get_snakefile()], "Snakefile", workdir)  # the workers run it from the workdir
         zone = placement.resource(job.resources, placement.ZONE_RESOURCE)
-        name = placement.node_name(job.name, wildcards, workdir, self.settings.node)
+        name = placement.node_name(job.name, wildcards, workdir, self.settings.node, [str(f) for f in job.output])
         node = placement.tpu_node(self.settings, name, tpu_type, zone)
         uploads = []
         if not self.settings.expect_workflow:

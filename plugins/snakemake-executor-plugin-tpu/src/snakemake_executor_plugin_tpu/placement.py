@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from snakemake_interface_common.exceptions import WorkflowError
 
@@ -60,17 +60,22 @@ def job_description(rule: str, wildcards: Mapping[str, Any]) -> str:
     return f"rule {rule}" + (f" ({shown})" if shown else "")
 
 
-def node_name(rule: str, wildcards: Mapping[str, Any], workdir: str, fixed: str = "") -> str:
+def node_name(
+    rule: str, wildcards: Mapping[str, Any], workdir: str, fixed: str = "", outputs: Sequence[str] = ()
+) -> str:
     """A valid TPU node name for a job: `snakemake-<slug>-<hash8>` (or the fixed one).
 
     Names must match [a-z]([-a-z0-9]*[a-z0-9])?, so the slug loses characters; the
-    hash is of the rule, the exact wildcard values and the working directory, so two
-    jobs (`b c` and `b_c`), or the same job run from two checkouts, never share a node
-    (a driver deletes its node when done), while a retry of one job reuses its own."""
+    hash is of the rule, the exact wildcard values, the working directory and the job's
+    output files, so two jobs (`b c` and `b_c`), the same job run from two checkouts,
+    or from one checkout into two places (the same wildcards, other outputs: another
+    storage prefix, another --config), never share a node (a driver deletes its node
+    when done), while a retry of one job reuses its own."""
     if fixed:
         return fixed
     slug = re.sub(r"[^a-z0-9]+", "-", "/".join(job_parts(rule, wildcards)).lower()).strip("-")[:30].strip("-")
-    key = json.dumps([rule, [[str(k), str(v)] for k, v in wildcards.items()], os.path.abspath(workdir)])
+    key = json.dumps([rule, [[str(k), str(v)] for k, v in wildcards.items()], os.path.abspath(workdir),
+                      *([sorted(map(str, outputs))] if outputs else [])])  # fmt: skip
     digest = hashlib.sha1(key.encode()).hexdigest()[:8]
     return f"snakemake-{slug}-{digest}" if slug else f"snakemake-{digest}"
 
