@@ -90,6 +90,24 @@ def test_gcloud_backend_runs_the_pod_job_on_the_slice_and_brings_its_record_back
     assert "setup ran" in driver_log and f"tpu executor: deleting queued resource {node}" in driver_log
 
 
+def test_a_pod_job_that_fails_before_its_step_leaves_no_earlier_runs_job_log_in_place(tmp_path, gcs_env, gcs_prefix):
+    """The worker's setup fails, so no log comes back: an earlier run's job.log of the
+    artifact must not pass for this attempt's (Snakemake shows it as the failed job's log)."""
+    wf = _workflow_checkout(tmp_path / "wf")
+    cloud = tmp_path / "cloud"
+    env = {**os.environ, **gcs_env, **install_fake_cloud(tmp_path / "bin", cloud, workers=1), "PYTHONPATH": HELPERS,
+           "FAKE_GCLOUD_WORKER_ENV": " ".join([*gcs_env, "PYTHONPATH"])}  # fmt: skip
+    stale = wf / ".snakemake/marin-logs/pods/where/v1/job.log"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("an earlier run's log\n")
+    command = [SNAKEMAKE, "--profile", "tpu", "--tpu-setup", "false", "--configfile", "exp.yaml",
+               "--config", f"prefix={gcs_prefix}"]  # fmt: skip
+    proc = subprocess.run(command, cwd=wf, env=env, capture_output=True, text=True, timeout=150)
+    assert proc.returncode != 0
+    assert any(c[2:4] == ["tpu-vm", "ssh"] for c in gcloud_calls(cloud))  # it did reach the worker
+    assert not stale.exists() and "an earlier run's log" not in proc.stderr
+
+
 @pytest.mark.slow
 def test_a_pod_job_holding_its_lease_on_a_worker_after_its_run_stopped_is_not_named_as_another_runs(
     tmp_path, gcs_env, gcs_prefix

@@ -43,6 +43,7 @@ creating the executor); it sets a flag and signals, nothing that takes a lock.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 import sys
@@ -250,6 +251,9 @@ class Executor(RemoteExecutor):
         benchmark = [job.benchmark] if getattr(job, "benchmark", None) else []
         outputs = transfer.local_paths([*job.output, *benchmark], "output", workdir)
         logs = transfer.local_paths(job.log, "log", workdir)
+        for log in logs:  # the worker's come back; an earlier run's copy here would pass for this attempt's
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(workdir, log))
         returned = f"snakemake-outputs-{node.name}-{job_dir.name}.tar.gz"
         worker = gcloud.worker_command(
             self.job_command(job, on_worker=True), self.settings.workdir, self.settings.setup,
