@@ -208,3 +208,17 @@ def test_gcloud_backend_runs_a_plan_without_pod_jobs_on_a_local_prefix(tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "cannot see the local prefix" not in proc.stderr
     assert storage.exists(str(wf / "artifacts/raw/numbers/v1/.artifact.json")) and gcloud_calls(cloud) == []
+
+
+def test_a_bad_tpu_setting_on_the_command_line_is_refused_before_any_job(tmp_path):
+    wf = _workflow_checkout(tmp_path / "wf")
+    cloud = tmp_path / "cloud"
+    env = {**os.environ, **install_fake_cloud(tmp_path / "bin", cloud), "PYTHONPATH": HELPERS}
+    proc = subprocess.run(
+        [SNAKEMAKE, "--profile", "tpu", "--tpu-zone", "us-east5-a'x", "--configfile", "exp.yaml",
+         "--config", "target=raw/numbers@v1"],
+        cwd=wf, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "tpu executor: zone (resource tpu_zone / --tpu-zone) \"us-east5-a'x\" is not valid" in proc.stderr
+    assert not (wf / "artifacts").exists() and gcloud_calls(cloud) == []  # the local job did not run either

@@ -85,6 +85,11 @@ class Executor(RemoteExecutor):
             self.local_pod = LocalPodSpec(self.settings.local_processes, self.settings.local_devices)
         except ValueError as e:  # --tpu-local-processes 0, --tpu-local-devices -1
             raise WorkflowError(f"tpu executor: {e} (--tpu-local-processes, --tpu-local-devices)") from None
+        if self.settings.backend == "gcloud":  # a bad zone, project, type...: before any job, not at the first pod job
+            try:
+                placement.tpu_node(self.settings, self.settings.node or "snakemake-settings", self.settings.type)
+            except ValueError as e:
+                raise WorkflowError(str(e)) from None
         self.next_seconds_between_status_checks = POLL_SECONDS
         self._on_worker = False
         self._workflow_archive: tuple[Path, str] | None = None
