@@ -126,6 +126,15 @@ def test_a_stopped_run_is_priced_for_the_steps_left_after_its_newest_checkpoint(
     price = price_job(experiment, "checkpoints/nano@v1", prefix=prefix)
     assert price.tokens == 60 * 8 * 64 and price.flops == pytest.approx(FLOPS * 0.6)
     assert price.note == "resumes from step 40 of 100"
+    from marin_rules.artifacts.lease import acquire
+
+    held = acquire(str(tmp_path / "artifacts/checkpoints/nano/v1"), is_done=lambda: False, wait=False)
+    try:  # another run builds it now (this process holds the lease: alive)
+        assert price_job(experiment, "checkpoints/nano@v1", prefix=prefix).note.startswith("building now (")
+        assert "a run waits for that build; resumes from step 40 of 100" in price_job(
+            experiment, "checkpoints/nano@v1", prefix=prefix).note
+    finally:
+        held.release()
     assert price_job(experiment, "checkpoints/nano@v1", prefix=prefix, fresh=True).tokens == 51_200
     assert "(resumes from step 40 of 100)" in plan_lines(experiment, prefix)[1]
     assert "resumes" not in plan_lines(experiment, prefix, forced=["checkpoints/nano@v1"])[1]

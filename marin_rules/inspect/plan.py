@@ -132,6 +132,9 @@ def price_job(
     train = parse_train_config(artifact.config, vocab_size=vocab)
     model = train.model
     done = None if prefix is None or fresh else _resumes_from(experiment, prefix, artifact)
+    building = None if prefix is None else _building(artifact_location(prefix, artifact.id))
+    if building:  # a run that needs it waits for that build instead
+        notes.append(f"building now ({building}): a run waits for that build")
     if done:
         notes.append(f"resumes from step {done} of {train.num_train_steps}")
     steps = train.num_train_steps - min(done or 0, train.num_train_steps)
@@ -145,6 +148,17 @@ def price_job(
     refusal = device_refusal(train, accelerator) if accelerator else ""
     return JobPrice(key, *params, tokens, flops, accelerator, accelerator_s, cpu_s, "; ".join(notes), str(named or ""),
                     refusal)  # fmt: skip
+
+
+def _building(location: str) -> str | None:
+    """Who builds the artifact at `location` now (a live holder of its lease), else None."""
+    from marin_rules.artifacts.lease import STALE_S, holder_gone
+    from marin_rules.inspect.status import read_holder
+
+    holder = read_holder(location)
+    if holder is None or holder_gone(holder) or holder.age_s() > STALE_S:
+        return None
+    return holder.describe()
 
 
 def _resumes_from(experiment: Experiment, prefix: str, artifact: Artifact) -> int | None:
