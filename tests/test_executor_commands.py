@@ -211,6 +211,21 @@ def test_transferred_files_are_relative_to_the_workdir_and_storage_files_stay_wi
         transfer.local_paths(["/etc/hosts"], "input", str(tmp_path))
 
 
+def test_an_input_that_links_outside_the_working_directory_travels_as_the_file_it_links_to(tmp_path):
+    import tarfile
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "data.txt").write_text("the data")
+    (tmp_path / "wf" / "data").mkdir(parents=True)
+    os.symlink(tmp_path / "elsewhere" / "data.txt", tmp_path / "wf" / "data" / "link.txt")
+    names = transfer.local_paths(["data/link.txt"], "input", str(tmp_path / "wf"))
+    archive = transfer.files_archive(str(tmp_path / "wf"), names, tmp_path / "inputs.tar.gz")
+    with tarfile.open(archive) as tar:
+        (member,) = tar.getmembers()
+        assert member.name == "data/link.txt" and member.isfile()  # not a link the worker cannot follow
+        assert tar.extractfile(member).read() == b"the data"
+
+
 def test_marin_jobs_read_the_place_the_local_pod_gives_them():
     env = process_env({}, LocalPodSpec(3, 2), 5555, 2)
     pod = pod_process_from_env(env)

@@ -212,3 +212,23 @@ def test_jobs_run_in_the_directory_of_a_relative_or_absolute_directory_flag(tmp_
         assert (home / "pod.txt").read_text() == f"{home}\n"
     assert (workdir / "pod.txt").read_text() == f"{cloud / node / 'worker-0' / 'wf'}\n"  # worker 0's, copied back
     assert not (workdir / "other-pod.txt").exists()
+
+
+def test_the_local_pod_refuses_the_tpu_types_and_zones_the_gcloud_backend_refuses(tmp_path):
+    """A local rehearsal must not pass a job the cloud run fails: each fails alone."""
+    rules = (
+        "rule all:\n    input: 'ok.txt', 'semi.txt', 'gen.txt', 'zone.txt'\n"
+        "rule ok:\n    output: 'ok.txt'\n    resources: tpu='v5p-8'\n    shell: 'touch {output}'\n"
+        "rule semi:\n    output: 'semi.txt'\n    resources: tpu='v5p-8; touch HACK'\n    shell: 'touch {output}'\n"
+        "rule gen:\n    output: 'gen.txt'\n    resources: tpu='v99-8'\n    shell: 'touch {output}'\n"
+        "rule zone:\n    output: 'zone.txt'\n    resources: tpu='v5p-8', tpu_zone='us-east5-a$(touch HACK)'\n"
+        "    shell: 'touch {output}'\n"
+    )
+    (tmp_path / "Snakefile").write_text(rules)
+    proc = _snakemake(tmp_path, "--keep-going", "--tpu-backend", "local-pod", "--tpu-local-processes", "1")
+    assert proc.returncode != 0
+    assert (tmp_path / "ok.txt").exists()
+    assert not any((tmp_path / f).exists() for f in ("semi.txt", "gen.txt", "zone.txt", "HACK"))
+    assert "TPU type (resource tpu / --tpu-type) 'v5p-8; touch HACK' is not valid" in proc.stderr
+    assert "no default TPU runtime version for 'v99-8'" in proc.stderr
+    assert "zone (resource tpu_zone / --tpu-zone) 'us-east5-a$(touch HACK)' is not valid" in proc.stderr

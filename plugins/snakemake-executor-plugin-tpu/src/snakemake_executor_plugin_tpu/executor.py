@@ -157,6 +157,10 @@ class Executor(RemoteExecutor):
             self._start_waiting_host_jobs()
             return
         if self.settings.backend == "local-pod":
+            # what the gcloud backend would refuse (a TPU type or zone gcloud does not take, a type without a
+            # default runtime version) is refused here too: a local rehearsal must not pass a job the cloud fails
+            zone = placement.resource(job.resources, placement.ZONE_RESOURCE)
+            _ = placement.tpu_node(self.settings, "snakemake-local-pod", tpu_type, zone).version
             env = job_env(os.environ, jobid)
             group = start_local_pod(self.job_command(job, on_worker=False), self.local_pod, job_dir, env)
         else:

@@ -66,9 +66,11 @@ def workflow_archive(workdir: str, dest: Path) -> Path:
 
 
 def files_archive(workdir: str, names: Iterable[str], dest: Path) -> Path:
-    """A tarball of `names` (files or directories, relative to `workdir`)."""
+    """A tarball of `names` (files or directories, relative to `workdir`), symbolic links
+    followed: a worker gets the file a link points to (an input is often a link into a
+    data folder elsewhere, which the worker does not have)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(dest, "w:gz") as tar:
+    with tarfile.open(dest, "w:gz", dereference=True) as tar:
         for name in names:
             tar.add(os.path.join(workdir, name), arcname=name)
     return dest
