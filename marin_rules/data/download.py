@@ -102,10 +102,7 @@ def download(ctx: StepContext) -> dict[str, Any]:
         if not raw.text.strip():
             empty += 1
             continue
-        try:
-            doc_id = xxhash.xxh3_128_hexdigest(raw.text.encode("utf-8"))
-        except UnicodeEncodeError as e:  # a lone surrogate from a JSON "\ud800" escape
-            raise surrogate_error(raw.path, raw.where, "text", e) from None
+        doc_id = _text_id(raw)
         held = raw.key in heldout_keys
         earlier = seen.get(doc_id)
         if earlier is not None:
@@ -242,6 +239,14 @@ def source_files(source: str) -> list[str]:
     return files
 
 
+def _text_id(raw: RawDoc) -> str:
+    """A document's id: the digest of its text (exact duplicates share it)."""
+    try:
+        return xxhash.xxh3_128_hexdigest(raw.text.encode("utf-8"))
+    except UnicodeEncodeError as e:  # a lone surrogate from a JSON "\ud800" escape
+        raise surrogate_error(raw.path, raw.where, "text", e) from None
+
+
 def _first_training_documents(
     source: str, heldout_keys: list[str], held: set[str], count: int, added: str
 ) -> list[dict[str, Any]]:
@@ -256,7 +261,7 @@ def _first_training_documents(
             break
         if not raw.text.strip() or raw.key in heldout_keys:
             continue
-        doc_id = xxhash.xxh3_128_hexdigest(raw.text.encode("utf-8"))
+        doc_id = _text_id(raw)
         if doc_id not in held and doc_id not in taken:
             taken.add(doc_id)
             train.append(dolma_doc(raw, doc_id, source, added))

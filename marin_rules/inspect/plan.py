@@ -152,13 +152,11 @@ def price_job(
 
 def _building(location: str) -> str | None:
     """Who builds the artifact at `location` now (a live holder of its lease), else None."""
-    from marin_rules.artifacts.lease import STALE_S, holder_gone
+    from marin_rules.artifacts.lease import held_live
     from marin_rules.inspect.status import read_holder
 
     holder = read_holder(location)
-    if holder is None or holder_gone(holder) or holder.age_s() > STALE_S:
-        return None
-    return holder.describe()
+    return holder.describe() if held_live(holder) else None
 
 
 def _resumes_from(experiment: Experiment, prefix: str, artifact: Artifact) -> int | None:

@@ -264,11 +264,12 @@ def build(args: argparse.Namespace) -> int:
     try:
         if not process:
             refuse_enclosed(artifact.key, artifact.id.path, location)
-        attempt = None
-        if pod is not None and not process:
-            from marin_rules.job.pod_start import attempt_id
+        attempt = None  # a pod's: every process's records name it (`marin history` shows one attempt)
+        if pod is not None:
+            from marin_rules.job.pod_start import attempt_id, begun_token
 
-            attempt = attempt_id(held.holder.token)
+            token = held.holder.token if held is not None else begun_token(location, pod.coordinator)
+            attempt = None if token is None else attempt_id(token)
         moved, owed = retire_forced_build(artifact, experiment, location, args, attempt) if not process else (None, False)
         try:
             if not process and artifact.step not in SHARDED_STEPS:  # shards check their own (shards.py)
@@ -277,7 +278,7 @@ def build(args: argparse.Namespace) -> int:
                 from marin_rules.job.pod_start import announce_begun
 
                 announce_begun(location, held.holder.token, pod.coordinator)
-            code = run(artifact, experiment, location, args, pod, held)
+            code = run(artifact, experiment, location, args, pod, held, attempt)
         except BaseException:
             if moved:  # the rebuild failed or was stopped: the old build serves again
                 failed = kept_or_discarded(artifact, restore_old_build(location, moved, owed=owed))
@@ -631,7 +632,10 @@ def _mirror(record: Any, artifact: Any, args: argparse.Namespace) -> None:
         storage.write_json_atomic(f"{args.records}/{artifact.id.path}/{RECORD_FILE}", record.to_json())
 
 
-def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace, pod: Any, held: Any) -> int:
+def run(
+    artifact: Any, experiment: Any, location: str, args: argparse.Namespace, pod: Any, held: Any,
+    attempt: str | None = None,
+) -> int:
     """Run the step (`run_step`) as process `pod.process_id` of a pod, or alone (`pod` None)."""
     from marin_rules.adopt import is_adopted_in_place
     from marin_rules.artifacts.builds import builds_in_deps
@@ -644,12 +648,8 @@ def run(artifact: Any, experiment: Any, location: str, args: argparse.Namespace,
     ctx, entry, provenance, deps_record = job_context(artifact, experiment, location, args)
     sharded = artifact.step in SHARDED_STEPS
     process = None if pod is None else pod.process_id
-    if pod is not None:  # every process's record names the attempt: one attempt in `marin history`
-        from marin_rules.job.pod_start import attempt_id, begun_token
-
-        token = held.holder.token if held is not None else begun_token(location, pod.coordinator)
-        if token is not None:
-            provenance = dataclasses.replace(provenance, extra=(*provenance.extra, ("pod_attempt", attempt_id(token))))
+    if attempt is not None:  # a pod's (`build`): every process's record names it
+        provenance = dataclasses.replace(provenance, extra=(*provenance.extra, ("pod_attempt", attempt)))
 
     def step(c: StepContext) -> Any:
         check_upstreams(artifact, experiment, args.prefix, deps_record, rerun_hint(args))  # fills in what was seen

@@ -52,14 +52,20 @@ def begun_file(location: str) -> str:
     return storage.join(location, BEGUN_FILE)
 
 
-def attempt_of(location: str, token: str) -> str | None:
-    """The `attempt_id` of the attempt the lease `token` began at `location` when it was a
-    pod's (the begun file names it), else None."""
+def _begun(location: str) -> dict:
+    """What the begun file says ({} when it is not there yet, or half-written elsewhere)."""
     try:
         data = storage.read_json(begun_file(location))
     except (FileNotFoundError, ValueError):
-        return None
-    return attempt_id(token) if isinstance(data, dict) and data.get("token") == token else None
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def attempt_of(location: str, token: str) -> str | None:
+    """The `attempt_id` of the attempt the lease `token` began at `location` when it was a
+    pod's (the begun file names it), else None."""
+    data = _begun(location)
+    return attempt_id(token) if data.get("token") == token else None
 
 
 def attempt_id(token: str) -> str:
@@ -76,11 +82,8 @@ def announce_begun(location: str, token: str, coordinator: str) -> None:
 
 def begun_token(location: str, coordinator: str) -> str | None:
     """The lease token the begun file names for this pod (`coordinator`), or None."""
-    try:
-        data = storage.read_json(begun_file(location))
-    except (FileNotFoundError, ValueError):  # not yet, or half-written elsewhere: look again
-        return None
-    if not isinstance(data, dict) or data.get("coordinator") != coordinator:
+    data = _begun(location)
+    if data.get("coordinator") != coordinator:
         return None
     token = data.get("token")
     return token if isinstance(token, str) else None

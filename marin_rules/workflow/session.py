@@ -80,7 +80,7 @@ from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.provenance import iso, utc_now
 from marin_rules.artifacts.records import Record, read_record_file
-from marin_rules.artifacts.shards import SHARD_RECORD, SHARDS_DIR, all_shards, shard_count
+from marin_rules.artifacts.shards import SHARD_NAME, SHARD_RECORD, SHARDS_DIR, Shard, all_shards, shard_count
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.steps import SHARDED_STEPS
 from marin_rules.workflow import advisory, forcing, signals
@@ -448,10 +448,12 @@ class Session:
     def _refuse_unknown_shard(self, artifact: Artifact, shard: str) -> None:
         """A target naming a shard the artifact does not have (`runtime.shards` says how
         many): refused while planning, in one line (its job would only refuse it later)."""
-        names = [s.name for s in all_shards(shard_count(artifact.runtime))]
-        if shard not in names:
-            listed = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}"
-            raise stop(MarinError(f"{artifact.key}: it has no shard {shard}: runtime.shards gives it {len(names)} "
+        count = shard_count(artifact.runtime)
+        found = SHARD_NAME.fullmatch(shard)  # parsed, not looked up: this runs once per shard job planned
+        if found is None or int(found.group(2)) != count or int(found.group(1)) >= count:
+            first, last = Shard(0, count).name, Shard(count - 1, count).name
+            listed = first if count == 1 else f"{first} .. {last}"
+            raise stop(MarinError(f"{artifact.key}: it has no shard {shard}: runtime.shards gives it {count} "
                                   f"({listed}); name one of those, or the artifact's record"))  # fmt: skip
 
     def _stale_shard(self, artifact: Artifact, shard: str) -> bool:
