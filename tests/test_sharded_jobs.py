@@ -199,6 +199,10 @@ def test_changing_runtime_shards_of_an_unfinished_artifact_sets_the_old_count_as
     old = {k: (prefix / TOKENS / f"shards/0000{k}-of-00002/shard.json").read_bytes() for k in (0, 1)}
     (prefix / TOKENS / ".artifact.json").unlink()
     experiment(tmp_path, tokenize_shards=3, dedup_shards=1)
+    (row,) = [r for r in experiment_status(load_experiment(str(exp)), str(prefix)) if r.key == "tokenized/slice@v1"]
+    assert (row.state, row.reason) == ("missing", "stopped part-way with another shard count: shards/00000-of-00002 ... "
+                                       "(2 folder(s)), while runtime.shards is now 3; the next run builds 3 shard(s) "
+                                       "and sets those aside, in .history/")  # not "record deleted"
     snakemake_cmd(*base, cwd=tmp_path)
     assert json.loads((prefix / TOKENS / ".artifact.json").read_text())["result"]["shards"] == 3
     assert sorted(p.name for p in (prefix / TOKENS / "shards").iterdir()) == [f"0000{k}-of-00003" for k in range(3)]

@@ -200,7 +200,25 @@ def unbuilt_reason(location: str, artifact: Artifact | None) -> str:
     stopped part-way says how many shards are built (its shard folders are data, not
     a deleted record's leftovers), else `never_built_reason`."""
     done, building, _ = _shard_progress(location, artifact)
-    return never_built_reason(location) if done is None else shards_reason(done, building)
+    return _no_shard_reason(location, artifact) if done is None else shards_reason(done, building)
+
+
+def _no_shard_reason(location: str, artifact: Artifact | None) -> str:
+    """`never_built_reason`, unless the folder holds only shards of another count than
+    `runtime.shards` asks for now (an attempt stopped part-way before the user changed
+    it): those are data of an unfinished build, not a deleted record's leftovers."""
+    from marin_rules.artifacts.shards import other_counts, shard_count
+    from marin_rules.steps import SHARDED_STEPS
+
+    if artifact is None or artifact.step not in SHARDED_STEPS:
+        return never_built_reason(location)
+    count = shard_count(artifact.runtime)
+    others = other_counts(location, count)
+    if not others:
+        return never_built_reason(location)
+    return (f"stopped part-way with another shard count: shards/{others[0]}{' ...' if len(others) > 1 else ''} "
+            f"({len(others)} folder(s)), while runtime.shards is now {count}; the next run builds {count} "
+            "shard(s) and sets those aside, in .history/")  # fmt: skip
 
 
 def shards_reason(done: str, building: list[str]) -> str:
@@ -406,7 +424,7 @@ def location_status(
         elif last_failure is not None:
             state, reason, failed = "failed", "", f"last attempt failed at {_failure_line(last_failure)}"
         else:
-            state, reason = "missing", shards_reason(done, building) if done is not None else never_built_reason(location)
+            state, reason = "missing", shards_reason(done, building) if done is not None else _no_shard_reason(location, artifact)
             if ahead:  # its data is not built on: it refuses
                 reason = reason.removesuffix("; the next run builds it")
         problem = _lease_problem(location) if not holder and not gone else None
