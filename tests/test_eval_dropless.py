@@ -5,7 +5,8 @@ model run with it gives a token a different output when other tokens share the
 batch. Here a real MoETransformer configured with `moe_impl: capacity` and a small
 capacity factor (drops certain) shows that on a plain forward pass, and the `marin`
 lm-eval model built on it scores every request alone exactly as inside a full batch,
-and as the dropless reference dispatch (`dense`) on the same weights.
+and as the dropless reference dispatch (`dense`) on the same weights; training's
+validation step scores it dropless too.
 """
 
 from __future__ import annotations
@@ -74,3 +75,22 @@ def test_a_requests_score_does_not_depend_on_the_rest_of_its_batch(capacity_mode
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: MoETransformer(dense, rngs=nnx.Rngs(0))))
     reference = MarinLM(ModelScorer(nnx.merge(graphdef, nnx.state(model)), lm.max_length), tokenizer, special, batch_size=8)
     assert [logp for logp, _ in reference.loglikelihood(requests, disable_tqdm=True)] == pytest.approx(together, abs=1e-4)
+
+
+def test_trainings_validation_loss_of_a_capacity_model_is_dropless(capacity_model):
+    # train's validation step scores the same weights through `ragged`: a row's loss
+    # does not depend on the other rows of its batch (it did through `capacity`)
+    from marin_rules.model.transformer import loss_and_aux
+    from marin_rules.train.steps import make_eval_step
+
+    model, tokenizer, _ = capacity_model
+    batch = jnp.asarray([tokenizer.encode(c + x).ids[:12] for c, x in PAIRS[:4]], jnp.int32)
+    _, params, state = nnx.split(model, nnx.Param, ...)
+    eval_step = make_eval_step(model.config)
+    together, alone = float(eval_step(params, state, batch[:2])), float(eval_step(params, state, batch[:1]))
+    second = float(eval_step(params, state, batch[1:2]))
+    assert together == pytest.approx((alone + second) / 2, rel=1e-6)  # each row scored as if alone
+    reference = loss_and_aux(dropless(model), batch)[1]["ce_loss"]
+    assert float(eval_step(params, state, batch)) == float(reference)  # what evaluation's dropless model gives
+    as_trained = float(loss_and_aux(model, batch)[1]["ce_loss"])
+    assert abs(as_trained - float(reference)) > 1e-5  # capacity 0.5 drops (6e-5 on these random weights): the old step's loss differed

@@ -295,7 +295,7 @@ def run(
         if writer:
             say_where_it_starts(config, output, start, keep_history)
         plan = Plan(config, data, output, batch_sharding(mesh), make_train_step(graphdef, tx, config.grad_accum_steps),
-                    make_eval_step(graphdef), peak, writer, None if given else config.model.compute_dtype)  # fmt: skip
+                    make_eval_step(config.model), peak, writer, None if given else config.model.compute_dtype)  # fmt: skip
         log = MetricsLog.resume(storage.join(output, "metrics.jsonl"), start)
         ts, last, clock, peak = train_steps(plan, ts, start, manager, log)  # its last step saves a checkpoint
         manager.close()
