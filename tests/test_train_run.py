@@ -5,8 +5,9 @@ reference. A run killed with SIGKILL after a checkpoint and started again ends
 BITWISE identical to it (the same float losses at every logged step and at the
 end), and so does a run whose artifact lives on gs:// (a local emulator). A run
 split over 2 processes x 4 CPU devices joined by `jax.distributed`, on a (data=4,
-expert=2) mesh with the same 2 global micro-batches, matches it to 2e-5 relative
-(the expert-sharded reductions add in another order). A copy of the reference cut
+expert=2) mesh with the same 2 global micro-batches, is not bitwise (reductions over 8
+devices add in another order): its losses match to 1e-6 relative through step 10, to
+1e-4 at the end (a near-tie in top-k routing amplifies the rounding). A copy of the reference cut
 back to checkpoint 10 stands in for a killed run where only the rerun matters: one
 with a changed recipe must refuse to resume and touch nothing, one that only logs
 and checkpoints more often must resume. All runs share a JAX compilation cache so
@@ -64,14 +65,17 @@ def losses(output) -> list[tuple[str, int, float]]:
     return [(r["split"], r["step"], r["loss"]) for r in read_metrics(str(output) + "/metrics.jsonl")]
 
 
-def assert_same_run(run: dict, output, reference: dict, reference_output, rel: float = 0.0) -> None:
+def assert_same_run(run: dict, output, reference: dict, reference_output, rel: float = 0.0,
+                    early: tuple[int, float] | None = None) -> None:  # fmt: skip
     """The same losses at every logged step and at the end: bitwise (== on floats)
-    with rel=0, else within `rel`."""
+    with rel=0, else within `rel`; with `early` = (step, tolerance), the losses logged
+    up to that step within that tighter tolerance."""
     got, want = losses(output), losses(reference_output)
     assert [r[:2] for r in got] == [r[:2] for r in want]
     ends = [(run["final_train_loss"], reference["final_train_loss"]), (run["final_val_loss"], reference["final_val_loss"])]
-    for a, b in [(g[2], w[2]) for g, w in zip(got, want)] + ends:
-        assert a == b if rel == 0 else a == pytest.approx(b, rel=rel), (a, b)
+    for step, a, b in [(g[1], g[2], w[2]) for g, w in zip(got, want)] + [(None, *end) for end in ends]:
+        tolerance = early[1] if early is not None and step is not None and step <= early[0] else rel
+        assert a == b if tolerance == 0 else a == pytest.approx(b, rel=tolerance), (step, a, b)
 
 
 def test_uninterrupted_run_writes_metrics_plot_model_and_checkpoints(baseline, tokens):
@@ -258,7 +262,7 @@ def test_a_retry_with_no_checkpoint_moves_the_failed_attempts_log_into_history(b
             f"{kept.parent}; training from scratch\n") in runs.tail(tmp_path / "log")  # fmt: skip
 
 
-def test_two_processes_of_four_devices_with_an_expert_axis_end_bitwise_identical_to_one_device(baseline, tokens, cache, tmp_path):
+def test_two_processes_of_four_devices_with_an_expert_axis_train_on_one_devices_micro_batches(baseline, tokens, cache, tmp_path):
     result, _ = baseline
     output = tmp_path / "artifact"
     port = free_port()
@@ -278,10 +282,13 @@ def test_two_processes_of_four_devices_with_an_expert_axis_end_bitwise_identical
                 proc.wait(timeout=30)
     for r in results:
         assert r["processes"] == 2 and r["devices"] == 8 and r["mesh"] == {"data": 4, "expert": 2}
-        # experts sharded over 2 devices sum some gradients in another order: not bitwise.
-        # Equal to 1e-7 for 15 steps, then a near-tie in top-k routing may flip and
-        # amplify it (observed 4e-6, and 3.8e-5 with 2-D matmuls, at step 20)
-        assert_same_run(r, output, result, baseline[1], rel=1e-4)
+        # Not bitwise: the batch and the experts split over 8 devices sum some gradients
+        # and the validation loss in another order. Through step 10 the train losses are
+        # bitwise one device's here and the validation loss within 4e-7, so 1e-6 there:
+        # each process cutting its own rows into micro-batches (the same rows per step, in
+        # other micro-batches) moved step 5 by 9.4e-5. Later a near-tie in top-k routing may flip and amplify
+        # the rounding (2.9e-5 at step 20, as on 8 devices in one process).
+        assert_same_run(r, output, result, baseline[1], rel=1e-4, early=(10, 1e-6))
 
 
 def test_training_on_gcs_writes_the_artifact_and_loads_back(baseline, tokens, cache, tmp_path, gcs_prefix, gcs_env):
