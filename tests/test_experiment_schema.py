@@ -70,6 +70,7 @@ def _train(**changes) -> dict:
         (_train(**{"model.moe_impl": "fast"}), ["config", "model", "moe_impl"]),
         (_train(**{"batch_size": 0}), ["config", "batch_size"]),
         (_train(**{"mesh.expert": True}), ["config", "mesh", "expert"]),
+        (_train(**{"optimizer.learning_rate": float("inf")}), ["config", "optimizer", "learning_rate"]),  # YAML .inf
     ],
 )  # fmt: skip
 def test_schema_and_loader_refuse_the_same_bad_train_config(validator, data, path):
@@ -119,3 +120,14 @@ def test_sections_written_null_are_accepted_by_schema_and_loader_alike(validator
     assert [list(e.absolute_path) for e in validator.iter_errors(refused)] == [["artifacts", TRAIN, "config", "model"]]
     with pytest.raises(MarinError, match=f"^{TRAIN}: config.model"):
         build_experiment(refused)
+
+
+def test_a_whole_number_written_with_a_point_is_told_how_to_write_it(validator):
+    # JSON Schema's "integer" takes 300.0 (one number in JSON); the loader reads YAML's
+    # float and refuses it, naming the spelling it takes
+    data = _train(num_train_steps=300.0)
+    assert list(validator.iter_errors(data)) == []
+    with pytest.raises(MarinError) as refused:
+        build_experiment(data)
+    assert str(refused.value) == (f"{TRAIN}: config.num_train_steps: expected an integer >= 1, got 300.0 "
+                                  "(a float: write 300, without the point)")  # fmt: skip

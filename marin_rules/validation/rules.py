@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import sys
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -105,6 +106,14 @@ class Int(Rule):
             raise self.refuse(value, field)
         return value
 
+    def hint(self, value: Any) -> str:
+        """A whole number written with a point (`300.0`, `1.0e3`) is a float in YAML; JSON
+        Schema calls it an integer, so an editor passes what the loader refuses here:
+        say how to write it."""
+        if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+            return f" (a float: write {int(value)}, without the point)"
+        return super().hint(value)
+
     def schema(self) -> dict[str, Any]:
         bounds = {"minimum": self.min, "maximum": self.max}
         return {"type": "integer", **{k: v for k, v in bounds.items() if v is not None}}
@@ -134,7 +143,11 @@ class Number(Rule):
 
     def schema(self) -> dict[str, Any]:
         bounds = {"exclusiveMinimum": self.gt, "minimum": self.ge, "exclusiveMaximum": self.lt, "maximum": self.le}
-        return {"type": "number", **{k: v for k, v in bounds.items() if v is not None}}
+        finite = {  # YAML's .inf and -.inf: numbers to a validator, refused by `check`
+            **({} if self.gt is not None or self.ge is not None else {"minimum": -sys.float_info.max}),
+            **({} if self.lt is not None or self.le is not None else {"maximum": sys.float_info.max}),
+        }
+        return {"type": "number", **{k: v for k, v in bounds.items() if v is not None}, **finite}
 
 
 @dataclass(frozen=True)
