@@ -21,8 +21,9 @@ All three are warmed up first (every shape compiled), then timed over `--repeats
 runs, alternating, and the best of each is kept; every run's scores are checked
 against the plain ones. MFU: useful forward FLOPs (each distinct context once, each
 continuation token once, attention over the real history, the head only at scored
-positions, no padding) per second of the batched run, over an f32 matmul's FLOP/s
-measured in the same run (before and after the timed runs; the higher is kept).
+positions, no padding) per second of the batched run, over the FLOP/s of a matmul in
+the model's compute dtype measured in the same run (before and after the timed runs;
+the higher is kept).
 The model has the default experiment's architecture (untrained unless
 `--checkpoint` names a train artifact: throughput does not depend on the weights);
 the tokenizer is trained on the spot by the data package's own steps.
@@ -164,9 +165,10 @@ def main() -> None:
         "plain": PlainLM(lm),
     }
     print(f"{what}; batch size {args.batch_size}", file=sys.stderr)
-    peak_before = local_peak_flops()
+    dtype = lm.scorer.model.config.compute_dtype  # a bfloat16 checkpoint is held to a bfloat16 ceiling
+    peak_before = local_peak_flops(dtype)
     figures = {name: measure(pairs, models, args.repeats, name) for name, pairs in workloads.items()}
-    peak = max(peak_before, local_peak_flops())
+    peak = max(peak_before, local_peak_flops(dtype))
     for name, rps in figures.items():
         print(f"{name:8s}: " + ", ".join(f"{k} {v:7.1f} requests/s" for k, v in rps.items())
               + f"; batched/plain {rps['batched'] / rps['plain']:.1f}, batched/batch-1 {rps['batched'] / rps['batch-1']:.1f}",
@@ -193,6 +195,7 @@ def main() -> None:
                 "scoring_mfu": round(mfu, 4),
                 "useful_gflop_per_request": round(flops / len(workloads["choices"]) / 1e9, 4),
                 "matmul_peak_gflops": round(peak / 1e9, 1),
+                "peak_dtype": dtype,
                 "requests": len(workloads["choices"]),
                 "batch_size": args.batch_size,
                 "max_length": lm.max_length,

@@ -62,7 +62,7 @@ MOE = dict(
 def widened(model: dict, d_model: int) -> dict:
     """The model at width `d_model`: FFN and expert sizes and heads (of 32) scale with it."""
     scale = d_model / model["d_model"]
-    sizes = {k: int(model[k] * scale) for k in ("d_ff", "d_expert", "n_heads", "n_kv_heads")}
+    sizes = {k: max(1, int(model[k] * scale)) for k in ("d_ff", "d_expert", "n_heads", "n_kv_heads")}
     return {**model, **sizes, "d_model": d_model}
 
 

@@ -356,24 +356,28 @@ def test_a_run_that_beats_its_measured_ceiling_measures_it_again_and_keeps_the_h
     from marin_rules.train.config import parse_train_config
     from dataclasses import replace
 
+    from marin_rules.model.sharding import make_mesh
     from marin_rules.train.loop import Plan, raised_ceiling
+    from marin_rules.train.steps import batch_sharding
 
     config = parse_train_config(runs.tiny_config())
     fpt = flops_per_token(config.model, config.seq_len)
     tokens_per_s = 1e6
     achieved = tokens_per_s * fpt
 
+    mesh = make_mesh(1, 1)
+
     def plan(peak: float, dtype: str | None) -> Plan:
-        return Plan(config, None, "out", None, None, None, peak, True, dtype)
+        return Plan(config, None, "out", batch_sharding(mesh), None, None, peak, True, dtype)
 
     measured = []
-    measure = lambda dtype: measured.append(dtype) or 4 * achieved  # noqa: E731 - the quiet machine's rate
+    measure = lambda dtype, mesh: measured.append((dtype, mesh)) or 4 * achieved  # noqa: E731 - the quiet machine's rate
     raised = raised_ceiling(plan(achieved / 2, "float32"), tokens_per_s, measure)
-    assert measured == ["float32"] and raised.peak_flops == 4 * achieved and raised.mfu(tokens_per_s) == 0.25
+    assert measured == [("float32", mesh)] and raised.peak_flops == 4 * achieved and raised.mfu(tokens_per_s) == 0.25
     assert "train: MFU 2.00 against the matmul ceiling measured at the start" in capsys.readouterr().err
     again = raised_ceiling(replace(raised, peak_flops=achieved / 2), tokens_per_s, measure)
-    assert again.peak_flops == achieved / 2 and measured == ["float32"]  # measured once per run, not every log step
-    lower = raised_ceiling(plan(achieved / 2, "float32"), tokens_per_s, lambda dtype: achieved / 4)
+    assert again.peak_flops == achieved / 2 and len(measured) == 1  # measured once per run, not every log step
+    lower = raised_ceiling(plan(achieved / 2, "float32"), tokens_per_s, lambda dtype, mesh: achieved / 4)
     assert lower.peak_flops == achieved / 2  # a lower second measure never lowers the ceiling
     kept = plan(achieved * 2, "float32")
     assert raised_ceiling(kept, tokens_per_s, measure) is kept and len(measured) == 1  # MFU 0.5: not measured again
@@ -453,3 +457,21 @@ def test_a_train_curve_of_a_single_logged_point_is_drawn_with_a_marker(tmp_path,
     (train,) = [line for line in drawn[0].axes[0].lines if line.get_label() == "train"]
     assert train.get_marker() not in (None, "", " ", "None")
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_mfu_ceiling_counts_the_devices_the_mesh_computes_on(monkeypatch):
+    """A mesh on some of the devices (`mesh: {data: 2}` on a host of 8) is measured on
+    this process's devices of the mesh, per device times the mesh's size; devices it
+    leaves idle are not in the ceiling. (Device objects stand in: this process has one
+    device, and timings are not asserted.)"""
+    from types import SimpleNamespace
+
+    from marin_rules.model import peak
+
+    measured = []
+    monkeypatch.setattr(peak, "local_peak_flops", lambda dtype, n, repeats, devices: measured.append(devices) or 1e9 * len(devices))
+    host = [SimpleNamespace(id=i, process_index=i // 4) for i in range(8)]  # 2 processes of 4 devices; this is process 0
+    two_of_eight = SimpleNamespace(devices=np.array(host[:2]).reshape(2, 1))
+    assert peak.run_peak_flops("bfloat16", mesh=two_of_eight) == 2e9 and measured == [host[:2]]
+    spanning = SimpleNamespace(devices=np.array(host[2:6]).reshape(4, 1))  # 2 of mine, 2 of the other process
+    assert peak.run_peak_flops("bfloat16", mesh=spanning) == 4e9 and measured[-1] == host[2:4]

@@ -39,10 +39,11 @@ def total_params(config: ModelConfig) -> int:
 
 
 def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> int:
-    """Training FLOPs per token, nanoGPT's way: 6 per active matmul parameter (forward
-    2 + backward 4) plus the attention scores and values, 12 * layers * heads * head_dim
-    * seq_len. The input embedding lookup is no matmul and is left out; the output head
-    is counted (it is the tied table, or its own matrix)."""
+    """Training FLOPs per token, nanoGPT's way: 6 per active parameter (forward 2 +
+    backward 4) plus the attention scores and values, 12 * layers * heads * head_dim *
+    seq_len. Like nanoGPT's count, the norm scales are in (about 0.05% here, no matmul);
+    the input embedding lookup is no matmul and is left out; the output head is counted
+    (it is the tied table, or its own matrix)."""
     c = config
     t = c.max_seq_len if seq_len is None else seq_len
     matmul_params = active_params(c) - c.vocab_size * c.d_model * (0 if c.tie_embeddings else 1)

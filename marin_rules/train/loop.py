@@ -103,13 +103,13 @@ class Plan:
 def raised_ceiling(plan: Plan, tokens_per_s: float | None, measure: Any = run_peak_flops) -> Plan:
     """`plan`, or, when the run just beat its MFU ceiling (MFU > 1: the ceiling was
     measured while the machine was busier, as a shared CPU often is), `plan` with the
-    ceiling measured again (`measure(dtype)`) and the higher of the two kept, said in one
+    ceiling measured again (`measure(dtype, mesh=)`) and the higher of the two kept, said in one
     line, once per run (each log step would pay for it while MFU stays above 1). A
     ceiling given as `runtime.peak_flops` is the user's and stays."""
     mfu = plan.mfu(tokens_per_s)
     if mfu is None or mfu <= 1 or plan.peak_dtype is None:
         return plan
-    again = measure(plan.peak_dtype)
+    again = measure(plan.peak_dtype, mesh=plan.sharding.mesh)
     peak = max(plan.peak_flops, again)
     if plan.writer:
         print(f"train: MFU {mfu:.2f} against the matmul ceiling measured at the start ({plan.peak_flops / 1e9:,.1f} "
@@ -285,7 +285,7 @@ def run(
     manager, _ = open_checkpoints(output, recipe, writer)  # refuse before compiling anything
     mesh = make_mesh(data_size, expert_size)
     given = runtime.get("peak_flops")
-    peak = float(given or run_peak_flops(config.model.compute_dtype))
+    peak = float(given or run_peak_flops(config.model.compute_dtype, mesh=mesh))
     with jax.set_mesh(mesh):
         try:
             graphdef, tx, ts, start = start_state(config, mesh, manager, output, keep_history)  # may fall back to an earlier step
