@@ -306,8 +306,7 @@ def run(
         digests = checkpoint.model_digests(output, config.num_train_steps) if writer else {}
     if last is None:  # resumed from the final checkpoint: nothing left to train
         last = next((r for r in reversed(log.records) if r.get("split") == "train"), {})
-    sample = min(config.num_train_steps, max(1, 2_000_000 // plan.tokens_per_step))
-    counts = unigram_counts(data.train, sample_batches=sample, vocab_size=data.vocab_size)
+    counts = unigram_counts(data.train, vocab_size=data.vocab_size)
     unigram = unigram_loss(counts, data.val, val_batches=config.eval_batches)
     losses = {"final_val": final_val, "unigram": unigram}
     if writer:

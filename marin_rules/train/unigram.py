@@ -1,9 +1,8 @@
 """The baseline a language model must beat: the smoothed unigram of its training data.
 
-Model: token counts of the training data (exact over every token of each source,
-mixed by the sources' weights, when the loader exposes its sources; otherwise over
-its first batches), add-one smoothed, scored as cross-entropy in nats per token on
-the same validation batches the run evaluates on.
+Model: token counts of the training data (exact over every token of each of the
+loader's sources, mixed by the sources' weights), add-one smoothed, scored as
+cross-entropy in nats per token on the same validation batches the run evaluates on.
 """
 
 from __future__ import annotations
@@ -13,22 +12,17 @@ from typing import Any
 import numpy as np
 
 
-def unigram_counts(train: Any, *, sample_batches: int, vocab_size: int) -> np.ndarray:
-    """Token counts of the training data (see the module docstring)."""
-    sources = getattr(train, "sources", None)
-    if sources:
-        counts = np.zeros(vocab_size, np.float64)
-        for source, weight in zip(sources, train.weights):
-            c = np.zeros(vocab_size, np.float64)
-            for shard in source.shards:
-                for i in range(0, len(shard), 1 << 22):
-                    c += np.bincount(np.asarray(shard[i : i + (1 << 22)]), minlength=vocab_size)[:vocab_size]
-            counts += weight * c / max(c.sum(), 1.0)
-        return counts * sum(int(s.n_tokens) for s in sources)
+def unigram_counts(train: Any, *, vocab_size: int) -> np.ndarray:
+    """Token counts of the training data of `train` (a `data.loader.TokenLoader`): see
+    the module docstring."""
     counts = np.zeros(vocab_size, np.float64)
-    for s in range(sample_batches):
-        counts += np.bincount(np.asarray(train.batch(s))[:, 1:].ravel(), minlength=vocab_size)[:vocab_size]
-    return counts
+    for source, weight in zip(train.sources, train.weights):
+        c = np.zeros(vocab_size, np.float64)
+        for shard in source.shards:
+            for i in range(0, len(shard), 1 << 22):
+                c += np.bincount(np.asarray(shard[i : i + (1 << 22)]), minlength=vocab_size)[:vocab_size]
+        counts += weight * c / max(c.sum(), 1.0)
+    return counts * sum(int(s.n_tokens) for s in train.sources)
 
 
 def unigram_loss(counts: np.ndarray, val: Any, *, val_batches: int) -> float:
