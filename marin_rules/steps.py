@@ -130,7 +130,7 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
     ),
 }
 
-USER_STEP = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+USER_STEP = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def is_valid_step(step: Any) -> bool:

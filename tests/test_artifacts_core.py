@@ -20,7 +20,8 @@ from marin_rules.experiment import build_experiment, load_experiment
 @pytest.mark.parametrize(
     "key",
     ["raw/../etc@v1", "/abs/path@v1", "raw/has space@v1", "raw//x@v1", "Raw/Upper@v1", "raw/x", "raw/x@",
-     "raw/x@.hidden", "raw/x@v 1", "@v1", "raw/./x@v1"],
+     "raw/x@.hidden", "raw/x@v 1", "@v1", "raw/./x@v1",
+     "raw/a@v1\n", "raw/a\n@v1"],  # a final newline: Python's $ matches before it, \Z does not
 )  # fmt: skip
 def test_bad_artifact_keys_are_rejected(key):
     with pytest.raises(ConfigError):
@@ -150,6 +151,8 @@ def _user_package(user_step_package):
         ({"artifacts": {}, "extra": 1}, "unknown top-level key 'extra'"),
         (_exp(sweeps={"m/x-{lr}@v1": {"step": USER, "grid": {"lr": []}}}), "grid.lr: expected a non-empty list"),
         (_exp(sweeps={"m/x-{lr}@v1": {"step": USER, "cases": [{"other": 1}]}}), "case 0: no value for {lr}"),
+        (_exp(sweeps={"m/x-{tag}@v1": {"step": USER, "grid": {"tag": ["a\n", "b"]}}}), "bad artifact name"),
+        (_exp({"raw/a@v1": {"step": "my_steps:f\n"}}), "raw/a@v1: step:"),
     ],
 )  # fmt: skip
 def test_bad_experiments_fail_with_one_line_naming_artifact_and_field(data, message):

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 from marin_rules.artifacts.errors import ConfigError
 
-NAME_SEGMENT = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+NAME_SEGMENT = re.compile(r"^[a-z0-9][a-z0-9._-]*\Z")
+VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 MAX_SEGMENT_BYTES = 200  # a name segment or version; filesystems allow 255 per folder name
 MAX_OWNER_BYTES = 255 - MAX_SEGMENT_BYTES - 1  # the `-user` of a dev version's folder

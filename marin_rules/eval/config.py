@@ -52,7 +52,7 @@ REQUIRED_DEPS = {
 
 DEFAULT_TASKS = LOCAL_TASKS
 DEFAULT_BATCH_SIZE = 64  # 64 against 32: 1.1x the requests/s on the cloze benchmark (eval_throughput.py)
-TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*\Z")
 
 Limit = Annotated[int | None, Optional(Int(min=1))]
 Shots = Annotated[int, Int(min=0)]
