@@ -194,7 +194,7 @@ def _prefix_key(text: str, experiment: Experiment | None, prefix: str, dev_user:
     if experiment is not None and artifact.key in experiment.artifacts:
         status = location_status(artifact.key, location, expected=artifact)[0]
         other = "; --dev-user NAME reads another user's" if artifact.is_dev else ""
-        why = f"{status.state}: {status.reason}"
+        why = printable(f"{status.state}: {status.reason}")  # a failure record's error, shown: escaped
         raise MarinError(f"{artifact.key}: not built yet{_whose(artifact)}, nothing to compare ({why}){other}")
     others = [k for k in _known_keys(experiment, prefix, artifact.name) if k != artifact.key]
     hint = reading.suggestion(artifact.key, others)

@@ -25,7 +25,7 @@ def write(ctx):
 
 
 def boom(ctx):
-    raise RuntimeError("boom")
+    raise RuntimeError("boom\\x1b[31m")  # an escape in the error: shown escaped
 '''
 
 EXPERIMENT = """
@@ -75,7 +75,7 @@ def test_a_deleted_record_whose_data_stays_is_not_never_built_and_an_unbuilt_key
     run()
     code, _, err = marin(run, capsys, "diff", "feat/a@v1", "feat/bad@v1")  # a valid key: no "did you mean"
     assert code == 1 and err.startswith("marin: feat/bad@v1: not built yet, nothing to compare (failed: last attempt")
-    assert err.endswith("RuntimeError: boom)\n")
+    assert err.endswith("RuntimeError: boom\\x1b[31m)\n")  # escaped, not a colour change
     code, _, err = marin(run, capsys, "diff", "feat/a@v1", "feat/bd@v1")
     assert code == 1 and err == "marin: feat/bd@v1: no success record under art (did you mean feat/bad@v1?)\n"
 
