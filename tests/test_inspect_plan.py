@@ -137,6 +137,23 @@ def test_a_stopped_run_is_priced_for_the_steps_left_after_its_newest_checkpoint(
         held.release()
     assert price_job(experiment, "checkpoints/nano@v1", prefix=prefix, fresh=True).tokens == 51_200
     assert "(resumes from step 40 of 100)" in plan_lines(experiment, prefix)[1]
+
+    # those checkpoints are a killed forced rebuild's, the finished build it replaced kept aside:
+    # the next run puts that build back and serves it (unless forced again)
+    from marin_rules.workflow.forcing import begin_rebuild, end_rebuild
+
+    output = tmp_path / "artifacts" / "checkpoints" / "nano" / "v1"
+    kept = output / ".history" / "20261205T010203Z"
+    kept.mkdir(parents=True)
+    begin_rebuild(str(output), str(kept), owed=False)
+    assert price_job(experiment, "checkpoints/nano@v1", prefix=prefix).note == "resumes from step 40 of 100"  # kept no build
+    (kept / ".artifact.json").write_text("{}")
+    price = price_job(experiment, "checkpoints/nano@v1", prefix=prefix)
+    assert (price.tokens, price.flops) == (0, 0.0) and price.note == (
+        "a forced rebuild of it was killed: the next run puts the previous build back from .history/20261205T010203Z "
+        "and serves it, training nothing")  # fmt: skip
+    assert price_job(experiment, "checkpoints/nano@v1", prefix=prefix, fresh=True).tokens == 51_200
+    end_rebuild(str(output))
     assert "resumes" not in plan_lines(experiment, prefix, forced=["checkpoints/nano@v1"])[1]
     from marin_rules.train.recipe import make_recipe, record_recipe
 

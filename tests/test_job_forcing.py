@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from marin_rules.artifacts.lease import decode_holder, encode_holder, new_holder
 from marin_rules.workflow import forcing
 from test_workflow import Workspace
 
@@ -177,10 +178,20 @@ def test_a_forced_cascade_stopped_before_a_consumer_rebuilt_is_finished_by_the_n
     assert ("ck/t@v1: a forced run stopped before rebuilding it; its upstream raw/a@v1 has been rebuilt since it was "
             "built: a real run rebuilds it") in dry.stderr
     assert "ck/t/v1/.artifact.json" in dry.stdout  # listed as a job
+    # while the forcing run still goes on (here: this process stands in for it), it is not "stopped"
+    by_run = marker.parent / ".forced-by-run"
+    ended = by_run.read_bytes()
+    assert decode_holder(ended).pid != os.getpid()  # that snakemake, which has ended
+    running = new_holder()
+    by_run.write_bytes(encode_holder(running))
+    assert f"; a forced run ({running.describe()}) has not rebuilt it yet: that run rebuilds it" in _status(ws)["ck/t@v1"]
+    assert (f"ck/t@v1: a forced run ({running.describe()}) has not rebuilt it yet; its upstream raw/a@v1 has been "
+            "rebuilt since it was built: a real run rebuilds it") in ws.snakemake("-n").stderr  # fmt: skip
+    by_run.write_bytes(ended)
     ws.snakemake()
     second = ws.record("ck/t@v1")
     assert second["result"] == {"resumed_from": 0, "steps": 4}  # rebuilt from scratch, not resumed
-    assert not marker.exists() and " built " in _status(ws)["ck/t@v1"]  # on the rebuilt raw/a: not "upstream rebuilt"
+    assert not marker.exists() and not by_run.exists() and " built " in _status(ws)["ck/t@v1"]  # on the rebuilt raw/a: not "upstream rebuilt"
     (old,) = (Path(ws.prefix) / "ck/t/v1/.history").glob("*/.artifact.json")
     assert json.loads(old.read_text()) == first
     assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(ws.snakemake("-n"))

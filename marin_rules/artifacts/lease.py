@@ -125,7 +125,7 @@ class LeaseLost(MarinError):
     from on_lost), or could not be written at all."""
 
 
-def _encode(holder: LeaseHolder) -> bytes:
+def encode_holder(holder: LeaseHolder) -> bytes:
     return (json.dumps(asdict(holder), sort_keys=True) + "\n").encode("utf-8")
 
 
@@ -141,7 +141,7 @@ def _unreadable(data: bytes | None) -> str | None:
     return holder.problem()
 
 
-def _decode(data: bytes | None) -> LeaseHolder | None:
+def decode_holder(data: bytes | None) -> LeaseHolder | None:
     """The holder in a lease file's bytes; None when there is none or it is unreadable
     (`_unreadable`: garbled, bad times, renewed in the future)."""
     if data is None or _unreadable(data) is not None:
@@ -175,6 +175,14 @@ def holder_gone(holder: LeaseHolder) -> bool:
     if holder.host != socket.gethostname() or holder.pid <= 0 or not here or holder.pid_namespace != here:
         return False
     return not process_exists(holder.pid)
+
+
+def running_here(holder: LeaseHolder) -> bool:
+    """Is the holder's process known to be running: on this host, in this pid namespace,
+    and its process exists? (Elsewhere nobody can tell from here.)"""
+    here = pid_namespace()
+    return (holder.host == socket.gethostname() and bool(here) and holder.pid_namespace == here
+            and process_exists(holder.pid))  # fmt: skip
 
 
 def held_live(holder: LeaseHolder | None) -> bool:
@@ -246,7 +254,7 @@ class Lease:
             if self.lost:
                 return False
             holder = replace(self.holder, renewed=iso(utc_now()))
-            version = self._store.replace(_encode(holder), self._version)
+            version = self._store.replace(encode_holder(holder), self._version)
             if version is None:
                 return False
             self.holder, self._version = holder, version
@@ -265,7 +273,7 @@ class Lease:
                         last_ok = time.monotonic()
                         continue
                     data = self._store.read()[0]
-                    now = _decode(data)
+                    now = decode_holder(data)
                     reason = ("deleted" if data is None else "replaced by an unreadable lease") if now is None \
                         else f"taken over by {now.describe()}"
                 except Exception as e:  # noqa: BLE001 - a failed renewal is retried, then lost
@@ -285,7 +293,7 @@ class Lease:
         """Re-read the lease now: True iff it is ours and not stale (fencing check)."""
         if self.lost:
             return False
-        current = _decode(self._store.read()[0])
+        current = decode_holder(self._store.read()[0])
         return current is not None and current.token == self.holder.token and current.age_s() < self._stale_s
 
     def release(self) -> None:
@@ -307,7 +315,7 @@ def new_holder(submitted_by: str = "") -> LeaseHolder:
 
 def read_lease(location: str) -> LeaseHolder | None:
     """The current holder of an artifact's lease, or None."""
-    return _decode(store_for(location, LEASE_FILE).read()[0])
+    return decode_holder(store_for(location, LEASE_FILE).read()[0])
 
 
 def lease_problem(location: str) -> str | None:
@@ -321,11 +329,11 @@ def _take(location: str, store: LeaseStore, data: bytes | None, version: Any, tr
           ) -> tuple[Lease | None, LeaseHolder | None]:  # fmt: skip
     """One try to make the lease ours: create it if absent, else replace the stale or
     unreadable one we saw. Returns (the Lease or None, the holder tried)."""
-    if tried is not None and _decode(data) == tried:  # an earlier write reported lost (retried) did land
+    if tried is not None and decode_holder(data) == tried:  # an earlier write reported lost (retried) did land
         return Lease(location, tried, store, version, heartbeat_s, stale_s), tried
     holder = new_holder(submitted_by)
-    written = store.create(_encode(holder)) if data is None else store.replace(_encode(holder), version)
-    if written is None or _decode(store.read()[0]) != holder:  # read back: see the NOTE on the emulator
+    written = store.create(encode_holder(holder)) if data is None else store.replace(encode_holder(holder), version)
+    if written is None or decode_holder(store.read()[0]) != holder:  # read back: see the NOTE on the emulator
         return None, holder
     return Lease(location, holder, store, written, heartbeat_s, stale_s), holder
 
@@ -345,7 +353,7 @@ def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
     raced, tried = 0, None
     while True:
         data, version = store.read()
-        current = _decode(data)
+        current = decode_holder(data)
         why = "" if current is not None and current == tried else _takeover_reason(location, data, current, stale_s)
         if why is not None:
             if why:

@@ -25,8 +25,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
-from marin_rules.artifacts.identity import artifact_location
+from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.inspect import reading
 from marin_rules.model.flops import active_params, flops_per_token, total_params
@@ -135,9 +136,13 @@ def price_job(
     building = None if prefix is None else _building(artifact_location(prefix, artifact.id))
     if building:  # a run that needs it waits for that build instead
         notes.append(f"building now ({building}): a run waits for that build")
-    if done:
+    kept = None if prefix is None or fresh or building else _kept_by_killed_rebuild(artifact_location(prefix, artifact.id))
+    if kept:  # its job restores that build and serves it (job/main.py, forcing.recover_interrupted)
+        notes.append(f"a forced rebuild of it was killed: the next run puts the previous build back from {kept} "
+                     "and serves it, training nothing")  # fmt: skip
+    elif done:
         notes.append(f"resumes from step {done} of {train.num_train_steps}")
-    steps = train.num_train_steps - min(done or 0, train.num_train_steps)
+    steps = 0 if kept else train.num_train_steps - min(done or 0, train.num_train_steps)
     tokens = steps * train.batch_size * train.seq_len
     flops = float(tokens * flops_per_token(model, train.seq_len))
     named = artifact.runtime.get("accelerator") or artifact.runtime.get("tpu")
@@ -157,6 +162,13 @@ def _building(location: str) -> str | None:
 
     holder = read_holder(location)
     return holder.describe() if held_live(holder) else None
+
+
+def _kept_by_killed_rebuild(location: str) -> str | None:
+    """Where a forced rebuild that was killed (no live holder: `_building` said none) put
+    the previous build it replaced, when that was a finished build, else None."""
+    moved = reading.unended_rebuild(location)
+    return moved if moved is not None and storage.exists(storage.join(location, moved, RECORD_FILE)) else None
 
 
 def _resumes_from(experiment: Experiment, prefix: str, artifact: Artifact) -> int | None:

@@ -84,6 +84,7 @@ from marin_rules.experiment import Artifact, Experiment
 from marin_rules.inspect import reading
 from marin_rules.steps import find_user_module
 from marin_rules.job.attempt import job_recipe, refusal_ahead  # (no JAX)
+from marin_rules.workflow.forcing import forced_phrase, forcing_run_alive
 
 VAL_LOSS_KEYS = ("final_val_loss", "val_loss")
 NOT_IN_EXPERIMENT = "not in this experiment"  # the reason of a built version the experiment does not name
@@ -468,11 +469,12 @@ def location_status(
         else:
             reason += f"; {text}"
     unbuilt = [k for k, r in (upstream_records or {}).items() if r is None] if artifact is not None else []
-    if rebuilt and reading.forced_rebuild_owed(location):  # drifted or not: session._left_pending
-        reason += "; a forced run stopped before rebuilding it: the next run rebuilds it"
-    elif unbuilt and reading.forced_rebuild_owed(location):  # its forced upstream (sharded) was moved aside
-        reason += (f"; a forced run stopped before rebuilding it and its upstream {unbuilt[0]}: the next run "
-                   f"rebuilds it after {unbuilt[0]}")  # fmt: skip
+    owed = (rebuilt or unbuilt) and reading.forced_rebuild_owed(location)  # drifted or not: session._left_pending
+    then = "" if not owed else "the next run rebuilds it" if forcing_run_alive(location) is None else "that run rebuilds it"
+    if owed and rebuilt:
+        reason += f"; {forced_phrase(location)}: {then}"
+    elif owed:  # an upstream unbuilt: its forced upstream (sharded) was moved aside
+        reason += f"; {forced_phrase(location)} and its upstream {unbuilt[0]}: {then} after {unbuilt[0]}"
     change = code_change(artifact.step, record.get("provenance")) if artifact is not None else None
     if change is not None:
         then, now, version = change

@@ -40,12 +40,13 @@ from typing import Any, Callable, Mapping
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE
-from marin_rules.artifacts.lease import LEASE_FILE
+from marin_rules.artifacts.lease import LEASE_FILE, LeaseHolder, decode_holder, encode_holder, running_here
 from marin_rules.artifacts.files import FORCED_MARKER, HISTORY_DIR, REBUILDING, discard, history_stamp, list_data_files
 from marin_rules.artifacts.provenance import iso, utc_now
 
 MARKER = FORCED_MARKER  # not *.json: not an earlier record for readers of .history/
 CASCADE = ".forced-by-upstream"  # beside MARKER: forced only because an upstream was
+FORCING_RUN = ".forced-by-run"  # beside MARKER: the run that marked it (a lease holder's JSON)
 KEEP = {HISTORY_DIR, FAILURES_DIR, LEASE_FILE, LEASE_FILE + ".lock"}
 
 
@@ -110,11 +111,13 @@ def marker_of(location: str) -> str:
     return storage.join(location, HISTORY_DIR, MARKER)
 
 
-def mark_forced(location: str, by_upstream: bool = False) -> None:
+def mark_forced(location: str, by_upstream: bool = False, run: LeaseHolder | None = None) -> None:
     """Before Snakemake deletes a forced job's record: save it as the marker (a marker
     with `null` when only data of an unfinished build is there; nothing when empty).
     `by_upstream`: forced only because an upstream is (a cascade), which a failed
-    rebuild still owes (`restore_old_build`); a direct force is the user's to repeat."""
+    rebuild still owes (`restore_old_build`); a direct force is the user's to repeat.
+    `run`: the main process of the run that marks it (`forcing_run_alive`); a job
+    marking its cascade owed again leaves none."""
     record_file = storage.join(location, RECORD_FILE)
     try:
         data = storage.read_bytes(record_file)
@@ -128,6 +131,21 @@ def mark_forced(location: str, by_upstream: bool = False) -> None:
         storage.write_bytes_atomic(cascade, b"")
     else:
         _remove(cascade)
+    if run is not None:
+        storage.write_bytes_atomic(storage.join(location, HISTORY_DIR, FORCING_RUN), encode_holder(run))
+    else:
+        _remove(storage.join(location, HISTORY_DIR, FORCING_RUN))
+
+
+def forcing_run_alive(location: str) -> str | None:
+    """The run that marked `location` forced (`mark_forced`), described, while it is known
+    to be running (`lease.running_here`: its process, on this host), else None: a
+    rebuild it owes is then under way, not stopped. From another host nobody can tell."""
+    try:
+        holder = decode_holder(storage.read_bytes(storage.join(location, HISTORY_DIR, FORCING_RUN)))
+    except FileNotFoundError:
+        return None
+    return holder.describe() if holder is not None and running_here(holder) else None
 
 
 def unmark_forced(location: str) -> None:
@@ -135,6 +153,7 @@ def unmark_forced(location: str) -> None:
     `.history/` that held nothing else goes too."""
     _remove(marker_of(location))
     _remove(storage.join(location, HISTORY_DIR, CASCADE))
+    _remove(storage.join(location, HISTORY_DIR, FORCING_RUN))
     if not storage.is_remote(location):  # on GCS an emptied folder is gone already
         try:
             os.rmdir(os.path.join(storage.local_path(location), HISTORY_DIR))
@@ -145,6 +164,13 @@ def unmark_forced(location: str) -> None:
 def forced_by_upstream(location: str) -> bool:
     """Was the pending forced build of `location` marked as a cascade (`mark_forced`)?"""
     return storage.exists(storage.join(location, HISTORY_DIR, CASCADE))
+
+
+def forced_phrase(location: str) -> str:
+    """How a rebuild owed by a forced run (its marker still there) is said: "a forced run
+    stopped before rebuilding it", unless that run is known to be running still."""
+    run = forcing_run_alive(location)
+    return "a forced run stopped before rebuilding it" if run is None else f"a forced run ({run}) has not rebuilt it yet"
 
 
 def move_old_build(location: str) -> str | None:
@@ -162,6 +188,7 @@ def move_old_build(location: str) -> str | None:
         storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
     _remove(marker)
     _remove(storage.join(location, HISTORY_DIR, CASCADE))
+    _remove(storage.join(location, HISTORY_DIR, FORCING_RUN))
     if not holds_build(target) and not list_data_files(target):  # an unfinished attempt that left no data
         discard(target)  # (at most its .attempt.json)
         return None

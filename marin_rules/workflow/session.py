@@ -78,6 +78,7 @@ from marin_rules.adopt import STEP as ADOPT_STEP, check_layout, source_changed, 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
+from marin_rules.artifacts.lease import LeaseHolder, new_holder
 from marin_rules.artifacts.provenance import iso, utc_now
 from marin_rules.artifacts.records import Record, read_record_file
 from marin_rules.artifacts.shards import SHARD_NAME, SHARD_RECORD, SHARDS_DIR, Shard, all_shards, shard_count
@@ -133,6 +134,7 @@ class Session:
     _pod_jobs: list[str] = field(default_factory=list)  # planned jobs that ask for a TPU (`tpu` resource)
     _rule_names: dict[str, str] = field(default_factory=dict)  # our rule -> its name in Snakemake (`name_rules`)
     _started: bool = False
+    _run: LeaseHolder | None = None  # this run's main process, once started (`start`)
     _stamped: bool = False
     succeeded: bool = False  # set by `onsuccess:`
 
@@ -248,7 +250,7 @@ class Session:
             if artifact is not None and artifact.key in self._marked:
                 location = self.location(artifact.key)
                 if not storage.exists(forcing.marker_of(location)):
-                    forcing.mark_forced(location, by_upstream=not self._direct.get(artifact.key))
+                    forcing.mark_forced(location, by_upstream=not self._direct.get(artifact.key), run=self._run)
         return attempt
 
     # ---- the start of a real run --------------------------------------------------
@@ -260,6 +262,7 @@ class Session:
         if self._started or not self.main_process or self.dry:
             return
         self._started = True
+        self._run = new_holder()  # this run, named beside each marker: a reader can tell it is still going
         self._refuse_unreachable_prefix()
         for key in self._to_retire:  # may be refused (a live lease): before anything is marked
             self._retire_sharded(self.experiment[key])
@@ -289,7 +292,7 @@ class Session:
         location = self.location(key)
         if cascade and key not in self._pending and not storage.exists(forcing.marker_of(location)):
             self._new_cascades.append(key)
-        forcing.mark_forced(location, by_upstream=cascade)
+        forcing.mark_forced(location, by_upstream=cascade, run=self._run)
         self._marked.append(key)
 
     # ---- forcing -----------------------------------------------------------------
@@ -397,10 +400,11 @@ class Session:
             how, upstream, keep = "unbuilt", self._via[key], ""
         else:
             return None
+        forced = forcing.forced_phrase(self.location(key))
         if how == "rebuilt":  # by that forced run, or by a later run that stopped too
-            return (f"{key}: a forced run stopped before rebuilding it; its upstream {upstream} has been rebuilt "
+            return (f"{key}: {forced}; its upstream {upstream} has been rebuilt "
                     f"since it was built: {action}{'' if self.dry else ' now'}{keep}")  # fmt: skip
-        return f"{key}: a forced run stopped before rebuilding it and its upstream {upstream}: {action} after {upstream}{keep}"
+        return f"{key}: {forced} and its upstream {upstream}: {action} after {upstream}{keep}"
 
     # ---- input functions -----------------------------------------------------------
     def inputs(self, wildcards) -> dict[str, Any]:
