@@ -476,3 +476,17 @@ def test_a_job_whose_lease_lock_cannot_be_opened_fails_in_one_line_with_a_failur
     assert "Traceback" not in log and line in log
     error = json.loads(failure.read_text())["error"]
     assert error["type"] == "LeaseFileUnusable" and error["message"] == line.split(" (failure record")[0][13:]
+
+
+def test_a_run_is_known_to_be_running_only_by_its_own_process_on_this_host():
+    import dataclasses
+
+    from marin_rules.artifacts.lease import new_holder, running_here
+
+    me = new_holder()
+    assert running_here(me)
+    assert not running_here(dataclasses.replace(me, since="2020-01-01T00:00:00+00:00"))  # the pid taken over later
+    assert not running_here(dataclasses.replace(me, host=me.host + "-elsewhere"))  # nobody can tell: not known
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                           timeout=60, check=True)  # fmt: skip
+    assert not running_here(dataclasses.replace(me, pid=int(ended.stdout)))

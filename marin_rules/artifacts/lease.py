@@ -179,10 +179,28 @@ def holder_gone(holder: LeaseHolder) -> bool:
 
 def running_here(holder: LeaseHolder) -> bool:
     """Is the holder's process known to be running: on this host, in this pid namespace,
-    and its process exists? (Elsewhere nobody can tell from here.)"""
+    its process exists, and it started before the holder's `since` (a process that took
+    the pid over later is another one)? Elsewhere nobody can tell from here."""
     here = pid_namespace()
-    return (holder.host == socket.gethostname() and bool(here) and holder.pid_namespace == here
-            and process_exists(holder.pid))  # fmt: skip
+    if holder.host != socket.gethostname() or not here or holder.pid_namespace != here or not process_exists(holder.pid):
+        return False
+    started = process_started(holder.pid)
+    try:
+        return started is None or started <= _instant(holder.since) + dt.timedelta(seconds=2)
+    except (ValueError, TypeError, AttributeError):
+        return False
+
+
+def process_started(pid: int) -> dt.datetime | None:
+    """When process `pid` of this machine started (Linux /proc), or None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime (clock ticks after boot)
+        with open("/proc/stat", encoding="ascii") as f:
+            boot = int(next(line.split()[1] for line in f if line.startswith("btime ")))
+        return dt.datetime.fromtimestamp(boot + ticks / os.sysconf("SC_CLK_TCK"), tz=dt.timezone.utc)
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def held_live(holder: LeaseHolder | None) -> bool:
