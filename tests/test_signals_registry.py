@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from marin_rules.workflow.signals import register, registered
@@ -94,3 +95,58 @@ def test_a_second_delivery_of_a_signal_reaches_the_jobs_only_and_another_signal_
     finally:
         for s, h in saved.items():
             sig.signal(s, h)
+
+
+def test_an_entry_of_another_host_is_never_signalled_nor_pruned_here(tmp_path):
+    # a job on a cluster node (a shared working directory) may have the pid of any process
+    # here, even a live one: it is not ours to signal, and only its own host can prune it
+    import signal
+
+    from marin_rules.workflow.signals import forward, host_key, registry_dir
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        registry = tmp_path / os.path.basename(registry_dir())  # this process stands for snakemake
+        assert registry.name == f"{os.getpid()}@{host_key()}"
+        entry(registry, 0)
+        (registry / "0").rename(registry / f"{bystander.pid}@node-17")
+        assert registered(str(registry)) == []  # none this host can reach
+        assert forward(str(registry), signal.SIGTERM) == [] and bystander.poll() is None  # not signalled
+        assert (registry / "stop").read_text() == "SIGTERM"  # what that job watches for
+        register(str(tmp_path / "999999999"), os.getpid())()  # prunes beside it
+        assert (registry / f"{bystander.pid}@node-17").exists()
+        other = tmp_path / "4242@node-17"  # another host's run: untouched here
+        entry(other, dead_pid())
+        register(str(tmp_path / "999999999"), os.getpid())()
+        assert other.exists()
+    finally:
+        bystander.kill()
+        bystander.wait(timeout=30)
+
+
+def test_a_job_on_another_host_than_snakemake_stops_on_the_stop_file(tmp_path):
+    # the registry names snakemake's host: this job cannot be signalled from there, so it
+    # watches the registry's stop file and stops itself with the signal named there
+    import signal
+
+    registry = tmp_path / ".snakemake" / "marin-jobs" / "4242@login-node"
+    (tmp_path / "steps.py").write_text("import time\ndef make(ctx):\n    while True:\n        time.sleep(0.05)\n")
+    (tmp_path / "exp.yaml").write_text('artifacts:\n  raw/a@v1: {step: "steps:make"}\n')
+    job = [sys.executable, "-m", "marin_rules.job", "--artifact", "raw/a/v1", "--experiment", "exp.yaml",
+           "--prefix", "art", "--registry", str(registry), "--log", "job.log"]  # fmt: skip
+    proc = subprocess.Popen(job, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "art/raw/a/v1/.lease.json").exists():  # registered, and the step has begun
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else "timeout"
+            time.sleep(0.02)  # polling a subprocess, bounded by the deadline
+        (registry / "stop").write_text("SIGTERM")
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    (failure,) = (tmp_path / "art/raw/a/v1/.failures").glob("*.json")
+    assert "SIGTERM" in failure.read_text() and not (tmp_path / "art/raw/a/v1/.artifact.json").exists()
+    assert list(registry.glob("*@*")) == []  # unregistered

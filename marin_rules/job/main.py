@@ -122,22 +122,25 @@ def main(argv: list[str] | None = None) -> int:
         if pod is None or pod.process_id == 0:  # one voice per pod
             _console = console
         _log_to(log)
-    unregister = None
+    unregister, watching = None, None
     try:
         if args.registry:
             import signal
 
-            from marin_rules.workflow.signals import register, stop_requested
+            from marin_rules.workflow.signals import register, stop_requested, watch_stop
 
             unregister = register(args.registry, os.getpid())
             stopped = stop_requested(args.registry)  # the signal came before this process registered
             if stopped is not None:
                 tell(f"marin-rules: {args.artifact}: not started: snakemake received {stopped}")
                 return 128 + int(getattr(signal.Signals, stopped, signal.SIGTERM))
+            watching = watch_stop(args.registry)  # on another host than snakemake: no signal reaches here
         code = _exit_status(args)
     except JobTerminated as e:  # stopped while registering: nothing begun, nothing to record
         code = 128 + e.signum if e.signum else 1
     finally:
+        if watching is not None:
+            watching.set()
         if unregister is not None:
             unregister()
     if pod_stderr is not None and code != 0:
