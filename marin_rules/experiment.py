@@ -56,7 +56,7 @@ DEFAULT_EXPERIMENT = "experiments/default.yaml"  # relative to the workflow (rep
 ENTRY_FIELDS = {"step", "adopt", "deps", "config", "runtime", "expect_fingerprint", "description"}
 TOP_FIELDS = {"artifacts", "sweeps", "description"}
 EXTENSION_PREFIX = "x-"  # a top-level `x-...:` key is ignored: a place for YAML anchors (`x-model: &model {...}`)
-ROLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+ROLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ADOPT = "adopt"  # the built-in step of an entry's `adopt:` (marin_rules.adopt.STEP)
 TPU_TYPE = r"[a-z][a-z0-9]*-[0-9]+"  # an accelerator type, as gcloud and the tpu executor take it
 ZONE = r"[a-z]+-[a-z]+[0-9]+-[a-z]"  # a Google Cloud zone
@@ -335,7 +335,7 @@ def _validated_entry(key: str, entry: Any, keys: Mapping[str, Any]) -> tuple[str
     config, runtime, deps_in = (entry.get(name) or {} for name in ("config", "runtime", "deps"))
     deps: dict[str, str | dict[str, float]] = {}
     for role, dep in deps_in.items():
-        if not isinstance(role, str) or not ROLE.match(role):
+        if not isinstance(role, str) or not ROLE.fullmatch(role):
             raise fail(f"deps.{role}", f"a role is an identifier such as 'data' or 'tokenizer'{bool_word_hint(role)}")
         if isinstance(dep, Mapping):
             mixture: dict[str, float] = {}

@@ -130,11 +130,11 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
     ),
 }
 
-USER_STEP = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*\Z")
+USER_STEP = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def is_valid_step(step: Any) -> bool:
-    return isinstance(step, str) and (step in BUILTIN_STEPS or bool(USER_STEP.match(step)))
+    return isinstance(step, str) and (step in BUILTIN_STEPS or bool(USER_STEP.fullmatch(step)))
 
 
 def check_user_step(step: str) -> None:

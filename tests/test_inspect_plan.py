@@ -18,6 +18,8 @@ embeddings, 100 steps x batch 8 x seq 64.
 
 from __future__ import annotations
 
+import json
+
 import socket
 import sys
 
@@ -153,6 +155,12 @@ def test_a_stopped_run_is_priced_for_the_steps_left_after_its_newest_checkpoint(
         "a forced rebuild of it was killed: the next run puts the previous build back from .history/20261205T010203Z "
         "and serves it, training nothing")  # fmt: skip
     assert price_job(experiment, "checkpoints/nano@v1", prefix=prefix, fresh=True).tokens == 51_200
+    begin_rebuild(str(output), str(kept), owed=True)  # a cascade's: put back, then rebuilt
+    assert price_job(experiment, "checkpoints/nano@v1", prefix=prefix).note == "resumes from step 40 of 100"
+    begin_rebuild(str(output), str(kept), owed=False)
+    (kept / ".artifact.json").write_text(json.dumps({"deps": {"data": {"name": "tokenized/s", "version": "v1", "fingerprint": "0" * 16,
+                                                               "built": "2020-01-01T00:00:00+00:00"}}}))
+    assert price_job(experiment, "checkpoints/nano@v1", prefix=prefix).note == "resumes from step 40 of 100"  # made from another build
     end_rebuild(str(output))
     assert "resumes" not in plan_lines(experiment, prefix, forced=["checkpoints/nano@v1"])[1]
     from marin_rules.train.recipe import make_recipe, record_recipe

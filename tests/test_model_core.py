@@ -171,16 +171,15 @@ def test_bfloat16_head_accumulates_in_float32():
 
 
 def test_capacity_drops_let_a_later_token_change_an_earlier_output_and_dropless_does_not():
-    from marin_rules.model.moe import dropless
-
     # capacity 1.0 with every token wanting the same experts: later rows push earlier ones out
     a = tokens(batch=4, length=16)
     b = a.at[1:].set((a[1:] + 7) % 97)  # only rows 1..3 change
     outputs = {}
-    for impl in ("capacity", dropless("capacity")):
+    for impl in ("capacity", tiny(moe_impl="capacity").dropless().moe_impl):
         model = MoETransformer(tiny(moe_impl=impl, capacity_factor=0.5), rngs=nnx.Rngs(0))
         outputs[impl] = (forward(model, a)[0][0], forward(model, b)[0][0])  # row 0's logits
-    assert dropless("capacity") == "ragged" and dropless("dense") == "dense"
+    assert tiny(moe_impl="capacity").dropless().moe_impl == "ragged"
+    assert (dense := tiny(moe_impl="dense")).dropless() is dense  # dropless already: the same config
     assert not np.allclose(*outputs["capacity"], atol=1e-4)  # row 0 depends on its batch
     np.testing.assert_allclose(*outputs["ragged"], atol=1e-5)  # row 0 is row 0's alone
 

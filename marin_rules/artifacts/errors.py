@@ -68,7 +68,7 @@ def got(value: Any) -> str:
     return f"{value!r}{number_text_hint(value)}"
 
 
-_NUMBER_TEXT = re.compile(r"^([-+]?)(\d*)(?:\.(\d*))?(?:[eE]([-+]?)(\d+))?\Z")
+_NUMBER_TEXT = re.compile(r"^([-+]?)(\d*)(?:\.(\d*))?(?:[eE]([-+]?)(\d+))?$")
 
 
 def number_text_hint(value: Any) -> str:

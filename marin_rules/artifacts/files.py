@@ -34,6 +34,7 @@ HISTORY_DIR = ".history"
 # in HISTORY_DIR, written by the workflow glue (`workflow/forcing.py`), read by inspection and the mirror:
 FORCED_MARKER = ".forced-record"  # a forced build's saved record, until its job moves the old build
 REBUILDING = ".rebuilding"  # a forced rebuild under way: where the old build went
+FORCING_RUN = ".forced-by-run"  # beside FORCED_MARKER: the run that marked it (a lease holder's JSON)
 ATTEMPT_FILE = ".attempt.json"  # the upstream builds the data in place was made from (`job/attempt.py`)
 NOT_DATA = (RECORD_FILE, FAILURES_DIR, HISTORY_DIR, LEASE_FILE, ATTEMPT_FILE)
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 from marin_rules.artifacts.errors import ConfigError
 
-NAME_SEGMENT = re.compile(r"^[a-z0-9][a-z0-9._-]*\Z")
-VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+NAME_SEGMENT = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 MAX_SEGMENT_BYTES = 200  # a name segment or version; filesystems allow 255 per folder name
 MAX_OWNER_BYTES = 255 - MAX_SEGMENT_BYTES - 1  # the `-user` of a dev version's folder
@@ -77,13 +77,13 @@ def parse_key(key: object, field: str = "") -> ArtifactId:
         raise ConfigError(field, f"expected 'name@version', got {key!r} (add a version, e.g. {key}@v1)")
     segments = name.split("/")
     for segment in segments:
-        if segment in ("", ".", "..") or not NAME_SEGMENT.match(segment):
+        if segment in ("", ".", "..") or not NAME_SEGMENT.fullmatch(segment):
             raise ConfigError(
                 field,
                 f"bad artifact name {name!r} in {key!r}: use '/'-separated segments of "
                 "lowercase letters, digits, '.', '_', '-', each starting with a letter or digit",
             )
-    if not VERSION.match(version) or version in (".", ".."):
+    if not VERSION.fullmatch(version) or version in (".", ".."):
         raise ConfigError(
             field,
             f"bad version {version!r} in {key!r}: use letters, digits, '.', '_', '-', "

@@ -52,7 +52,7 @@ REQUIRED_DEPS = {
 
 DEFAULT_TASKS = LOCAL_TASKS
 DEFAULT_BATCH_SIZE = 64  # 64 against 32: 1.1x the requests/s on the cloze benchmark (eval_throughput.py)
-TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*\Z")
+TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 Limit = Annotated[int | None, Optional(Int(min=1))]
 Shots = Annotated[int, Int(min=0)]
@@ -74,7 +74,7 @@ class TaskName(Rule):
     """A local task or one lm-eval bundles (read from its task files, no import)."""
 
     def check(self, value: Any, field: str) -> str:
-        if not isinstance(value, str) or not TASK_NAME.match(value):
+        if not isinstance(value, str) or not TASK_NAME.fullmatch(value):
             raise ConfigError(field, f"expected a task name such as {BPB_TASK!r}, got {value!r}")
         if value not in LOCAL_TASKS and not is_standard_task(value):
             raise ConfigError(

@@ -16,7 +16,6 @@ and `ragged` are kept as they are.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -26,18 +25,15 @@ import numpy as np
 from flax import nnx
 
 from marin_rules.eval.scoring import ScoreBatch
-from marin_rules.model.moe import dropless as dropless_impl
 from marin_rules.model.transformer import MoETransformer, empty_cache
 
 def dropless(model: nnx.Module) -> nnx.Module:
-    """`model` with a dropless MoE dispatch (`moe.dropless`): itself when its
+    """`model` with a dropless MoE dispatch (`ModelConfig.dropless`): itself when its
     `moe_impl` drops nothing, else the same weights in a module built with the dropless
     backend (dispatch backends lay out the same computation and share every parameter)."""
-    config = model.config
-    impl = dropless_impl(config.moe_impl)
-    if impl == config.moe_impl:
+    evaluated = model.config.dropless()
+    if evaluated is model.config:
         return model
-    evaluated = dataclasses.replace(config, moe_impl=impl)
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: MoETransformer(evaluated, rngs=nnx.Rngs(0))))
     _, state = nnx.split(model)
     return nnx.merge(graphdef, state)

@@ -136,7 +136,7 @@ def price_job(
     building = None if prefix is None else _building(artifact_location(prefix, artifact.id))
     if building:  # a run that needs it waits for that build instead
         notes.append(f"building now ({building}): a run waits for that build")
-    kept = None if prefix is None or fresh or building else _kept_by_killed_rebuild(artifact_location(prefix, artifact.id))
+    kept = None if prefix is None or fresh or building else _kept_by_killed_rebuild(experiment, prefix, artifact)
     if kept:  # its job restores that build and serves it (job/main.py, forcing.recover_interrupted)
         notes.append(f"a forced rebuild of it was killed: the next run puts the previous build back from {kept} "
                      "and serves it, training nothing")  # fmt: skip
@@ -164,11 +164,26 @@ def _building(location: str) -> str | None:
     return holder.describe() if held_live(holder) else None
 
 
-def _kept_by_killed_rebuild(location: str) -> str | None:
+def _kept_by_killed_rebuild(experiment: Experiment, prefix: str, artifact: Artifact) -> str | None:
     """Where a forced rebuild that was killed (no live holder: `_building` said none) put
-    the previous build it replaced, when that was a finished build, else None."""
+    the previous build it replaced, when its next job serves that build again (job/main.py:
+    a finished build, the rebuild not owed by a cascade, made from today's upstream
+    builds), else None (that job puts it back, then rebuilds)."""
+    from marin_rules.artifacts.builds import rebuilt_upstreams, upstream_builds
+
+    location = artifact_location(prefix, artifact.id)
     moved = reading.unended_rebuild(location)
-    return moved if moved is not None and storage.exists(storage.join(location, moved, RECORD_FILE)) else None
+    if moved is None or reading.unended_rebuild_owed(location):
+        return None
+    try:
+        record = storage.read_json(storage.join(location, moved, RECORD_FILE))
+        ids = {key: experiment[key].id for key in artifact.upstream_keys()}
+        now = upstream_builds(list(ids), lambda key: reading.record_dict(artifact_location(prefix, ids[key]), ids[key]))
+    except (MarinError, OSError, ValueError):  # pricing is advice
+        return None
+    if not isinstance(record, dict) or now is None or rebuilt_upstreams(record.get("deps") or {}, now):
+        return None
+    return moved
 
 
 def _resumes_from(experiment: Experiment, prefix: str, artifact: Artifact) -> int | None:

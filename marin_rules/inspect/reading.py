@@ -81,6 +81,15 @@ def unended_rebuild(location: str) -> str | None:
     return f"{HISTORY_DIR}/{name}" if isinstance(name, str) and name and "/" not in name else None
 
 
+def unended_rebuild_owed(location: str) -> bool:
+    """Was the unended forced rebuild (`unended_rebuild`) owed by a cascade, so that the
+    job restoring its old build rebuilds it after all (`forcing.restore_old_build`)?"""
+    try:
+        return storage.read_json(storage.join(location, HISTORY_DIR, REBUILDING)).get("owed") is True
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def history_failure_files(location: str) -> list[str]:
     """Failure records moved under `.history/<time>/.failures/` by a forced rebuild."""
     found, base = _history_listing(location)
@@ -164,7 +173,7 @@ def versions_on_prefix(prefix: str, name: str) -> list[str]:
         if entry.get("type") != "directory":
             continue
         version = posixpath.basename(entry["name"].rstrip("/"))
-        if not VERSION.match(version):
+        if not VERSION.fullmatch(version):
             continue
         folder = entry["name"].rstrip("/")
         if any(fs.exists(f"{folder}/{marker}") for marker in FOUND_BY):

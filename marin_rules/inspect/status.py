@@ -469,12 +469,13 @@ def location_status(
         else:
             reason += f"; {text}"
     unbuilt = [k for k, r in (upstream_records or {}).items() if r is None] if artifact is not None else []
-    owed = (rebuilt or unbuilt) and reading.forced_rebuild_owed(location)  # drifted or not: session._left_pending
-    then = "" if not owed else "the next run rebuilds it" if forcing_run_alive(location) is None else "that run rebuilds it"
-    if owed and rebuilt:
-        reason += f"; {forced_phrase(location)}: {then}"
-    elif owed:  # an upstream unbuilt: its forced upstream (sharded) was moved aside
-        reason += f"; {forced_phrase(location)} and its upstream {unbuilt[0]}: {then} after {unbuilt[0]}"
+    if (rebuilt or unbuilt) and reading.forced_rebuild_owed(location):  # drifted or not: session._left_pending
+        run = forcing_run_alive(location)
+        then = "the next run rebuilds it" if run is None else "that run rebuilds it"
+        if rebuilt:
+            reason += f"; {forced_phrase(run)}: {then}"
+        else:  # an upstream unbuilt: its forced upstream (sharded) was moved aside
+            reason += f"; {forced_phrase(run)} and its upstream {unbuilt[0]}: {then} after {unbuilt[0]}"
     change = code_change(artifact.step, record.get("provenance")) if artifact is not None else None
     if change is not None:
         then, now, version = change

@@ -25,6 +25,7 @@ from marin_rules.validation import INT32_MAX, Bool, Int, Number, OneOf, check_fi
 ROUTER_GATES = ("softmax", "sigmoid")
 BALANCES = ("aux_loss", "quantile")
 MOE_IMPLS = ("dense", "capacity", "ragged")
+DROPLESS_IMPLS = ("dense", "ragged")  # backends whose output for a token depends on that token only
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
 # a dimension or count of the model: int32 is as far as array shapes and indexing go in
@@ -89,6 +90,12 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def dropless(self) -> ModelConfig:
+        """This model with a dropless MoE dispatch, as evaluation, `load_trained` and
+        training's validation run it: itself when `moe_impl` drops nothing, else `ragged`
+        (dispatch backends share every weight and the math; `ragged` has no capacity limit)."""
+        return self if self.moe_impl in DROPLESS_IMPLS else dataclasses.replace(self, moe_impl="ragged")
 
 
 def check_relations(c: Mapping[str, Any], given: frozenset[str] | None) -> None:

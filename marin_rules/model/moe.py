@@ -18,7 +18,7 @@ returns (y [T, D], dropped assignments as a fraction of T*k). They differ in cos
   the slot an earlier token would have had and change that earlier token's output.
   Fine for training (the usual GShard trade); evaluation and generation score one
   sequence at a time and should see no effect from other tokens: they use a
-  dropless backend instead (`dropless`, and `load_trained(..., dropless=True)`).
+  dropless backend instead (`ModelConfig.dropless`, and `load_trained(..., dropless=True)`).
 - `ragged`: dropless. Assignments sorted by expert, one `jax.lax.ragged_dot` per
   matrix over the contiguous groups, weighted results scatter-added back: on TPU.
   On CPU and GPU, XLA lowers ragged_dot to a masked dense matmul (measured 4x slower
@@ -282,10 +282,3 @@ def dispatch_capacity(x, experts, weights, w_gate, w_up, w_down, *, capacity_fac
 
 
 DISPATCH = {"dense": dispatch_dense, "capacity": dispatch_capacity, "ragged": dispatch_ragged}
-DROPLESS = ("dense", "ragged")  # backends whose output for a token depends on that token only
-
-
-def dropless(moe_impl: str) -> str:
-    """The backend to evaluate a model trained with `moe_impl`: itself when it drops
-    nothing, else `ragged` (same weights, same math, no capacity limit)."""
-    return moe_impl if moe_impl in DROPLESS else "ragged"

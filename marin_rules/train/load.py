@@ -24,7 +24,7 @@ damaged in place is refused in one line of that form, never served:
 After the restore every weight must be finite (`check_finite`: a damaged or diverged run).
 
 `dropless=True` (the default) swaps a `capacity` MoE backend for `ragged` (same
-weights, same math, no capacity limit; `moe.dropless`): with capacity drops, the
+weights, same math, no capacity limit; `ModelConfig.dropless`): with capacity drops, the
 tokens sharing a batch decide which of them are dropped, so a later token could
 change an earlier token's output, which scoring and generation must not see.
 `dropless=False` keeps the layer exactly as trained.
@@ -32,7 +32,6 @@ change an earlier token's output, which scoring and generation must not see.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +47,6 @@ from marin_rules.artifacts.records import Record, read_record, unreadable_file
 from marin_rules.data.relative import resolve_location
 from marin_rules.data.tokenizer import SPECIAL_TOKENS_FILE, TOKENIZER_ARTIFACT_FILES, load_special_tokens
 from marin_rules.model.config import ModelConfig
-from marin_rules.model.moe import dropless as dropless_impl
 from marin_rules.model.sharding import path_names
 from marin_rules.model.transformer import MoETransformer
 from marin_rules.train import checkpoint
@@ -83,7 +81,7 @@ def load_trained(location: str, step: int | None = None, *, dropless: bool = Tru
     tokenizer = resolve_location(location, info.get("tokenizer", ""))
     check_tokenizer(tokenizer, location)
     if dropless:
-        config = dataclasses.replace(config, moe_impl=dropless_impl(config.moe_impl))
+        config = config.dropless()
     manager = checkpoint.open_manager(location, max_to_keep=None, read_only=True)
     try:
         step = step if step is not None else checkpoint.latest_step(manager)

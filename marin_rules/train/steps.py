@@ -15,7 +15,6 @@ very step.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
@@ -26,7 +25,6 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from marin_rules.model.moe import dropless
 from marin_rules.model.sharding import BATCH_AXES, state_shardings
 from marin_rules.model.transformer import MoETransformer, loss_and_aux, update_router_bias
 
@@ -97,10 +95,10 @@ def make_train_step(graphdef: Any, tx: optax.GradientTransformation, accum: int)
 
 def make_eval_step(model_config: Any):
     """jit((params, state, tokens [B, T+1]) -> mean cross-entropy) through a dropless MoE
-    dispatch (`moe.dropless`: a `capacity` model's same weights in its `ragged` layer),
+    dispatch (`ModelConfig.dropless`: a `capacity` model's same weights in its `ragged` layer),
     as evaluation and `load_trained` score it: with capacity drops a sequence's
     validation loss would depend on the other rows of its batch and on the mesh."""
-    evaluated = dataclasses.replace(model_config, moe_impl=dropless(model_config.moe_impl))
+    evaluated = model_config.dropless()
     graphdef, _, _ = nnx.split(nnx.eval_shape(lambda: MoETransformer(evaluated, rngs=nnx.Rngs(0))), nnx.Param, ...)
 
     def eval_step(params, state, tokens):

@@ -110,7 +110,8 @@ class Int(Rule):
         """A whole number written with a point (`300.0`, `1.0e3`) is a float in YAML; JSON
         Schema calls it an integer, so an editor passes what the loader refuses here:
         say how to write it."""
-        if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        whole = isinstance(value, float) and value.is_integer() and abs(value) < 1e15
+        if whole and (self.min is None or value >= self.min) and (self.max is None or value <= self.max):
             return f" (a float: write {int(value)}, without the point)"
         return super().hint(value)
 

@@ -41,12 +41,13 @@ from typing import Any, Callable, Mapping
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE
 from marin_rules.artifacts.lease import LEASE_FILE, LeaseHolder, decode_holder, encode_holder, running_here
-from marin_rules.artifacts.files import FORCED_MARKER, HISTORY_DIR, REBUILDING, discard, history_stamp, list_data_files
+from marin_rules.artifacts.files import (
+    FORCED_MARKER, FORCING_RUN, HISTORY_DIR, REBUILDING, discard, history_stamp, list_data_files,
+)  # fmt: skip
 from marin_rules.artifacts.provenance import iso, utc_now
 
 MARKER = FORCED_MARKER  # not *.json: not an earlier record for readers of .history/
 CASCADE = ".forced-by-upstream"  # beside MARKER: forced only because an upstream was
-FORCING_RUN = ".forced-by-run"  # beside MARKER: the run that marked it (a lease holder's JSON)
 KEEP = {HISTORY_DIR, FAILURES_DIR, LEASE_FILE, LEASE_FILE + ".lock"}
 
 
@@ -125,16 +126,17 @@ def mark_forced(location: str, by_upstream: bool = False, run: LeaseHolder | Non
         if not storage.exists(location):
             return
         data = b"null"
+    forcing_run = storage.join(location, HISTORY_DIR, FORCING_RUN)  # first: no reader sees the marker without it
+    if run is not None:
+        storage.write_bytes_atomic(forcing_run, encode_holder(run))
+    else:
+        _remove(forcing_run)
     storage.write_bytes_atomic(marker_of(location), data)
     cascade = storage.join(location, HISTORY_DIR, CASCADE)
     if by_upstream:
         storage.write_bytes_atomic(cascade, b"")
     else:
         _remove(cascade)
-    if run is not None:
-        storage.write_bytes_atomic(storage.join(location, HISTORY_DIR, FORCING_RUN), encode_holder(run))
-    else:
-        _remove(storage.join(location, HISTORY_DIR, FORCING_RUN))
 
 
 def forcing_run_alive(location: str) -> str | None:
@@ -143,7 +145,7 @@ def forcing_run_alive(location: str) -> str | None:
     rebuild it owes is then under way, not stopped. From another host nobody can tell."""
     try:
         holder = decode_holder(storage.read_bytes(storage.join(location, HISTORY_DIR, FORCING_RUN)))
-    except FileNotFoundError:
+    except OSError:  # none (or unreadable: then nobody can tell it runs)
         return None
     return holder.describe() if holder is not None and running_here(holder) else None
 
@@ -166,10 +168,9 @@ def forced_by_upstream(location: str) -> bool:
     return storage.exists(storage.join(location, HISTORY_DIR, CASCADE))
 
 
-def forced_phrase(location: str) -> str:
-    """How a rebuild owed by a forced run (its marker still there) is said: "a forced run
-    stopped before rebuilding it", unless that run is known to be running still."""
-    run = forcing_run_alive(location)
+def forced_phrase(run: str | None) -> str:
+    """How a rebuild owed by a forced run (its marker still there) is said, given that
+    run while it is known to be running (`forcing_run_alive`), else None."""
     return "a forced run stopped before rebuilding it" if run is None else f"a forced run ({run}) has not rebuilt it yet"
 
 

@@ -400,7 +400,7 @@ class Session:
             how, upstream, keep = "unbuilt", self._via[key], ""
         else:
             return None
-        forced = forcing.forced_phrase(self.location(key))
+        forced = forcing.forced_phrase(forcing.forcing_run_alive(self.location(key)))
         if how == "rebuilt":  # by that forced run, or by a later run that stopped too
             return (f"{key}: {forced}; its upstream {upstream} has been rebuilt "
                     f"since it was built: {action}{'' if self.dry else ' now'}{keep}")  # fmt: skip
