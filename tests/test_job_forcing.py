@@ -544,3 +544,23 @@ def test_two_experiments_on_one_prefix_cannot_nest_one_artifacts_folder_in_anoth
     assert (other / "raw/a/v1/x/.artifact.json").exists() and not (other / "raw/a/v1/.artifact.json").exists()
     # the inner one, built already, is still served (the check comes after that)
     assert ws.snakemake(exp="inner.yaml", prefix=str(other)).returncode == 0
+
+
+def test_allowed_rules_leave_the_consumers_of_a_rebuild_owed_not_stale(tmp_path, snakemake_cmd, monkeypatch):
+    # `-R download --allowed-rules download`: Snakemake plans no job of another rule, so
+    # the user step consuming the rebuilt download is owed its rebuild (as under --until)
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("Some words to download.\n")
+    ws = _train_workspace(tmp_path, snakemake_cmd, monkeypatch, {
+        "raw/d@v1": {"step": "download", "config": {"source": str(texts)}},
+        "ck/t@v1": {"step": "steps:train", "deps": {"src": "raw/d@v1"}, "config": {"steps": 2}},
+    })  # fmt: skip
+    ws.snakemake()
+    first = ws.record("ck/t@v1")
+    ws.snakemake("-R", "download", "--allowed-rules", "download")
+    assert ws.record("raw/d@v1")["provenance"]["started"] > first["provenance"]["started"]  # rebuilt
+    assert ws.record("ck/t@v1") == first and (Path(ws.prefix) / "ck/t/v1/.history/.forced-record").exists()
+    assert "a forced run stopped before rebuilding it: the next run rebuilds it" in _status(ws)["ck/t@v1"]
+    ws.snakemake()
+    assert ws.record("ck/t@v1")["provenance"]["started"] > ws.record("raw/d@v1")["provenance"]["started"]

@@ -266,6 +266,7 @@ class Session:
         self._refuse_unreachable_prefix()
         for key in self._to_retire:  # may be refused (a live lease): before anything is marked
             self._retire_sharded(self.experiment[key])
+        self._to_mark += [(key, True) for key in self._owed_outside_allowed_rules()]
         for key, cascade in self._to_mark:
             self._mark(key, cascade)
         self._to_retire, self._to_mark = [], []
@@ -556,6 +557,22 @@ class Session:
             if refusal is not None:
                 print(refusal, file=sys.stderr)
 
+
+    def _owed_outside_allowed_rules(self) -> list[str]:
+        """With `--allowed-rules`, Snakemake plans no job of another rule (an output there
+        is taken as it is), so no input function sees the consumers of what this run
+        rebuilds: those of them with a build, whose rules are not allowed, are owed their
+        rebuild as a cascade `--until` leaves out is (`_mark_left_out`), and the next run
+        finishes them (`_left_pending`)."""
+        allowed = {str(r) for r in (getattr(self.workflow.dag_settings, "allowed_rules", None) or ())}
+        rebuilt = {key for key, _ in self._to_mark if not self.left_out(key)} | set(self._to_retire)
+        if not allowed or not rebuilt:
+            return []
+        return [
+            key for key, artifact in self.experiment.artifacts.items()
+            if key not in rebuilt and not artifact.id.is_dev and rebuilt & set(artifact.upstream_keys())
+            and not set(self._rules(key)) & allowed and self.recorded(key) is not None
+        ]  # fmt: skip
 
     def _mark_left_out(self, artifact: Artifact) -> None:
         """A forced artifact whose job this run leaves out (`left_out`): nothing is moved
