@@ -217,8 +217,19 @@ def test_a_forced_rebuild_in_flight_or_failed_says_where_the_previous_build_is(e
     os.remove(f"{location}/.history/.forced-record")  # the job moved the old build (or the record was deleted)
     storage.write_json_atomic(f"{location}/.history/20261201T100000Z/.artifact.json", old)
     row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
+    assert row == {**row, "state": "missing", "reason": "record deleted, data still there: no success record, yet its "
+                   "folder holds 1 data file(s) (snakemake --delete-all-output?); the next run builds it; the previous "
+                   "build is kept in .history/"}  # fmt: skip
+    data = [f for f in os.listdir(location) if not f.startswith(".")]
+    moved = f"{tmp_path}/moved"
+    os.mkdir(moved)
+    for f in data:
+        os.rename(f"{location}/{f}", f"{moved}/{f}")
+    row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
     assert row == {**row, "state": "missing", "reason": "no record: a forced rebuild not finished, or the record was "
-                   "deleted; the previous build is kept in .history/"}  # fmt: skip
+                   "deleted; the next run builds it; the previous build is kept in .history/"}  # fmt: skip
+    for f in data:
+        os.rename(f"{moved}/{f}", f"{location}/{f}")
     fail(prefix, experiment, "raw/s@v1", "network down", "2026-12-02T08:00:00.000Z")  # the forced rebuild failed
     row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
     assert row["state"] == "failed"

@@ -433,7 +433,9 @@ def location_status(
             reason += f"; its lease file is unreadable ({problem}): the next run takes it over"
         if reading.history_files(location):  # a forced rebuild that has not (or not yet) succeeded
             if state == "missing" and not reading.forced_rebuild_owed(location):
-                reason = "no record: a forced rebuild not finished, or the record was deleted"
+                if reason.startswith("never built"):  # else the reason says more (data left, shards built)
+                    reason = "no record: a forced rebuild not finished, or the record was deleted" + (
+                        "" if ahead else "; the next run builds it")
             elif state == "missing":
                 reason = "forced rebuild not finished"
             reason += "; the previous build is kept in .history/"
