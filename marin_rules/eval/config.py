@@ -210,10 +210,10 @@ def check_evaluate_upstream(config: Mapping[str, Any], upstream: Mapping[str, An
             todo += [u for role in entry.deps if role != "tokenizer" for u in entry.upstreams(role)]
 
     def source(entry: Any) -> str:
-        return str(entry.get("source", DEFAULT_SOURCE)).rstrip("/")
+        return str(entry.get("source", DEFAULT_SOURCE))
 
     for corpus in corpora.values():
-        if corpus.key == data.key or source(corpus) != source(data) or corpus.get("sample_count") is not None:
+        if corpus.key == data.key or not same_documents(source(corpus), source(data)) or corpus.get("sample_count") is not None:
             continue
         trained_on = [key for key in data.get("heldout", ()) if key not in corpus.get("heldout", ())]
         if trained_on:
@@ -224,6 +224,24 @@ def check_evaluate_upstream(config: Mapping[str, Any], upstream: Mapping[str, An
                 f"not be held-out scores; evaluate on {corpus.key} (its held-out split), or hold "
                 f"{', '.join(trained_on)} out of {corpus.key} too",
             )
+
+
+def same_documents(a: str, b: str) -> bool:
+    """May two download sources give the same documents? A local folder however spelled
+    (relative, `..`, a symbolic link, a trailing slash) is itself, and holds every file a
+    glob in it selects; two different globs in one folder are taken as apart (a train/test
+    split by file name). Other sources (gs://, hf://, package:) compare as written."""
+
+    def place(text: str) -> tuple[str, str]:
+        if "://" in text or ":" in text.split("/", 1)[0]:
+            return text.rstrip("/"), ""
+        parts = text.rstrip("/").split("/")
+        cut = next((i for i, p in enumerate(parts) if any(c in p for c in "*?[")), len(parts))
+        folder = "/".join(parts[:cut]) or ("/" if text.startswith("/") else ".")
+        return os.path.realpath(folder), "/".join(parts[cut:])
+
+    (folder_a, glob_a), (folder_b, glob_b) = place(a), place(b)
+    return folder_a == folder_b and (glob_a == glob_b or not glob_a or not glob_b)
 
 
 def _check_holds_out(config: Mapping[str, Any], upstream: Mapping[str, Any], data: Any) -> None:
