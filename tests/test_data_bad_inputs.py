@@ -72,6 +72,14 @@ def test_truncated_jsonl_gz_says_copy_it_again(tmp_path):
     )
 
 
+def test_an_empty_json_gz_is_an_interrupted_copy_not_an_empty_file(tmp_path):
+    failed_download(
+        tmp_path,
+        lambda src: ((src / "x.jsonl").write_text('{"text": "kept"}\n'), (src / "part-0001.json.gz").write_bytes(b"")),
+        "config.source: {src}/part-0001.json.gz is empty (0 bytes: gzip data has at least a header): copy it again",
+    )
+
+
 def test_plain_text_named_jsonl_gz_says_rename_or_compress(tmp_path):
     failed_download(
         tmp_path,

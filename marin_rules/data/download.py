@@ -358,6 +358,8 @@ def _jsonl_records(location: str) -> Iterator[tuple[int, Any]]:
     """(line number, parsed JSON) of each non-blank line."""
     data = _read_bytes(location)
     if location.endswith(".gz"):
+        if not data:  # gzip.decompress(b"") is b"": an interrupted copy would read as an empty file
+            raise source_error(location, "is empty (0 bytes: gzip data has at least a header)", "copy it again")
         try:
             data = gzip.decompress(data)
         except dolma.GZIP_ERRORS as e:
