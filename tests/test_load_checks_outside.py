@@ -241,6 +241,21 @@ def test_train_data_check_refuses_weights_whose_sum_overflows():
         check_mixture(MIXTURE, "deps.data")
 
 
+def test_a_mixture_weight_too_small_to_get_a_row_of_a_block_is_refused_and_one_that_does_is_read():
+    from marin_rules.data.loader import BLOCK, block_counts
+
+    with pytest.raises(ConfigError) as refused:
+        check_mixture({"tokenized/a@v1": 1, "tokenized/b@v1": 0.0001}, "deps.data")
+    assert str(refused.value) == (
+        "deps.data: weight of tokenized/b@v1 (0.0001) is 0.0001 of the mixture, less than one row in each block of "
+        "2048 (the loader keeps proportions to 1/2048), so it would never be read; raise it to at least 0.000488, "
+        "or set it to 0")  # fmt: skip
+    assert block_counts([1, 0.0001], BLOCK)[1] == 0  # what the loader would have done
+    smallest = 1 / (BLOCK - 1)  # 1 / 2048 of the mixture: one row per block
+    assert block_counts(list(check_mixture({"a": 1, "b": smallest}, "deps.data").values()), BLOCK) == (BLOCK - 1, 1)
+    assert check_mixture({"a": 1, "b": 0}, "deps.data") == {"a": 1.0, "b": 0.0}  # 0: left out on purpose
+
+
 # ---- 6, 7a: what the upstream recipes settle -----------------------------------------
 
 

@@ -189,6 +189,9 @@ def check_tokenize_upstream(config: Mapping[str, Any], upstream: Mapping[str, Ma
         )
 
 
+MIXTURE_BLOCK = 2048  # rows per mixture block (data/loader.py): proportions are exact to 1/MIXTURE_BLOCK there
+
+
 def check_mixture(value: Any, field: str = "deps.data") -> dict[Any, float]:
     """Validate a data role: one upstream, or a mapping upstream -> weight whose
     weights are numbers >= 0 summing to a positive number. Returns the weights
@@ -203,6 +206,13 @@ def check_mixture(value: Any, field: str = "deps.data") -> dict[Any, float]:
     total = mixture_total(value.values(), field)
     if total <= 0:
         raise ConfigError(field, f"mixture weights must sum to a positive number, got {total} for {dict(value)}")
+    for key, weight in value.items():
+        if 0 < weight / total < 1 / MIXTURE_BLOCK:  # it would get no row of any block (data/loader.py)
+            raise ConfigError(
+                field, f"weight of {key} ({weight}) is {weight / total:.3g} of the mixture, less than one row in "
+                f"each block of {MIXTURE_BLOCK} (the loader keeps proportions to 1/{MIXTURE_BLOCK}), so it would never "
+                f"be read; raise it to at least {total / MIXTURE_BLOCK:.3g}, or set it to 0",
+            )  # fmt: skip
     return {key: float(weight) / total for key, weight in value.items()}
 
 

@@ -40,10 +40,10 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, StepError
 from marin_rules.artifacts.files import content_problems, is_inside, recorded_digests
 from marin_rules.artifacts.records import read_record, unreadable_file
-from marin_rules.data.checks import TOKEN_DTYPES, check_mixture
+from marin_rules.data.checks import MIXTURE_BLOCK, TOKEN_DTYPES, check_mixture
 from marin_rules.data.relative import resolve_location
 from marin_rules.data.tokenize import INDEX
-BLOCK = 2048  # rows per mixture block: proportions are exact to 1/BLOCK within a block
+BLOCK = MIXTURE_BLOCK  # rows per mixture block: proportions are exact to 1/BLOCK within a block
 FIELD = "deps.data"
 
 
