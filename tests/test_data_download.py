@@ -167,6 +167,20 @@ def test_empty_corpus_is_an_error_naming_config_source(tmp_path):
     assert not (tmp_path / "raw" / "manifest.json").exists()
 
 
+def test_a_held_out_key_whose_text_another_held_out_key_holds_is_kept_once_and_an_empty_one_is_named(tmp_path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, text in (("x", "the same text"), ("y", "the same text"), ("z", "training text"), ("w", " \n")):
+        (src / f"{name}.txt").write_text(text)
+    result = run_download(tmp_path / "raw", source=str(src), heldout=["x", "y"])
+    assert [d["metadata"]["key"] for d in docs(tmp_path / "raw", "heldout")] == ["x"] and result["heldout_documents"] == 1
+    assert "config.heldout: note: held-out 'y' is an exact copy of held-out 'x': kept once, as 'x'" in capsys.readouterr().err
+    with pytest.raises(StepError) as refused:
+        run_download(tmp_path / "raw2", source=str(src), heldout=["x", "w"])
+    assert str(refused.value) == f"config.heldout: 'w' in {str(src)!r} is empty (only whitespace): nothing to hold out; " \
+                                 "leave it out of heldout"
+
+
 def test_unknown_heldout_key_is_an_error_naming_config_heldout(tmp_path):
     with pytest.raises(StepError, match=r"^config\.heldout: no document with key 'hamlett'"):
         run_download(tmp_path / "raw", heldout=["hamlett"])

@@ -98,15 +98,21 @@ def download(ctx: StepContext) -> dict[str, Any]:
     trained: list[dict[str, Any] | None] = []  # None: a copy a later held-out one replaced
     heldout: dict[str, list[dict[str, Any]]] = {}  # key -> every document with it (two files named x.txt)
     duplicates = empty = replaced = 0
+    empty_keys: set[str] = set()
+    held_key: dict[str, str] = {}  # text digest -> the key it is held out under
+    copies: dict[str, str] = {}  # a held-out key whose text another held-out key holds -> that key
     for raw in read_source(source):
         if not raw.text.strip():
             empty += 1
+            empty_keys.add(raw.key)
             continue
         doc_id = _text_id(raw)
         held = raw.key in heldout_keys
         earlier = seen.get(doc_id)
         if earlier is not None:
             duplicates += 1
+            if held and earlier == HELD and raw.key not in heldout:  # held out already, under its first key
+                copies[raw.key] = held_key[doc_id]
             if not held or earlier == HELD:
                 continue
             if earlier >= 0:  # held out wins: no held-out text is trained on under another name
@@ -115,6 +121,7 @@ def download(ctx: StepContext) -> dict[str, Any]:
         doc = dolma_doc(raw, doc_id, source, added)
         if held:
             seen[doc_id] = HELD
+            held_key.setdefault(doc_id, raw.key)
             heldout.setdefault(raw.key, []).append(doc)
         elif sample_count is None or len(trained) - replaced < sample_count:
             seen[doc_id] = len(trained)
@@ -127,13 +134,21 @@ def download(ctx: StepContext) -> dict[str, Any]:
         train = _first_training_documents(source, heldout_keys, held, sample_count, added)
     if not train and not heldout:
         raise StepError(f"config.source: {source!r} holds no non-empty documents")
-    missing = [k for k in heldout_keys if k not in heldout]
+    for key, first in copies.items():
+        if key not in heldout:
+            print(f"config.heldout: note: held-out {key!r} is an exact copy of held-out {first!r}: kept once, as {first!r}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    blank = [k for k in heldout_keys if k not in heldout and k in empty_keys]
+    if blank:
+        raise StepError(f"config.heldout: {blank[0]!r} in {source!r} is empty (only whitespace): nothing to hold out; "
+                        "leave it out of heldout")  # fmt: skip
+    missing = [k for k in heldout_keys if k not in heldout and k not in copies]
     if missing:
         example = f" (keys look like {train[0]['metadata']['key']!r})" if train else ""
         raise StepError(f"config.heldout: no document with key {missing[0]!r} in {source!r}{example}")
     if not train:
         raise StepError(f"config.heldout: every document of {source!r} is held out; nothing is left to train on")
-    heldout_docs = [doc for k in heldout_keys for doc in heldout[k]]
+    heldout_docs = [doc for k in heldout_keys for doc in heldout.get(k, ())]  # a copy: held under its first key
 
     try:
         shards = {
