@@ -232,3 +232,24 @@ def test_dolma_json_gz_shards_are_read_and_files_of_other_kinds_are_named_as_ski
     assert result["train_documents"] == 3
     assert (f"config.source: note: skipped 2 file(s) at {src} that are not .txt/.jsonl/.jsonl.gz/.json.gz/.parquet "
             "(README.md, b.jsonl.zst)") in capsys.readouterr().err  # fmt: skip
+
+
+def test_an_unreachable_remote_source_is_named_with_its_field_and_what_to_check(tmp_path):
+    # stands in for hf:// offline (the hub cannot be reached here): a filesystem whose
+    # calls fail as httpx does, with an error that is no OSError
+    import fsspec
+
+    class Unreachable(fsspec.AbstractFileSystem):
+        protocol = "unreachable"
+
+        def _fail(self, *args, **kwargs):
+            raise RuntimeError("ConnectError: Name or service not known")
+
+        glob = exists = isdir = info = ls = find = _fail
+
+    fsspec.register_implementation("unreachable", Unreachable, clobber=True)
+    with pytest.raises(StepError) as refused:
+        run_download(tmp_path / "raw", source="unreachable://datasets/x/*.txt")
+    assert str(refused.value).startswith("config.source: unreachable://datasets/x/*.txt: cannot reach the storage "
+                                         "(RuntimeError: ConnectError: Name or service not known); check the path, the network")
+    assert not (tmp_path / "raw" / "manifest.json").exists()

@@ -239,6 +239,8 @@ def source_files(source: str) -> list[str]:
             found = [source] if storage.exists(source) else []
     except ImportError as e:  # e.g. hf:// without huggingface_hub
         raise StepError(f"config.source: cannot read {source!r}: {e}") from e
+    except Exception as e:  # noqa: BLE001 - no network, no such repo: a remote store's own errors (httpx's are no OSError)
+        raise StepError(f"config.source: {storage.storage_problem(source, e)}") from e
     files = [p for p in found if p.endswith(SUFFIXES)]
     if not files:
         raise StepError(
@@ -354,6 +356,8 @@ def _read_bytes(location: str) -> bytes:
     except FileNotFoundError:  # listed, then not there: a dangling symlink, or removed meanwhile
         raise source_error(location, "is listed but cannot be opened (a dangling symlink, or removed while "
                            "reading)", "remove the link or restore what it points to") from None  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - a remote store's own errors (the network went)
+        raise StepError(f"config.source: {storage.storage_problem(location, e)}") from e
 
 
 def _decode(data: bytes, location: str) -> str:

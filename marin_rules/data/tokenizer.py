@@ -65,9 +65,14 @@ def train_tokenizer(ctx: StepContext) -> dict[str, Any]:
     result: dict[str, Any]
     if ctx.config.get("pretrained") is not None:
         source = ctx.config["pretrained"]
-        if not storage.exists(source):
-            raise StepError(f"config.pretrained: no tokenizer.json at {source!r}")
-        data = storage.read_bytes(source)
+        try:
+            if not storage.exists(source):
+                raise StepError(f"config.pretrained: no tokenizer.json at {source!r}")
+            data = storage.read_bytes(source)
+        except (StepError, ImportError):
+            raise
+        except Exception as e:  # noqa: BLE001 - a remote store's own errors (httpx's ConnectError is no OSError)
+            raise StepError(f"config.pretrained: {storage.storage_problem(source, e)}") from e
         try:
             tokenizer = Tokenizer.from_str(data.decode("utf-8"))
         except Exception as e:
