@@ -270,3 +270,15 @@ def test_a_signal_stops_bpe_training_at_once_not_when_the_library_returns(tmp_pa
         child.kill()
     assert child.returncode != 0 and "trained" not in out
     assert "KeyboardInterrupt" in err
+
+
+@pytest.mark.parametrize("token", ["the", "a", "EOS", "_"])
+def test_a_special_token_that_ordinary_text_contains_is_refused(token):
+    # it would match inside ordinary text and cut it into eos/bos ids (`the king` -> eos, ...)
+    from marin_rules.data.checks import check_train_tokenizer
+
+    with pytest.raises(ConfigError) as refused:
+        check_train_tokenizer({"vocab_size": 400, "special_tokens": {"eos": token}}, {"corpus": "raw/x@v1"})
+    assert str(refused.value) == (f"config.special_tokens.eos: expected a marker with a sign no word has, such as "
+                                  f"<|eos|> or </s> (a plain word or letter would match ordinary text), got {token!r}")
+    check_train_tokenizer({"vocab_size": 400, "special_tokens": {"eos": "</s>", "bos": "[BOS]"}}, {"corpus": "raw/x@v1"})

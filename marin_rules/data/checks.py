@@ -74,11 +74,19 @@ class DownloadConfig:
     ] = ()
 
 
+# A special token matches wherever its string occurs in a text: a plain word ("the") or a
+# letter would cut ordinary text into bos/eos ids. A marker holds a sign no word has.
+SPECIAL_TOKEN = Text(
+    "a marker with a sign no word has, such as <|eos|> or </s> (a plain word or letter would match ordinary text)",
+    r"[\s\S]*[^A-Za-z0-9_\s][\s\S]*",
+)
+
+
 @dataclass(frozen=True)
 class SpecialTokens:
-    bos: Annotated[str, Text(), "beginning-of-document token"] = DEFAULT_SPECIAL_TOKENS["bos"]
-    eos: Annotated[str, Text(), "end-of-document token"] = DEFAULT_SPECIAL_TOKENS["eos"]
-    pad: Annotated[str, Text(), "padding token"] = DEFAULT_SPECIAL_TOKENS["pad"]
+    bos: Annotated[str, SPECIAL_TOKEN, "beginning-of-document token"] = DEFAULT_SPECIAL_TOKENS["bos"]
+    eos: Annotated[str, SPECIAL_TOKEN, "end-of-document token"] = DEFAULT_SPECIAL_TOKENS["eos"]
+    pad: Annotated[str, SPECIAL_TOKEN, "padding token"] = DEFAULT_SPECIAL_TOKENS["pad"]
 
 
 @dataclass(frozen=True)
