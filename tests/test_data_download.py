@@ -253,3 +253,16 @@ def test_an_unreachable_remote_source_is_named_with_its_field_and_what_to_check(
     assert str(refused.value).startswith("config.source: unreachable://datasets/x/*.txt: cannot reach the storage "
                                          "(RuntimeError: ConnectError: Name or service not known); check the path, the network")
     assert not (tmp_path / "raw" / "manifest.json").exists()
+
+
+def test_a_linked_folder_in_a_source_is_read_as_a_linked_file_is_and_a_link_loop_ends(tmp_path):
+    src, elsewhere = tmp_path / "src", tmp_path / "elsewhere"
+    (elsewhere / "part").mkdir(parents=True)
+    src.mkdir()
+    (src / "top.txt").write_text("the top text")
+    (elsewhere / "part" / "inner.txt").write_text("the linked text")
+    (src / "part2").symlink_to(elsewhere)
+    (elsewhere / "back").symlink_to(src)  # a loop: each real folder is read once
+    result = run_download(tmp_path / "raw", source=str(src))
+    assert sorted(d["text"] for d in docs(tmp_path / "raw", "train")) == ["the linked text", "the top text"]
+    assert result["train_documents"] == 2

@@ -234,7 +234,7 @@ def source_files(source: str) -> list[str]:
         if GLOB_CHARS & set(source):
             found = storage.glob(source)
         elif _isdir(source):
-            found = [p for p in storage.walk_files(source)]
+            found = list(storage.walk_files(source)) if storage.is_remote(source) else _local_files(source)
         else:
             found = [source] if storage.exists(source) else []
     except ImportError as e:  # e.g. hf:// without huggingface_hub
@@ -254,6 +254,20 @@ def source_files(source: str) -> list[str]:
         print(f"config.source: note: skipped {len(skipped)} file(s) at {printable(source)} that are not "
               f"{'/'.join(SUFFIXES)} ({shown}{more})", file=sys.stderr)  # fmt: skip
     return files
+
+
+def _local_files(folder: str) -> list[str]:
+    """Every file under a local folder, sorted, following links to folders as links to
+    files are followed (each real folder once: a link back up is no endless loop)."""
+    found, seen = [], set()
+    for root, dirs, files in os.walk(os.path.abspath(storage.local_path(folder)), followlinks=True):  # as fsspec lists
+        real = os.path.realpath(root)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        found += [os.path.join(root, name) for name in files]
+    return sorted(found)
 
 
 def _text_id(raw: RawDoc) -> str:
