@@ -100,7 +100,7 @@ def _reachable_tokenizer(source: str, name: str, info: Mapping[str, Any]) -> str
 
 def _tokenized(source: str, listing: Mapping[str, int]) -> str | None:
     index = _json(source, "index.json", listing, "splits")
-    for key in ("vocab_size", "dtype", "eos_id"):
+    for key in ("vocab_size", "dtype", "bos_id", "eos_id", "pad_id", "tokenizer_digest"):  # what the loader reads
         if key not in index:
             return f"missing {key} in index.json"
     for name, split in index["splits"].items():
@@ -110,6 +110,8 @@ def _tokenized(source: str, listing: Mapping[str, int]) -> str | None:
             path = shard.get("path") if isinstance(shard, dict) else None
             if not isinstance(path, str):
                 return f"splits.{name}.shards[{i}] in index.json is not an object with a 'path' (a file name)"
+            if not isinstance(shard.get("tokens"), int):
+                return f"splits.{name}.shards[{i}] in index.json has no 'tokens' (its token count)"
             if path not in listing:
                 return f"missing {path} (listed in index.json)"
     return _reachable_tokenizer(source, "index.json", index)

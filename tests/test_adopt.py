@@ -144,8 +144,8 @@ def test_bad_layout_or_missing_source_is_refused_while_planning_in_one_line(tmp_
 def test_tokenized_layout_names_the_shard_its_index_lists_but_lacks(tmp_path):
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "tokens-00000.npy").write_bytes(b"0" * 10)
-    index = {"vocab_size": 400, "dtype": "uint16", "eos_id": 1, "tokenizer": "tokenizer.json",
-             "splits": {"train": {"shards": [{"path": "train/tokens-00000.npy"}, {"path": "train/tokens-00001.npy"}]}}}  # fmt: skip
+    index = {"vocab_size": 400, "dtype": "uint16", "bos_id": 0, "eos_id": 1, "pad_id": 2, "tokenizer_digest": "0" * 16, "tokenizer": "tokenizer.json",
+             "splits": {"train": {"shards": [{"path": "train/tokens-00000.npy", "tokens": 5}, {"path": "train/tokens-00001.npy", "tokens": 0}]}}}  # fmt: skip
     (tmp_path / "index.json").write_text(json.dumps(index))
     (tmp_path / "tokenizer.json").write_text("{}")
     with pytest.raises(ConfigError, match=r"d@v1: adopt.source: .* missing train/tokens-00001.npy \(listed in index.json\)"):
@@ -161,8 +161,8 @@ def test_a_tokenized_or_trained_folder_copied_away_from_its_tokenizer_is_refused
     a folder copied out of its prefix points nowhere, and a model trained on it would too."""
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "tokens-00000.npy").write_bytes(b"0" * 10)
-    index = {"vocab_size": 400, "dtype": "uint16", "eos_id": 1, "tokenizer": "../../../tokenizers/t/v1/tokenizer.json",
-             "splits": {"train": {"shards": [{"path": "train/tokens-00000.npy"}]}}}  # fmt: skip
+    index = {"vocab_size": 400, "dtype": "uint16", "bos_id": 0, "eos_id": 1, "pad_id": 2, "tokenizer_digest": "0" * 16, "tokenizer": "../../../tokenizers/t/v1/tokenizer.json",
+             "splits": {"train": {"shards": [{"path": "train/tokens-00000.npy", "tokens": 5}]}}}  # fmt: skip
     (tmp_path / "index.json").write_text(json.dumps(index))
     gone = (tmp_path / "../../../tokenizers/t/v1/tokenizer.json").resolve()
     with pytest.raises(ConfigError) as error:
@@ -187,13 +187,21 @@ def test_shard_lists_that_are_not_lists_of_names_are_refused_naming_them(tmp_pat
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match=r"d@v1: adopt.source: .* manifest.json: shards.train is not a list of shard file names"):
         check_layout("d@v1", {"source": str(tmp_path), "kind": "corpus"})
-    index = {"vocab_size": 400, "dtype": "uint16", "eos_id": 1, "tokenizer": "t.json", "splits": {"train": {"shards": "train/t.npy"}}}
+    index = {"vocab_size": 400, "dtype": "uint16", "bos_id": 0, "eos_id": 1, "pad_id": 2, "tokenizer_digest": "0" * 16, "tokenizer": "t.json", "splits": {"train": {"shards": "train/t.npy"}}}
     (tmp_path / "index.json").write_text(json.dumps(index))
     with pytest.raises(ConfigError, match=r"splits.train in index.json is not an object with a list of 'shards'"):
         check_layout("d@v1", {"source": str(tmp_path), "kind": "tokenized"})
     index["splits"]["train"]["shards"] = [{"path": 5}]
     (tmp_path / "index.json").write_text(json.dumps(index))
     with pytest.raises(ConfigError, match=r"splits.train.shards\[0\] in index.json is not an object with a 'path'"):
+        check_layout("d@v1", {"source": str(tmp_path), "kind": "tokenized"})
+    index["splits"]["train"]["shards"] = [{"path": "train/t.npy"}]  # the loader reads each shard's token count
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    with pytest.raises(ConfigError, match=r"splits.train.shards\[0\] in index.json has no 'tokens' \(its token count\)"):
+        check_layout("d@v1", {"source": str(tmp_path), "kind": "tokenized"})
+    del index["tokenizer_digest"]
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    with pytest.raises(ConfigError, match=r"missing tokenizer_digest in index.json"):
         check_layout("d@v1", {"source": str(tmp_path), "kind": "tokenized"})
 
 

@@ -175,3 +175,23 @@ def test_an_index_with_a_dtype_tokenize_never_writes_is_one_line_naming_file_fie
         f"deps.data: {tokens / 'index.json'} is unreadable (dtype: expected one of 'uint16', 'uint32', got {shown}): "
         f"the artifact is damaged; rebuild it with: snakemake -f {tokens / '.artifact.json'}"
     )
+
+
+def test_a_tokenizer_replaced_after_tokenizing_is_refused_naming_both_digests(data, tmp_path):
+    # adopted tokens may name a tokenizer outside their folder: one changed since would
+    # decode their ids to other text (and evaluation would score the model with it)
+    import json
+
+    copy = tmp_path / "tokens"
+    shutil.copytree(data["comedies"], copy)
+    index = json.loads((copy / "index.json").read_text())
+    tokenizer = Path(loader_module.resolve_location(data["comedies"], index["tokenizer"]))
+    replaced = tmp_path / "tokenizer.json"
+    replaced.write_text(tokenizer.read_text().replace('"<|pad|>"', '"<|pad2|>"'))
+    (copy / "index.json").write_text(json.dumps({**index, "tokenizer": str(replaced)}))
+    with pytest.raises(StepError) as refused:
+        make_loader(str(copy), seq_len=64, batch_size=8, seed=0)
+    assert str(refused.value).startswith(f"deps.data: {replaced} is not the tokenizer {copy} was tokenized with (digest ")
+    assert f", {index['tokenizer_digest']} in its index.json): it changed since" in str(refused.value)
+    (copy / "index.json").write_text(json.dumps({**index, "tokenizer": str(tokenizer)}))  # the very one: read
+    assert make_loader(str(copy), seq_len=64, batch_size=8, seed=0).tokenizer == str(tokenizer)

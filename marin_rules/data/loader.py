@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
+import xxhash
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, StepError
@@ -94,6 +95,23 @@ def load_source(location: str, split: str = "train") -> TokenSource:
             raise unreadable_file(FIELD, storage.join(location, entry["path"]), location, "its length or dtype differs from index.json")
     starts = np.concatenate([[0], np.cumsum([len(s) for s in shards], dtype=np.int64)])
     return TokenSource(location, index, shards, starts)
+
+
+def _check_tokenizer_digest(tokenizer: str, digest: str, location: str) -> None:
+    """The tokenizer index.json names must be the one the tokens were made with (its
+    `tokenizer_digest`, xxh3-64 of the file as `tokenize` computes it): a tokenizer.json
+    replaced since (outside the artifact, as adopted data may point) would decode the
+    ids to other text, and evaluation would score the model with it."""
+    try:
+        now = xxhash.xxh3_64_hexdigest(storage.read_text(tokenizer).encode("utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise StepError(f"{FIELD}: the tokenizer {tokenizer} that {location}/index.json names cannot be read "
+                        f"({type(e).__name__}: {e})") from None  # fmt: skip
+    if now != digest:
+        raise StepError(
+            f"{FIELD}: {tokenizer} is not the tokenizer {location} was tokenized with (digest {now} now, "
+            f"{digest} in its index.json): it changed since; tokenize again with it, or put that tokenizer back"
+        )
 
 
 def _read_index(index_location: str, location: str) -> dict[str, Any]:
@@ -197,6 +215,7 @@ class TokenLoader:
                 )
         self.vocab_size: int = int(first["vocab_size"])
         self.tokenizer: str = resolve_location(sources[0].location, first["tokenizer"])  # tokenizer.json
+        _check_tokenizer_digest(self.tokenizer, first["tokenizer_digest"], sources[0].location)
         self.bos_id: int = int(first["bos_id"])
         self.eos_id: int = int(first["eos_id"])
         self.pad_id: int = int(first["pad_id"])
