@@ -280,5 +280,5 @@ def test_a_special_token_that_ordinary_text_contains_is_refused(token):
     with pytest.raises(ConfigError) as refused:
         check_train_tokenizer({"vocab_size": 400, "special_tokens": {"eos": token}}, {"corpus": "raw/x@v1"})
     assert str(refused.value) == (f"config.special_tokens.eos: expected a marker with a sign no word has, such as "
-                                  f"<|eos|> or </s> (a plain word or letter would match ordinary text), got {token!r}")
+                                  f"</s> or [EOS] (a plain word or letter would match ordinary text), got {token!r}")
     check_train_tokenizer({"vocab_size": 400, "special_tokens": {"eos": "</s>", "bos": "[BOS]"}}, {"corpus": "raw/x@v1"})

@@ -77,7 +77,7 @@ class DownloadConfig:
 # A special token matches wherever its string occurs in a text: a plain word ("the") or a
 # letter would cut ordinary text into bos/eos ids. A marker holds a sign no word has.
 SPECIAL_TOKEN = Text(
-    "a marker with a sign no word has, such as <|eos|> or </s> (a plain word or letter would match ordinary text)",
+    "a marker with a sign no word has, such as </s> or [EOS] (a plain word or letter would match ordinary text)",
     r"[\s\S]*[^A-Za-z0-9_\s][\s\S]*",
 )
 

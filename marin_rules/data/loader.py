@@ -101,9 +101,12 @@ def _check_tokenizer_digest(tokenizer: str, digest: str, location: str) -> None:
     """The tokenizer index.json names must be the one the tokens were made with (its
     `tokenizer_digest`, xxh3-64 of the file as `tokenize` computes it): a tokenizer.json
     replaced since (outside the artifact, as adopted data may point) would decode the
-    ids to other text, and evaluation would score the model with it."""
+    ids to other text, and evaluation would score the model with it. (One not there is
+    left to those that read it: the tokens themselves load without it.)"""
     try:
         now = xxhash.xxh3_64_hexdigest(storage.read_text(tokenizer).encode("utf-8"))
+    except FileNotFoundError:
+        return
     except (OSError, UnicodeDecodeError) as e:
         raise StepError(f"{FIELD}: the tokenizer {tokenizer} that {location}/index.json names cannot be read "
                         f"({type(e).__name__}: {e})") from None  # fmt: skip
