@@ -171,18 +171,23 @@ def holder_gone(holder: LeaseHolder) -> bool:
     """True when the holder ran on this host, in this pid namespace (containers sharing a
     host name, e.g. docker --network host, number their processes apart), and its
     process no longer exists (also read by `marin status`)."""
-    here = pid_namespace()
-    if holder.host != socket.gethostname() or holder.pid <= 0 or not here or holder.pid_namespace != here:
+    if not _in_this_namespace(holder) or holder.pid <= 0:
         return False
     return not process_exists(holder.pid)
+
+
+def _in_this_namespace(holder: LeaseHolder) -> bool:
+    """Did the holder run on this host, in this pid namespace (where its pid names a
+    process we can look up)?"""
+    here = pid_namespace()
+    return holder.host == socket.gethostname() and bool(here) and holder.pid_namespace == here
 
 
 def running_here(holder: LeaseHolder) -> bool:
     """Is the holder's process known to be running: on this host, in this pid namespace,
     its process exists, and it started before the holder's `since` (a process that took
     the pid over later is another one)? Elsewhere nobody can tell from here."""
-    here = pid_namespace()
-    if holder.host != socket.gethostname() or not here or holder.pid_namespace != here or not process_exists(holder.pid):
+    if not _in_this_namespace(holder) or not process_exists(holder.pid):
         return False
     started = process_started(holder.pid)
     try:

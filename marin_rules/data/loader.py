@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
-import xxhash
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import ConfigError, StepError
@@ -43,7 +42,7 @@ from marin_rules.artifacts.files import content_problems, is_inside, recorded_di
 from marin_rules.artifacts.records import read_record, unreadable_file
 from marin_rules.data.checks import MIXTURE_BLOCK, TOKEN_DTYPES, check_mixture
 from marin_rules.data.relative import resolve_location
-from marin_rules.data.tokenize import INDEX
+from marin_rules.data.tokenize import INDEX, tokenizer_digest
 BLOCK = MIXTURE_BLOCK  # rows per mixture block: proportions are exact to 1/BLOCK within a block
 FIELD = "deps.data"
 
@@ -99,12 +98,12 @@ def load_source(location: str, split: str = "train") -> TokenSource:
 
 def _check_tokenizer_digest(tokenizer: str, digest: str, location: str) -> None:
     """The tokenizer index.json names must be the one the tokens were made with (its
-    `tokenizer_digest`, xxh3-64 of the file as `tokenize` computes it): a tokenizer.json
+    `tokenizer_digest`, as `tokenize` computes it): a tokenizer.json
     replaced since (outside the artifact, as adopted data may point) would decode the
     ids to other text, and evaluation would score the model with it. (One not there is
     left to those that read it: the tokens themselves load without it.)"""
     try:
-        now = xxhash.xxh3_64_hexdigest(storage.read_text(tokenizer).encode("utf-8"))
+        now = tokenizer_digest(storage.read_text(tokenizer))
     except FileNotFoundError:
         return
     except (OSError, UnicodeDecodeError) as e:

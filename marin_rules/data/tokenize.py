@@ -266,6 +266,11 @@ def _sampled(texts: Iterator[str], sample: list[str]) -> Iterator[str]:
         yield text
 
 
+def tokenizer_digest(tokenizer_json: str) -> str:
+    """The digest of a tokenizer.json's text that index.json records (`tokenizer_digest`)."""
+    return xxhash.xxh3_64_hexdigest(tokenizer_json.encode("utf-8"))
+
+
 def describe_tokenizer(location: str, dtype: str | None) -> dict[str, Any]:
     """Load a `train_tokenizer` artifact and check its ids fit the token dtype."""
     path = storage.join(location, TOKENIZER_FILE)
@@ -298,7 +303,7 @@ def describe_tokenizer(location: str, dtype: str | None) -> dict[str, Any]:
         "unk_id": unknown_token_id(tokenizer, tokenizer_json, {special[role]["id"] for role in ("bos", "eos", "pad")}),
         "vocab_size": vocab_size,
         "dtype": dtype,
-        "digest": xxhash.xxh3_64_hexdigest(tokenizer_json.encode("utf-8")),
+        "digest": tokenizer_digest(tokenizer_json),
         **{f"{role}_id": special[role]["id"] for role in ("bos", "eos", "pad")},
     }
 

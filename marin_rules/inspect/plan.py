@@ -169,7 +169,7 @@ def _kept_by_killed_rebuild(experiment: Experiment, prefix: str, artifact: Artif
     the previous build it replaced, when its next job serves that build again (job/main.py:
     a finished build, the rebuild not owed by a cascade, made from today's upstream
     builds), else None (that job puts it back, then rebuilds)."""
-    from marin_rules.artifacts.builds import rebuilt_upstreams, upstream_builds
+    from marin_rules.artifacts.builds import rebuilt_upstreams
 
     location = artifact_location(prefix, artifact.id)
     moved = reading.unended_rebuild(location)
@@ -177,8 +177,7 @@ def _kept_by_killed_rebuild(experiment: Experiment, prefix: str, artifact: Artif
         return None
     try:
         record = storage.read_json(storage.join(location, moved, RECORD_FILE))
-        ids = {key: experiment[key].id for key in artifact.upstream_keys()}
-        now = upstream_builds(list(ids), lambda key: reading.record_dict(artifact_location(prefix, ids[key]), ids[key]))
+        now = _upstream_builds_now(experiment, prefix, artifact)
     except (MarinError, OSError, ValueError):  # pricing is advice
         return None
     if not isinstance(record, dict) or now is None or rebuilt_upstreams(record.get("deps") or {}, now):
@@ -186,11 +185,18 @@ def _kept_by_killed_rebuild(experiment: Experiment, prefix: str, artifact: Artif
     return moved
 
 
+def _upstream_builds_now(experiment: Experiment, prefix: str, artifact: Artifact) -> dict[str, Any] | None:
+    """The builds of the artifact's upstreams on `prefix` now (`builds.upstream_builds`)."""
+    from marin_rules.artifacts.builds import upstream_builds
+
+    ids = {key: experiment[key].id for key in artifact.upstream_keys()}
+    return upstream_builds(list(ids), lambda key: reading.record_dict(artifact_location(prefix, ids[key]), ids[key]))
+
+
 def _resumes_from(experiment: Experiment, prefix: str, artifact: Artifact) -> int | None:
     """The checkpoint step a stopped (unbuilt, not forced, not dev) run resumes from:
     None when it has none, or its job will refuse them (another recipe: planning says so)
     or set them aside (other upstream builds) and start over."""
-    from marin_rules.artifacts.builds import upstream_builds
     from marin_rules.job.attempt import job_recipe, resumes
     from marin_rules.train.recipe import resumable_step
 
@@ -201,8 +207,7 @@ def _resumes_from(experiment: Experiment, prefix: str, artifact: Artifact) -> in
         step = resumable_step(location)
         if step is None:
             return None
-        ids = {key: experiment[key].id for key in artifact.upstream_keys()}
-        upstreams = upstream_builds(list(ids), lambda key: reading.record_dict(artifact_location(prefix, ids[key]), ids[key]))
+        upstreams = _upstream_builds_now(experiment, prefix, artifact)
         return step if resumes(location, job_recipe(artifact, experiment, prefix, location), upstreams) else None
     except (MarinError, OSError, ValueError):  # pricing is advice
         return None

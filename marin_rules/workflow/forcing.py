@@ -154,8 +154,7 @@ def unmark_forced(location: str) -> None:
     """Take back `mark_forced` before the job ran (a cascade its run never began); a
     `.history/` that held nothing else goes too."""
     _remove(marker_of(location))
-    _remove(storage.join(location, HISTORY_DIR, CASCADE))
-    _remove(storage.join(location, HISTORY_DIR, FORCING_RUN))
+    _remove_companions(location)
     if not storage.is_remote(location):  # on GCS an emptied folder is gone already
         try:
             os.rmdir(os.path.join(storage.local_path(location), HISTORY_DIR))
@@ -168,8 +167,14 @@ def forced_by_upstream(location: str) -> bool:
     return storage.exists(storage.join(location, HISTORY_DIR, CASCADE))
 
 
+def _remove_companions(location: str) -> None:
+    """What `mark_forced` writes beside the marker: the cascade flag and the run's name."""
+    _remove(storage.join(location, HISTORY_DIR, CASCADE))
+    _remove(storage.join(location, HISTORY_DIR, FORCING_RUN))
+
+
 def forced_phrase(run: str | None) -> str:
-    """How a rebuild owed by a forced run (its marker still there) is said, given that
+    """How a rebuild owed by a forced run (its marker still there) is said; `run`: that
     run while it is known to be running (`forcing_run_alive`), else None."""
     return "a forced run stopped before rebuilding it" if run is None else f"a forced run ({run}) has not rebuilt it yet"
 
@@ -188,8 +193,7 @@ def move_old_build(location: str) -> str | None:
     if saved.strip() not in (b"", b"null"):
         storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
     _remove(marker)
-    _remove(storage.join(location, HISTORY_DIR, CASCADE))
-    _remove(storage.join(location, HISTORY_DIR, FORCING_RUN))
+    _remove_companions(location)
     if not holds_build(target) and not list_data_files(target):  # an unfinished attempt that left no data
         discard(target)  # (at most its .attempt.json)
         return None
