@@ -150,3 +150,28 @@ def test_a_job_on_another_host_than_snakemake_stops_on_the_stop_file(tmp_path):
     (failure,) = (tmp_path / "art/raw/a/v1/.failures").glob("*.json")
     assert "SIGTERM" in failure.read_text() and not (tmp_path / "art/raw/a/v1/.artifact.json").exists()
     assert list(registry.glob("*@*")) == []  # unregistered
+
+
+def test_sigterm_after_snakemake_received_sigint_records_the_sigint(tmp_path):
+    # Ctrl-C: snakemake forwards SIGINT, then its executor cancels the job with SIGTERM;
+    # under load the SIGTERM can come first. The record names what the user sent.
+    import json
+    import signal
+
+    registry = tmp_path / ".snakemake" / "marin-jobs" / str(os.getpid())  # this process stands for snakemake
+    (tmp_path / "steps.py").write_text(
+        "import os, signal\n\n"
+        "def make(ctx):\n"
+        f"    open({str(registry / 'stop')!r}, 'w').write('SIGINT')  # what forward() writes first\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)  # the executor's cancel, before the forwarded SIGINT\n"
+    )  # fmt: skip
+    (tmp_path / "exp.yaml").write_text('artifacts:\n  raw/a@v1: {step: "steps:make"}\n')
+    job = [sys.executable, "-m", "marin_rules.job", "--artifact", "raw/a/v1", "--experiment", "exp.yaml",
+           "--prefix", "art", "--registry", str(registry), "--log", "job.log"]  # fmt: skip
+    proc = subprocess.run(job, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
+    (failure,) = (tmp_path / "art/raw/a/v1/.failures").glob("*.json")
+    error = json.loads(failure.read_text())["error"]
+    assert (error["type"], error["exit_status"]) == ("JobTerminated", "SIGINT")
+    assert not (tmp_path / "art/raw/a/v1/.artifact.json").exists()

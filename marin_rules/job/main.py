@@ -10,7 +10,9 @@ executor's own `snakemake --mode remote`, 0) and who submitted it (in the lease)
 (`steps.use_job_path`), so a project file named like a library module (`logging.py`)
 replaces nothing, and user steps are found as planning found them. In order:
 1. send stdout/stderr to the job's log (`--log`), register for signal forwarding
-   (`marin_rules.workflow.signals`), install the stop handlers;
+   (`marin_rules.workflow.signals`), install the stop handlers (a SIGTERM that follows
+   a signal Snakemake received, its executor cancelling after a Ctrl-C, stops the step
+   as that signal: `run.note_stop_cause`);
 2. take the artifact's lease (`marin_rules.artifacts.lease`): a live holder is waited
    for (saying who it is, in the log and on the stderr the job was started with, where
    the user watching Snakemake sees it: `tell`), or with `lease_wait=false` refused at
@@ -56,7 +58,7 @@ from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.provenance import iso, utc_now
 from marin_rules.artifacts.records import error_message, read_record
 from marin_rules.dev_versions import DISCARDED
-from marin_rules.job.run import JobTerminated, install_stop_handlers, run_step, stop_for_lost_lease
+from marin_rules.job.run import JobTerminated, install_stop_handlers, note_stop_cause, run_step, stop_for_lost_lease
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             from marin_rules.workflow.signals import register, stop_requested, watch_stop
 
             unregister = register(args.registry, os.getpid())
+            note_stop_cause(lambda: stop_requested(args.registry))  # a Ctrl-C's SIGTERM records SIGINT
             stopped = stop_requested(args.registry)  # the signal came before this process registered
             if stopped is not None:
                 tell(f"marin-rules: {args.artifact}: not started: snakemake received {stopped}")

@@ -2,7 +2,8 @@
 
 Model: the step runs in the job process's main thread, which owns the signals. The
 first SIGTERM or SIGINT raises `JobTerminated` inside the step (wherever it is in
-Python code); later ones are ignored (the step's cleanup, committing a checkpoint say,
+Python code), named as the signal Snakemake received when that is known (a SIGTERM
+from an executor cancelling after a Ctrl-C is the Ctrl-C's); later ones are ignored (the step's cleanup, committing a checkpoint say,
 and the failure record run to their end). A step that catches the stop and returns
 all the same fails as stopped (`_caught_stop`), and one that raises another error
 instead has the stop as its failure's exit status. A lease
@@ -34,7 +35,7 @@ from marin_rules.artifacts.records import Provenance, Record, error_message, utc
 # SIGHUP: the terminal or ssh session the run was started from closed. Left alone when
 # it is ignored (`nohup`: the user asked the run to outlive its terminal).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_state: dict[str, Any] = {"stopping": None, "lost": None}  # stopping: the stop's name ("SIGTERM", "lease lost")
+_state: dict[str, Any] = {"stopping": None, "lost": None, "cause": None}  # stopping: the stop's name ("SIGTERM", "lease lost")
 
 
 class JobTerminated(BaseException):
@@ -60,8 +61,29 @@ def _on_signal(signum: int, frame: Any) -> None:
     if _state["lost"] is not None:
         _state["stopping"] = "lease lost"
         raise JobTerminated(None, _state["lost"])
+    if signum == signal.SIGTERM:
+        signum = _snakemakes_signal() or signum
     _state["stopping"] = signal.Signals(signum).name
     raise JobTerminated(signum)
+
+
+def _snakemakes_signal() -> int | None:
+    """The signal Snakemake received, when it received one (`note_stop_cause`): a job its
+    executor stops with SIGTERM after a Ctrl-C (a cancelled pod, a killed process group),
+    possibly before the forwarded SIGINT arrives, was stopped by that Ctrl-C."""
+    try:
+        name = _state["cause"]() if _state["cause"] is not None else None
+    except OSError:  # the registry is unreadable: the signal this process got is all it knows
+        return None
+    found = getattr(signal.Signals, name, None) if isinstance(name, str) and name.startswith("SIG") else None
+    return int(found) if found in STOP_SIGNALS else None
+
+
+def note_stop_cause(read: Callable[[], str | None]) -> None:
+    """`read()` names the signal the `snakemake` running this job received ("SIGINT"), or
+    None: a SIGTERM then stops the step as that signal (the failure record names what the
+    user sent, not the executor's SIGTERM that followed it)."""
+    _state["cause"] = read
 
 
 def install_stop_handlers() -> None:
