@@ -240,6 +240,23 @@ def test_target_that_is_no_key_and_no_kind_still_suggests_the_nearest_key():
     )
 
 
+def test_target_of_a_misspelled_step_kind_suggests_the_kind():
+    assert target_refusal("tokenise") == (
+        "--config target=tokenise: not an artifact of exp.yaml (did you mean tokenize?) "
+        "(use name@version, or a step kind such as train)"
+    )
+
+
+@pytest.mark.parametrize("value", [-5, 256, 4096.5])
+def test_vocab_size_below_the_least_the_tokens_allow_names_that_bound_first(value):
+    # the field's own bound (any special tokens) would say a smaller number than this entry allows
+    entry = {**CHAIN["tok/t@v1"], "config": {"vocab_size": value}}
+    assert refusal({"artifacts": {**CHAIN, "tok/t@v1": entry}}) == (
+        f"tok/t@v1: config.vocab_size: expected an integer >= 323 (256 byte symbols + 3 special tokens + "
+        f"64 merges), got {value}"
+    )
+
+
 # ---- --config values -------------------------------------------------------------------
 
 

@@ -89,6 +89,12 @@ def test_sharded_tokenize_and_dedup_run_one_job_per_shard_then_gather_once(tmp_p
     assert sorted(p.name for p in (prefix / TOKENS / "shards").iterdir()) == [f"0000{k}-of-00003" for k in range(3)]
     assert all(name.startswith("shards/0000") for name in record["files"] if name != "index.json")
     assert not any(".lease" in name for name in record["files"])  # bookkeeping is not data
+    # the gather's record says what the shard jobs took; `marin status` shows it with the gather's own time
+    shard_seconds = [json.loads(f.read_text())["provenance"]["duration_s"]
+                     for f in sorted((prefix / TOKENS / "shards").glob("*/shard.json"))]  # fmt: skip
+    assert len(shard_seconds) == 3 and record["provenance"]["shards_duration_s"] == round(sum(shard_seconds), 3)
+    (row,) = [r for r in experiment_status(load_experiment(str(exp)), str(prefix)) if r.key == "tokenized/slice@v1"]
+    assert row.took == f"{record['provenance']['duration_s'] + record['provenance']['shards_duration_s']:.1f}s"
     assert json.loads((prefix / "dedup/slice/v1/.artifact.json").read_text())["result"]["duplicates_removed"] == 1
     assert streams(prefix / TOKENS) == in_one_process(prefix, tmp_path / "direct")  # bitwise
     again = snakemake_cmd("--configfile", str(exp), "--cores", "2", "--config", f"prefix={prefix}", "-n", cwd=tmp_path)

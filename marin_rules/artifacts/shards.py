@@ -168,6 +168,24 @@ class OtherRecipeShard(StepError):
         return OtherRecipeShard(self.shard, self.path, self.location, self.change, flags)
 
 
+def shard_jobs_seconds(artifact_location: str, count: int) -> float | None:
+    """The shard jobs' durations summed (each shard record's `provenance.duration_s`):
+    the step's work, which the gather's own record adds as `provenance.shards_duration_s`
+    (`marin status` shows both as TOOK). None when a shard's record is missing or
+    unreadable or gives none: the gather then refuses or rebuilds it anyway."""
+    total = 0.0
+    for shard in all_shards(count):
+        try:
+            record = read_shard_record(artifact_location, shard)
+        except StepError:
+            return None
+        took = ((record or {}).get("provenance") or {}).get("duration_s")
+        if not isinstance(took, (int, float)) or isinstance(took, bool):
+            return None
+        total += took
+    return round(total, 3)
+
+
 def gathered_results(
     artifact_location: str, count: int, fingerprint: str, upstreams: Mapping[str, Any] | None = None
 ) -> list[dict[str, Any]]:

@@ -91,7 +91,9 @@ class SpecialTokens:
 
 @dataclass(frozen=True)
 class TrainTokenizerConfig:
-    vocab_size: Annotated[int | None, Optional(Int(min=BYTE_ALPHABET, max=MAX_VOCAB)), "train a byte-level BPE of this size"] = None
+    # the least any tokenizer allows (one string for all three special tokens): the schema's
+    # bound; `check_train_tokenizer` checks the one of the tokens given first
+    vocab_size: Annotated[int | None, Optional(Int(min=BYTE_ALPHABET + 1 + MIN_MERGES, max=MAX_VOCAB)), "train a byte-level BPE of this size"] = None
     pretrained: Annotated[str | None, Optional(Text("the location of a tokenizer.json")), "use this tokenizer.json instead of training one"] = None
     special_tokens: Annotated[SpecialTokens, "role -> token string"] = SpecialTokens()
     min_frequency: Annotated[int, Int(min=1), "BPE's merge threshold"] = 2
@@ -153,8 +155,13 @@ def check_train_tokenizer(config: Mapping[str, Any], deps: Mapping[str, Any]) ->
     `deps.corpus`'s training split) or `pretrained` (location of an existing
     tokenizer.json); `special_tokens` maps bos/eos/pad to token strings;
     `min_frequency` (default 2) is BPE's merge threshold."""
+    special = special_tokens_from(config)  # first: the smallest vocab_size depends on them
+    n_special = len(set(special.values()))
+    if config.get("vocab_size") is not None and config.get("pretrained") is None:
+        Int(min=min_vocab_size(n_special),
+            extra=f" ({BYTE_ALPHABET} byte symbols + {n_special} special tokens + {MIN_MERGES} merges)",
+            ).check(config["vocab_size"], "config.vocab_size")  # fmt: skip
     values = check_fields(TrainTokenizerConfig, config, "config")
-    special = special_tokens_from(config)
     if values.get("pretrained") is not None:
         if "vocab_size" in config:
             raise ConfigError(
@@ -166,10 +173,6 @@ def check_train_tokenizer(config: Mapping[str, Any], deps: Mapping[str, Any]) ->
     _check_single_dep(deps, "corpus")
     if values.get("vocab_size") is None:
         raise ConfigError("config.vocab_size", "missing: give a vocab size such as 4096 (or `pretrained:`)")
-    n_special = len(set(special.values()))
-    Int(min=min_vocab_size(n_special),
-        extra=f" ({BYTE_ALPHABET} byte symbols + {n_special} special tokens + {MIN_MERGES} merges)",
-        ).check(config["vocab_size"], "config.vocab_size")  # fmt: skip
 
 
 def check_tokenize(config: Mapping[str, Any], deps: Mapping[str, Any]) -> None:

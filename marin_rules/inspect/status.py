@@ -366,6 +366,9 @@ def _times(record: Mapping[str, Any]) -> tuple[str, str]:
     provenance = record.get("provenance") or {}
     built = str(provenance.get("ended") or "-").replace("T", " ")[:19]
     took = provenance.get("duration_s")
+    shards = provenance.get("shards_duration_s")  # a sharded step's gather: its shard jobs did the work
+    if isinstance(took, (int, float)) and isinstance(shards, (int, float)):
+        took += shards
     return built, "-" if not isinstance(took, (int, float)) else f"{took:.1f}s"
 
 

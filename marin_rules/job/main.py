@@ -645,7 +645,7 @@ def run(
     """Run the step (`run_step`) as process `pod.process_id` of a pod, or alone (`pod` None)."""
     from marin_rules.adopt import is_adopted_in_place
     from marin_rules.artifacts.builds import builds_in_deps
-    from marin_rules.artifacts.shards import gathered_results, shard_count
+    from marin_rules.artifacts.shards import gathered_results, shard_count, shard_jobs_seconds
     from marin_rules.steps import SHARDED_STEPS, step_function
 
     from marin_rules.job.context import check_upstreams, check_upstreams_unchanged, job_context
@@ -656,6 +656,9 @@ def run(
     process = None if pod is None else pod.process_id
     if attempt is not None:  # a pod's (`build`): every process's record names it
         provenance = dataclasses.replace(provenance, extra=(*provenance.extra, ("pod_attempt", attempt)))
+    if sharded:  # the gather: its record also says what the shard jobs took
+        seconds = shard_jobs_seconds(location, shard_count(ctx.runtime))
+        provenance = dataclasses.replace(provenance, extra=(*provenance.extra, ("shards_duration_s", seconds)))
 
     def step(c: StepContext) -> Any:
         check_upstreams(artifact, experiment, args.prefix, deps_record, rerun_hint(args))  # fills in what was seen

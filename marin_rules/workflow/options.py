@@ -421,7 +421,8 @@ def _target_hint(experiment: Experiment, item: str) -> str:
         versions = [k for k in experiment.artifacts if k.split("@")[0] == item]
         if versions:
             return f" (did you mean {versions[-1]}?)"
-        return suggestion(item, [k.split("@")[0] for k in experiment.artifacts]).replace("?)", "@<version>?)")
+        named = suggestion(item, [k.split("@")[0] for k in experiment.artifacts]).replace("?)", "@<version>?)")
+        return named or suggestion(item, dict.fromkeys(rule_of(a.step) for a in experiment.artifacts.values()))
     return suggestion(item, experiment.artifacts)
 
 
