@@ -535,6 +535,24 @@ def test_the_models_tokenizer_is_checked_against_its_own_record_before_export_an
     assert "\n" not in message and written(out) == []
 
 
+def test_the_models_tokenizer_is_named_as_the_prefix_is_spelled_so_its_rebuild_command_runs(
+    trained_model, tmp_path, monkeypatch
+):
+    # a relative prefix (the default `artifacts`): Snakemake's output pattern is relative too,
+    # and `snakemake -f /abs/.../.artifact.json` would find no rule for it
+    from marin_rules.train.load import load_trained
+
+    model = recorded_model(trained_model, tmp_path, digests=False)
+    info = json.loads((model / "model.json").read_text())  # as training writes it: relative to the model
+    (model / "model.json").write_text(json.dumps({**info, "tokenizer": "../tokenizer/tokenizer.json"}))
+    (tmp_path / "tokenizer" / "tokenizer.json").unlink()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StepError) as error:
+        load_trained(os.path.relpath(model, tmp_path))
+    assert str(error.value).startswith("deps.model: tokenizer/tokenizer.json is unreadable (")
+    assert str(error.value).endswith("rebuild it with: snakemake -f tokenizer/.artifact.json")
+
+
 def test_a_missing_tokenizer_json_is_named_by_evaluation_not_a_bare_file_not_found_error(built, tmp_path):
     folder = tmp_path / "tok"
     shutil.copytree(built.parent / "tokenizer", folder)

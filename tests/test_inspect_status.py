@@ -512,4 +512,4 @@ def test_an_unbuilt_artifact_with_a_garbled_lease_file_says_so(experiment_file, 
     row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
     assert row["state"] == "missing"
     assert row["reason"] == ("never built; its lease file is unreadable (not a lease (JSONDecodeError)): "
-                             "the next run takes it over")  # fmt: skip
+                             "a run takes it over once it is unchanged for the lease's stale_s")  # fmt: skip

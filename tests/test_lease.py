@@ -345,14 +345,44 @@ def test_a_lease_says_who_submitted_its_job_and_an_older_lease_that_does_not_rea
     ({"pid": 10**30}, f"pid {10**30} is not a process id (1 to 2147483647)"),  # os.kill overflowed
     ({"pid": 0}, "pid 0 is not a process id (1 to 2147483647)"),  # os.kill(0, 0) probes a group
 ])  # fmt: skip
-def test_a_lease_with_impossible_times_is_unreadable_and_taken_over_naming_the_file(tmp_path, capsys, fields, why):
+def test_a_lease_with_impossible_times_is_unreadable_and_taken_over_once_unchanged_for_stale_s(
+    tmp_path, capsys, fields, why
+):
     location = str(tmp_path / "a" / "v1")
     write_lease(location, **fields)
     assert read_lease(location) is None
+    with pytest.raises(LeaseHeld) as held:  # just written: a run may be building under it
+        acquire(location, is_done=lambda: False, wait=False, stale_s=3600)
+    assert str(held.value).startswith(f"{location}: its lease is unreadable ({why}) and was written 0 s ago: ")
+    assert held.value.holder is None and "unknown run" in held.value.who
+    old = time.time() - 7200
+    os.utime(f"{location}/.lease.json", (old, old))
     lease = acquire(location, is_done=lambda: False, wait=False, stale_s=3600)
     try:
-        assert capsys.readouterr().err == f"{location}/.lease.json: unreadable lease ({why}); taking it over\n"
+        assert capsys.readouterr().err == (
+            f"{location}/.lease.json: unreadable lease ({why}), unchanged for 7200 s; taking it over\n"
+        )
         assert read_lease(location) == lease.holder
+    finally:
+        lease.release()
+
+
+def test_a_waiting_run_takes_a_garbled_lease_over_only_once_it_is_unchanged_for_stale_s(tmp_path, capsys):
+    # a live builder cannot renew a garbled lease and stops at its next heartbeat; until
+    # stale_s has passed it may still be writing, so the lease is not taken at once
+    location = str(tmp_path / "a" / "v1")
+    storage.makedirs(location)
+    storage.write_bytes_atomic(location + "/.lease.json", b"garbage")
+    started = time.monotonic()
+    lease = acquire(location, is_done=lambda: False, stale_s=1.0, poll_s=0.05)
+    try:
+        assert time.monotonic() - started >= 0.9  # the file's age, not this process's patience
+        err = capsys.readouterr().err
+        assert err.startswith(f"{location}/.lease.json: unreadable lease (not a lease (JSONDecodeError)), written 0 s ago: "
+                              "waiting until it is unchanged for 1 s")  # fmt: skip
+        assert err.splitlines()[-1].startswith(f"{location}/.lease.json: unreadable lease (not a lease "
+                                               "(JSONDecodeError)), unchanged for 1 s; taking it over")  # fmt: skip
+        assert len(err.splitlines()) == 2 and read_lease(location) == lease.holder
     finally:
         lease.release()
 
@@ -490,3 +520,20 @@ def test_a_run_is_known_to_be_running_only_by_its_own_process_on_this_host():
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                            timeout=60, check=True)  # fmt: skip
     assert not running_here(dataclasses.replace(me, pid=int(ended.stdout)))
+
+
+def test_an_unreadable_lease_on_gs_is_aged_by_its_objects_update_time(gcs_prefix):
+    from marin_rules.artifacts.lease_stores import store_for
+
+    location = f"{gcs_prefix}/a/v1"
+    storage.write_bytes_atomic(location + "/.lease.json", b"garbage")
+    age = store_for(location, ".lease.json").age_s()
+    assert age is not None and 0 <= age < 60  # just written (a clock skew to the emulator would show here)
+    with pytest.raises(LeaseHeld, match="its lease is unreadable"):
+        acquire(location, is_done=lambda: False, wait=False, stale_s=3600)
+    lease = acquire(location, is_done=lambda: False, wait=False, stale_s=0)
+    try:
+        assert read_lease(location) == lease.holder
+    finally:
+        lease.release()
+    assert store_for(location + "/none", ".lease.json").age_s() is None

@@ -27,8 +27,10 @@ exactly one wins:
 
 Trust in what a lease says: a lease that is garbled, whose `since`/`renewed` is not an
 ISO time with a zone, or whose `renewed` lies more than `SKEW_S` (5 min) in the future
-(a wrong clock: it would never go stale) is unreadable and taken over, saying so in one
-line naming `.lease.json`. A holder on this host (`host` is `socket.gethostname()`)
+(a wrong clock: it would never go stale) is unreadable. It names no holder to ask, so it
+is taken over once unchanged for `stale_s` (the file's age: `LeaseStore.age_s`), as a
+stale lease is: a run building under it cannot renew it (its check-and-set fails) and
+stops at its next heartbeat, before then; one line naming `.lease.json` says so. A holder on this host (`host` is `socket.gethostname()`)
 and in this pid namespace (`pid_namespace`) whose pid no longer exists is dead: its
 lease is taken over at once instead of after `stale_s`. Each takeover prints one line on stderr.
 
@@ -110,10 +112,22 @@ def _instant(text: str) -> dt.datetime:
 
 
 class LeaseHeld(MarinError):
-    """wait=False (or the deadline passed) and a live holder exists."""
+    """wait=False (or the deadline passed) and a live holder exists; `holder` None: the
+    lease is unreadable but was written less than `stale_s` ago (`unreadable_age_s`)."""
 
-    def __init__(self, location: str, holder: LeaseHolder, detail: str = ""):
+    def __init__(self, location: str, holder: LeaseHolder | None, detail: str = "",
+                 unreadable: tuple[str, float] | None = None):  # fmt: skip
         self.holder = holder
+        if holder is None:
+            why, age = unreadable or ("unreadable", 0.0)
+            self.who = "an unknown run (its lease is unreadable)"
+            super().__init__(
+                f"{location}: its lease is unreadable ({why}) and was written {age:.0f} s ago{detail}: a run may be "
+                "building under it; run again once it has been unchanged for the lease's stale_s, or delete "
+                f"{storage.join(location, LEASE_FILE)} if no run is"
+            )
+            return
+        self.who = holder.describe()
         super().__init__(
             f"{location}: being built by {holder.describe()} (lease renewed {max(0.0, holder.age_s()):.0f} s ago){detail}; "
             "wait for it to finish, or run again later"
@@ -238,14 +252,20 @@ def process_exists(pid: int) -> bool:
     return True
 
 
-def _takeover_reason(location: str, data: bytes | None, current: LeaseHolder | None, stale_s: float) -> str | None:
+def _takeover_reason(
+    location: str, data: bytes | None, current: LeaseHolder | None, stale_s: float, unreadable_age: float | None = None
+) -> str | None:
     """One line on why the lease in `data` may be taken over; None when it may not
-    (a live holder). No lease at all: an empty reason."""
+    (a live holder, or an unreadable lease written less than `stale_s` ago:
+    `unreadable_age`). No lease at all: an empty reason."""
     where = storage.join(location, LEASE_FILE)
     if data is None:
         return ""
     if current is None:
-        return f"{where}: unreadable lease ({_unreadable(data)}); taking it over"
+        if unreadable_age is not None and unreadable_age < stale_s:
+            return None
+        age = "" if unreadable_age is None else f", unchanged for {unreadable_age:.0f} s"
+        return f"{where}: unreadable lease ({_unreadable(data)}){age}; taking it over"
     if holder_gone(current):
         return f"{where}: holder {current.describe()} is no longer running on this host; taking the lease over"
     age = current.age_s()
@@ -377,7 +397,16 @@ def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
     while True:
         data, version = store.read()
         current = decode_holder(data)
-        why = "" if current is not None and current == tried else _takeover_reason(location, data, current, stale_s)
+        # an unreadable lease names no holder to ask: a run building under it cannot renew it (and
+        # stops at its next heartbeat), so it is taken over once unchanged for stale_s, as a stale one
+        unreadable_age = store.age_s() if data is not None and current is None else None
+        if data is not None and current is None and unreadable_age is None:
+            raced += 1  # gone (or replaced) since the read: look again
+            if raced > 100:
+                raise LeaseLost(f"{location}: its lease file kept changing while being read; check the prefix")
+            continue
+        why = "" if current is not None and current == tried else \
+            _takeover_reason(location, data, current, stale_s, unreadable_age)  # fmt: skip
         if why is not None:
             if why:
                 print(why, file=sys.stderr, flush=True)
@@ -400,16 +429,22 @@ def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
             continue
         if is_done():
             return None
+        unreadable = None if current is not None else (_unreadable(data) or "unreadable", unreadable_age or 0.0)
         if not wait:
-            raise LeaseHeld(location, current)
-        if current.token not in seen_tokens:
-            seen_tokens.add(current.token)
-            if on_wait is not None:
+            raise LeaseHeld(location, current, unreadable=unreadable)
+        token = current.token if current is not None else f"unreadable {version!r}"
+        if token not in seen_tokens:
+            seen_tokens.add(token)
+            if current is None:
+                print(f"{storage.join(location, LEASE_FILE)}: unreadable lease ({unreadable[0]}), written "
+                      f"{unreadable[1]:.0f} s ago: waiting until it is unchanged for {stale_s:.0f} s (a run building "
+                      "under it cannot renew it and stops), then taking it over", file=sys.stderr, flush=True)  # fmt: skip
+            elif on_wait is not None:
                 on_wait(current)
         pause = poll_s
         if give_up is not None:
             left = give_up - time.monotonic()
             if left <= 0:
-                raise LeaseHeld(location, current, f", still after waiting {deadline_s:g} s")
+                raise LeaseHeld(location, current, f", still after waiting {deadline_s:g} s", unreadable=unreadable)
             pause = min(pause, left)
         time.sleep(pause)

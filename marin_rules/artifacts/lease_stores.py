@@ -1,7 +1,8 @@
 """Conditional writes of one small file, for leases: local folders and gs://.
 
 Model: a `LeaseStore` holds one file and offers compare-and-set on it. `read()` gives
-(bytes or None, version); `create` succeeds only if the file is absent; `replace` and
+(bytes or None, version), `age_s()` the seconds since the file was last written (the
+file's mtime, the object's `updated`); `create` succeeds only if the file is absent; `replace` and
 `delete` only if the file is still at the version the caller saw. They return the new
 version, or None (False for delete) when someone else moved first. The version is the
 file's bytes locally and the object generation on gs://. See lease.py for why each
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 import uuid
 from contextlib import contextmanager, suppress
 from functools import lru_cache
@@ -28,6 +30,7 @@ from marin_rules.artifacts.errors import MarinError
 
 class LeaseStore(Protocol):
     def read(self) -> tuple[bytes | None, Any]: ...
+    def age_s(self) -> float | None: ...  # since the file was last written; None: absent
     def create(self, data: bytes) -> Any | None: ...
     def replace(self, data: bytes, expected: Any) -> Any | None: ...
     def delete(self, expected: Any) -> bool: ...
@@ -74,6 +77,12 @@ class LocalStore:
         except UNUSABLE as e:
             raise unusable(self.path, e) from None
         return data, data
+
+    def age_s(self) -> float | None:
+        try:
+            return max(0.0, time.time() - os.stat(self.path).st_mtime)
+        except FileNotFoundError:
+            return None
 
     def _staged(self, data: bytes) -> str:
         """A new temporary file beside the lease file holding `data`; none is left when writing it fails."""
@@ -151,6 +160,14 @@ class GcsStore:
             except (exceptions.NotFound, exceptions.PreconditionFailed):
                 continue
         raise MarinError(f"gs://{self.bucket.name}/{self.name}: kept changing while being read; try again")
+
+    def age_s(self) -> float | None:
+        import datetime as dt
+
+        blob = self.bucket.get_blob(self.name, timeout=30)
+        if blob is None or blob.updated is None:
+            return None
+        return max(0.0, (dt.datetime.now(dt.timezone.utc) - blob.updated).total_seconds())
 
     def _upload(self, data: bytes, generation: int) -> Any | None:
         from google.api_core import exceptions

@@ -247,7 +247,7 @@ def set_aside_other_counts(artifact_location: str, count: int) -> tuple[str, lis
             held = leases.acquire(source, is_done=lambda: False, wait=False)
         except leases.LeaseHeld as e:
             raise StepError(
-                f"runtime.shards: shard {name} of another count is being built by {e.holder.describe()}: another run "
+                f"runtime.shards: shard {name} of another count is being built by {e.who}: another run "
                 f"plans this artifact with other runtime.shards; give both the same runtime.shards, or run again once "
                 "that run has finished"
             ) from None

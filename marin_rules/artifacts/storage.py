@@ -83,9 +83,11 @@ def open_file(location: str, mode: str = "rb", **kwargs: Any):
 
 
 def parent(location: str) -> str:
+    """The folder holding `location`, spelled as it is (a relative path stays relative:
+    a rebuild command naming an artifact must match Snakemake's pattern for its prefix)."""
     if is_remote(location) or location.startswith("file://"):
         return posixpath.dirname(location.rstrip("/"))
-    return os.path.dirname(os.path.abspath(location))
+    return os.path.dirname(os.path.normpath(location)) or os.curdir
 
 
 def read_bytes(location: str) -> bytes:

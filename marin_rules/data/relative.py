@@ -39,10 +39,12 @@ def relative_location(base: str, target: str) -> str:
 
 
 def resolve_location(base: str, reference: str) -> str:
-    """The location a reference stored in the artifact at `base` points to."""
+    """The location a reference stored in the artifact at `base` points to, spelled as
+    `base` is: relative to the working folder when `base` is (a relative prefix), so a
+    rebuild command naming it matches Snakemake's output pattern for that prefix."""
     if storage.is_remote(reference) or reference.startswith("file://") or os.path.isabs(reference):
         return reference
     root, path = _root_and_path(base)
     if root:
         return root + posixpath.normpath(posixpath.join(path, reference))
-    return os.path.normpath(os.path.join(path, reference))
+    return os.path.normpath(os.path.join(storage.local_path(base), reference))

@@ -433,7 +433,7 @@ def location_status(
                 reason = reason.removesuffix("; the next run builds it")
         problem = _lease_problem(location) if not holder and not gone else None
         if problem:  # as its next job will say when it takes the lease over
-            reason += f"; its lease file is unreadable ({problem}): the next run takes it over"
+            reason += f"; its lease file is unreadable ({problem}): a run takes it over once it is unchanged for the lease's stale_s"
         if reading.history_files(location):  # a forced rebuild that has not (or not yet) succeeded
             if state == "missing" and not reading.forced_rebuild_owed(location):
                 if reason.startswith("never built"):  # else the reason says more (data left, shards built)
