@@ -103,10 +103,18 @@ def test_leftovers_of_a_stopped_attempt_with_the_same_recipe_are_resumed_and_onl
     (stale,) = (folder / ".history").glob("*-stale")
     assert sorted(p.name for p in stale.glob("part*.txt")) == ALL
 
+    # what writers killed before their rename left (storage.write_bytes_atomic's temporary files)
+    (folder / "part2.txt.tmp-0123abcd").write_text("half")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "x.npy.tmp-89abcdef").write_text("half")
+    (folder / "part3.txt.tmp-notours").write_text("a step's own file")
     ws.snakemake()  # the same recipe as the stopped attempt: its files are resumed
     record = ws.record("feat/slow@v1")
-    assert record["result"] == {"found": ["part0.txt", "part1.txt"]}
-    assert record["files"] == {"part0.txt": 1, "part1.txt": 1}
+    assert record["result"] == {"found": ["part0.txt", "part1.txt", "part3.txt.tmp-notours"]}
+    assert record["files"] == {"part0.txt": 1, "part1.txt": 1, "part3.txt.tmp-notours": 17}
+    assert not (folder / "part2.txt.tmp-0123abcd").exists() and not (folder / "sub" / "x.npy.tmp-89abcdef").exists()
+    assert (f"{folder}: removed 2 temporary file(s) of writes an earlier attempt did not finish "
+            "(part2.txt.tmp-0123abcd, sub/x.npy.tmp-89abcdef)") in _job_log(ws)
     assert "what an earlier attempt left" not in _job_log(ws)
     assert len(list((folder / ".history").glob("*-stale"))) == 1
 

@@ -2,7 +2,9 @@
 
 Model: an artifact's data is every file under its folder except the bookkeeping: the
 success record (and its temporary siblings), `.failures/`, `.history/`, `.attempt.json` and the lease
-(`.lease.json` and its `.lock`, `.tmp-*` siblings), at the top and in shard folders
+(`.lease.json` and its `.lock`, `.tmp-*` siblings), at the top and in shard folders, and
+the temporary file of an atomic write a killed writer left (`<name>.tmp-<8 hex>`: the
+next attempt removes them, `remove_interrupted_writes`)
 (`shards/*/`, which hold their own lease and `.failures/`). The success record lists them with
 their sizes (one listing, local or remote); `size_problems` compares a listing made now
 against that list (`file_problems`: its lines). A size cannot see a file garbled in place: where a step records the
@@ -20,7 +22,9 @@ history (a dev version, `dev_versions.keeps_history`) has it deleted instead (`d
 
 from __future__ import annotations
 
+import os
 import posixpath
+import re
 from typing import Any, Mapping
 
 import xxhash
@@ -45,6 +49,29 @@ def is_inside(rel: str) -> bool:
     return bool(rel) and not rel.startswith("/") and ".." not in rel.split("/")
 
 
+# what `storage.write_bytes_atomic` writes before its rename: left only by a killed writer
+INTERRUPTED_WRITE = re.compile(r".+\.tmp-[0-9a-f]{8}")
+
+
+def remove_interrupted_writes(location: str, under: str = "") -> list[str]:
+    """Delete the temporary files that writers killed before their rename left in the
+    artifact folder at `location` (or in its subfolder `under`, a shard's), outside its
+    bookkeeping: never data, never read. Only the lease holder calls this, before its
+    step, so no writer of this artifact is running. Local folders only (a gs:// write is
+    one PUT). Returns their paths, relative to `location`."""
+    if storage.is_remote(location):
+        return []
+    root = storage.local_path(location)
+    removed = []
+    for folder, subfolders, names in os.walk(os.path.join(root, under) if under else root):
+        subfolders[:] = [d for d in subfolders if d not in (FAILURES_DIR, HISTORY_DIR)]
+        for name in names:
+            if INTERRUPTED_WRITE.fullmatch(name) and not name.startswith((LEASE_FILE, RECORD_FILE)):
+                os.remove(os.path.join(folder, name))
+                removed.append(os.path.relpath(os.path.join(folder, name), root))
+    return sorted(removed)
+
+
 def list_data_files(location: str) -> dict[str, int]:
     """Every data file under an artifact folder (relative path -> size), from one listing."""
     fs, root = storage.filesystem(location)
@@ -57,6 +84,7 @@ def list_data_files(location: str) -> dict[str, int]:
             or parts[0].startswith(RECORD_FILE)
             or parts[-1].startswith(LEASE_FILE)
             or any(p in (FAILURES_DIR, HISTORY_DIR) for p in parts[:-1])
+            or INTERRUPTED_WRITE.fullmatch(parts[-1])
         ):
             continue
         files[rel] = int(info.get("size") or 0)

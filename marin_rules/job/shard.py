@@ -31,6 +31,7 @@ from marin_rules.artifacts.shards import (
 
 def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Namespace) -> int:
     from marin_rules.artifacts.errors import StepError
+    from marin_rules.artifacts.files import remove_interrupted_writes
     from marin_rules.job.context import upstream_builds
     from marin_rules.job.main import DISCARDED, kept_or_discarded, lease_or_failure, record_lost_attempt, tell
     from marin_rules.workflow.forcing import set_aside
@@ -60,6 +61,7 @@ def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Na
     try:
         if held.taken_over is not None:  # its last attempt left its lease: killed outright
             record_lost_attempt(artifact, experiment, location, args, held.taken_over, shard)
+        remove_interrupted_writes(location, shard.folder)  # a killed attempt's half-written files
         how = made_from(read_shard_record(location, shard))
         if how is not None:
             left = kept_or_discarded(artifact, set_aside(location, "stale", shard.folder))
