@@ -60,6 +60,25 @@ def built(tmp_path_factory) -> dict:
     return {"src": src, "raw": raw, "tok": tok, "tokens": tokens, "result": result}
 
 
+def test_a_token_file_edited_in_place_is_found_by_verify_through_its_recorded_digest(built, tmp_path):
+    # the same size (every id still in the vocabulary): only the content tells
+    from marin_rules.artifacts.records import read_record, verify_files, write_success
+
+    tokens = tmp_path / "tokens"
+    shutil.copytree(built["tokens"], tokens)
+    entry = {"name": "x/tokens", "version": "v1", "step": "tokenize", "fingerprint": "0" * 16, "config": {},
+             "deps": {}, "runtime": {}}  # fmt: skip
+    write_success(str(tokens), entry, built["result"], {})
+    assert verify_files(str(tokens), read_record(str(tokens)), contents=True) == []
+    name = "shards/00000-of-00001/train/tokens-00000.npy"
+    data = bytearray((tokens / name).read_bytes())
+    data[-4:] = b"\x05\x00\x05\x00"
+    (tokens / name).write_bytes(bytes(data))
+    assert verify_files(str(tokens), read_record(str(tokens)), contents=True) == [
+        f"changed {name}: its content is not what was recorded ({built['result']['file_digests'][name]})"
+    ]
+
+
 def documents_of(tokens_dir: Path, split: str, eos: int) -> list[np.ndarray]:
     index = json.loads((tokens_dir / "index.json").read_text())
     stream = np.concatenate([np.load(tokens_dir / s["path"]) for s in index["splits"][split]["shards"]])
@@ -87,7 +106,11 @@ def test_every_document_comes_back_from_its_tokens_followed_by_one_eos(built):
     result = built["result"]
     assert result["tokens"] == result["train_tokens"] + result["validation_tokens"]
     assert (result["documents"], result["train_documents"], result["validation_documents"]) == (5, 3, 2)
-    assert result["file_digests"] == {"index.json": "xxh3:" + xxhash.xxh3_64_hexdigest((built["tokens"] / "index.json").read_bytes())}
+    # index.json and each token file as written: what `marin verify` checks them against
+    token_files = sorted(p.relative_to(built["tokens"]).as_posix() for p in built["tokens"].glob("shards/*/*/*.npy"))
+    assert len(token_files) == 2 and set(result["file_digests"]) == {"index.json", *token_files}
+    for name, digest in result["file_digests"].items():
+        assert digest == "xxh3:" + xxhash.xxh3_64_hexdigest((built["tokens"] / name).read_bytes()), name
 
 
 def test_two_workers_write_exactly_what_one_worker_writes(built, tmp_path):

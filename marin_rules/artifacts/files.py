@@ -137,6 +137,22 @@ FILE_DIGESTS = "file_digests"  # in a record's result: {path: digest} of the fil
 RECORDED_DIGESTS = (FINAL_CHECKPOINT_DIGESTS, FILE_DIGESTS)  # the result fields that hold digests
 
 
+class DigestingWriter:
+    """A binary file that digests what is written through it (`digest`: `file_digests`'
+    xxh3 form of the whole file), so a step records a file's content at no second read."""
+
+    def __init__(self, file: Any):
+        self._file, self._hasher = file, xxhash.xxh3_64()
+
+    def write(self, data: Any) -> int:
+        self._hasher.update(data)
+        return self._file.write(data)
+
+    @property
+    def digest(self) -> str:
+        return f"xxh3:{self._hasher.hexdigest()}"
+
+
 def named_digests(location: str, names: Any) -> dict[str, str]:
     """`file_digests`' form for the files `names` (paths relative to the artifact folder
     `location`; those not there are left out)."""

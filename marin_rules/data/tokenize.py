@@ -38,8 +38,10 @@ tokenizer lossy, even where the sample came back whole.
 {format, vocab_size, dtype, tokenizer (location of tokenizer.json), tokenizer_digest,
 bos_id, eos_id, pad_id, corpus, splits: {train|validation: {tokens, documents,
 shards: [{path, tokens, documents}]}}}. `tokenizer` and `corpus` are relative to the
-artifact's folder (`relative.py`), so the prefix can move. The result gives its digest
-(`file_digests`), which `marin verify` checks.
+artifact's folder (`relative.py`), so the prefix can move. Each shard entry also gives
+its file's digest as written (`digest`, xxh3); the result gives those and index.json's
+(`file_digests`), which `marin verify` checks (a token file edited in place keeps its
+size: only its content tells).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import StepError
-from marin_rules.artifacts.files import FILE_DIGESTS, named_digests
+from marin_rules.artifacts.files import FILE_DIGESTS, DigestingWriter, named_digests
 from marin_rules.artifacts.records import unreadable_file
 from marin_rules.artifacts.shards import Shard, all_shards, shard_count
 from marin_rules.data import dolma
@@ -230,7 +232,9 @@ def gather_tokens(ctx: StepContext, shards: list[dict[str, Any]]) -> dict[str, A
         "tokens_per_second": round(total / seconds) if seconds > 0 else None,
         **(check.result() if check is not None else {}),
         "unknown_tokens": unknown,
-        FILE_DIGESTS: named_digests(ctx.output, [INDEX]),  # index.json by content: `marin verify`
+        # index.json and every token file by content, for `marin verify` (the token files' as written)
+        FILE_DIGESTS: {**named_digests(ctx.output, [INDEX]), **{s["path"]: s["digest"] for split in splits.values()
+                                                                 for s in split["shards"] if "digest" in s}},
     }
 
 
@@ -368,6 +372,8 @@ class ShardWriter:
         path = f"{self.split}/tokens-{len(self.shards):05d}.npy"
         array = np.concatenate(self.pending).astype(self.dtype, copy=False)
         with storage.open_file(storage.join(self.location, path), "wb") as f:
-            np.save(f, array, allow_pickle=False)
-        self.shards.append({"path": path, "tokens": int(len(array)), "documents": self.pending_docs})
+            written = DigestingWriter(f)
+            np.save(written, array, allow_pickle=False)
+        self.shards.append({"path": path, "tokens": int(len(array)), "documents": self.pending_docs,
+                            "digest": written.digest})  # fmt: skip
         self.pending, self.pending_tokens, self.pending_docs = [], 0, 0
