@@ -134,6 +134,28 @@ def test_sigterm_during_a_step_leaves_a_failure_record_naming_the_signal(tmp_pat
     assert not (Path(out) / ".artifact.json").exists()
 
 
+def test_a_signal_after_the_success_record_is_written_does_not_fail_the_finished_job(tmp_path):
+    # Snakemake stopping at the moment a step finished: the build is whole, the job exits 0
+    out = str(tmp_path / "x/y/v1")
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from marin_rules.artifacts.context import StepContext
+        from marin_rules.artifacts.records import Provenance
+        from marin_rules.job.run import run_step
+
+        ctx = StepContext(name="x/y", version="v1", config={{}}, deps={{}}, runtime={{}}, output={out!r})
+        run_step(ctx, {json.dumps(_entry(out))}, Provenance(".", [], "r", 3), lambda ctx: {{"n": 1}})
+        os.kill(os.getpid(), signal.SIGTERM)  # as the job's last lines run
+        print("exited normally")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, "exited normally\n"), proc.stderr
+    assert json.loads((Path(out) / ".artifact.json").read_text())["result"] == {"n": 1}
+    assert not (Path(out) / ".failures").exists()
+
+
 def test_a_step_that_turns_the_stop_into_another_error_has_the_signal_as_its_exit_status(tmp_path):
     out = str(tmp_path / "x/y/v1")
     proc, error = _run_step_in_a_process(out, """

@@ -3,7 +3,8 @@
 Model: the step runs in the job process's main thread, which owns the signals. The
 first SIGTERM or SIGINT raises `JobTerminated` inside the step (wherever it is in
 Python code), named as the signal Snakemake received when that is known (a SIGTERM
-from an executor cancelling after a Ctrl-C is the Ctrl-C's); later ones are ignored (the step's cleanup, committing a checkpoint say,
+from an executor cancelling after a Ctrl-C is the Ctrl-C's); once the record is
+written, a signal no longer fails the job (the build is finished); later ones are ignored (the step's cleanup, committing a checkpoint say,
 and the failure record run to their end). A step that catches the stop and returns
 all the same fails as stopped (`_caught_stop`), and one that raises another error
 instead has the stop as its failure's exit status. A lease
@@ -35,7 +36,8 @@ from marin_rules.artifacts.records import Provenance, Record, error_message, utc
 # SIGHUP: the terminal or ssh session the run was started from closed. Left alone when
 # it is ignored (`nohup`: the user asked the run to outlive its terminal).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_state: dict[str, Any] = {"stopping": None, "lost": None, "cause": None}  # stopping: the stop's name ("SIGTERM", "lease lost")
+# stopping: the stop's name ("SIGTERM", "lease lost"); recorded: the step's record is written
+_state: dict[str, Any] = {"stopping": None, "lost": None, "cause": None, "recorded": False}
 
 
 class JobTerminated(BaseException):
@@ -54,6 +56,10 @@ class JobTerminated(BaseException):
 
 
 def _on_signal(signum: int, frame: Any) -> None:
+    if _state["recorded"]:
+        # the step finished and its record is written: a signal that comes while the job
+        # exits (Snakemake stopping at the same moment) does not turn a finished build into a failed job
+        return
     if _state["stopping"] is not None:
         # already stopping: the step's own cleanup (a checkpoint being committed) and the
         # failure record run to their end; a pod's processes get SIGTERM more than once
@@ -160,6 +166,7 @@ def run_step(
     from marin_rules.artifacts import storage
 
     install_stop_handlers()
+    _state["recorded"] = False
     started = utc_now()
     storage.makedirs(ctx.output)
     try:
@@ -200,7 +207,11 @@ def run_step(
             raise
         raise error from caught.__cause__
     if process:
+        _state["recorded"] = True  # (process 0 records the pod's success)
         return None
     if write is not None:
-        return write(result, provenance.as_dict(started, utc_now()))
-    return write_success(ctx.output, entry, result, provenance.as_dict(started, utc_now()))
+        record = write(result, provenance.as_dict(started, utc_now()))
+    else:
+        record = write_success(ctx.output, entry, result, provenance.as_dict(started, utc_now()))
+    _state["recorded"] = True
+    return record
