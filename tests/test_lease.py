@@ -379,7 +379,7 @@ def test_a_waiting_run_takes_a_garbled_lease_over_only_once_it_is_unchanged_for_
         assert time.monotonic() - started >= 0.9  # the file's age, not this process's patience
         err = capsys.readouterr().err
         assert err.startswith(f"{location}/.lease.json: unreadable lease (not a lease (JSONDecodeError)), written 0 s ago: "
-                              "waiting until it is unchanged for 1 s")  # fmt: skip
+                              "waiting until no run has renewed it for 1 s")  # fmt: skip
         assert err.splitlines()[-1].startswith(f"{location}/.lease.json: unreadable lease (not a lease "
                                                "(JSONDecodeError)), unchanged for 1 s; taking it over")  # fmt: skip
         assert len(err.splitlines()) == 2 and read_lease(location) == lease.holder

@@ -242,6 +242,24 @@ def test_a_shard_of_another_count_that_another_run_builds_is_not_set_aside(tmp_p
     assert Path(folder).name.endswith("-stale") and Path(folder).parent == tmp_path / "t/.history"
 
 
+def test_forcing_a_sharded_artifact_waits_out_a_shards_freshly_garbled_lease(tmp_path):
+    # a run may still be building that shard under it: forcing now would wreck that build
+    from marin_rules.artifacts import lease as leases
+    from marin_rules.workflow.forcing import retire_now
+
+    location = tmp_path / "t"
+    shard = location / "shards/00000-of-00002"
+    shard.mkdir(parents=True)
+    (location / ".artifact.json").write_text("{}")
+    (shard / ".lease.json").write_text("garbage")
+    with pytest.raises(leases.LeaseHeld, match=r"its lease is unreadable \(not a lease \(JSONDecodeError\)\)"):
+        retire_now(str(location), stale_s=3600)
+    assert (location / ".artifact.json").exists() and not (location / ".history").exists()
+    old = time.time() - 7200  # unchanged for longer than stale_s: no run renews it
+    os.utime(shard / ".lease.json", (old, old))
+    assert retire_now(str(location), stale_s=3600) is not None and not (location / ".artifact.json").exists()
+
+
 def test_a_shard_record_is_judged_by_recipe_then_by_upstream_builds(tmp_path):
     """`shard_change`: what a shard's own job (under that shard's lease) needs to set a
     finished shard aside; `read_shard_record` without a fingerprint returns any recipe's."""

@@ -29,8 +29,10 @@ Trust in what a lease says: a lease that is garbled, whose `since`/`renewed` is 
 ISO time with a zone, or whose `renewed` lies more than `SKEW_S` (5 min) in the future
 (a wrong clock: it would never go stale) is unreadable. It names no holder to ask, so it
 is taken over once unchanged for `stale_s` (the file's age: `LeaseStore.age_s`), as a
-stale lease is: a run building under it cannot renew it (its check-and-set fails) and
-stops at its next heartbeat, before then; one line naming `.lease.json` says so. A holder on this host (`host` is `socket.gethostname()`)
+stale lease is: a run whose lease was garbled under it cannot renew it (its check-and-set
+fails) and stops at its next heartbeat, before then; a live holder whose clock runs
+ahead does renew it, and is waited for as long as it does. One line naming
+`.lease.json` says so. A holder on this host (`host` is `socket.gethostname()`)
 and in this pid namespace (`pid_namespace`) whose pid no longer exists is dead: its
 lease is taken over at once instead of after `stale_s`. Each takeover prints one line on stderr.
 
@@ -363,8 +365,19 @@ def read_lease(location: str) -> LeaseHolder | None:
 
 def lease_problem(location: str) -> str | None:
     """Why the artifact's lease file holds no usable holder (garbled, bad times, renewed
-    in the future: the next job takes it over), or None: no lease file, or a good one."""
+    in the future: a job takes it over once it is unchanged for stale_s), or None: no
+    lease file, or a good one."""
     return _unreadable(store_for(location, LEASE_FILE).read()[0])
+
+
+def fresh_unreadable_lease(location: str, stale_s: float) -> tuple[str, float] | None:
+    """(why, seconds since written) of an unreadable lease file written less than
+    `stale_s` ago, which a run may still be building under (`acquire` waits for it);
+    None otherwise."""
+    store = store_for(location, LEASE_FILE)
+    why = _unreadable(store.read()[0])
+    age = None if why is None else store.age_s()
+    return None if why is None or age is None or age >= stale_s else (why, age)
 
 
 def _take(location: str, store: LeaseStore, data: bytes | None, version: Any, tried: LeaseHolder | None,
@@ -382,12 +395,14 @@ def _take(location: str, store: LeaseStore, data: bytes | None, version: Any, tr
 
 
 def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
-            on_wait: Callable[[LeaseHolder], None] | None = None, heartbeat_s: float = HEARTBEAT_S,
+            on_wait: Callable[[LeaseHolder | None], None] | None = None, heartbeat_s: float = HEARTBEAT_S,
             stale_s: float = STALE_S, poll_s: float = POLL_S, deadline_s: float | None = None,
             submitted_by: str = "") -> Lease | None:  # fmt: skip
     """The lease of `location`, or None when is_done() turned true (serve the finished
     artifact). A live holder is waited for (on_wait once per distinct holder), or with
     wait=False reported by LeaseHeld; a stale one (renewed over stale_s ago) is taken over.
+    An unreadable lease is waited for until its file has been unchanged for stale_s
+    (on_wait(None) once), or with wait=False reported by LeaseHeld with no holder.
     `submitted_by`: who submitted this job, recorded in the lease (`LeaseHolder`)."""
     store = store_for(location, LEASE_FILE)
     storage.makedirs(location)
@@ -404,6 +419,7 @@ def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
             raced += 1  # gone (or replaced) since the read: look again
             if raced > 100:
                 raise LeaseLost(f"{location}: its lease file kept changing while being read; check the prefix")
+            time.sleep(poll_s)
             continue
         why = "" if current is not None and current == tried else \
             _takeover_reason(location, data, current, stale_s, unreadable_age)  # fmt: skip
@@ -432,14 +448,14 @@ def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
         unreadable = None if current is not None else (_unreadable(data) or "unreadable", unreadable_age or 0.0)
         if not wait:
             raise LeaseHeld(location, current, unreadable=unreadable)
-        token = current.token if current is not None else f"unreadable {version!r}"
+        token = current.token if current is not None else "unreadable"  # said once, however often it changes
         if token not in seen_tokens:
             seen_tokens.add(token)
             if current is None:
                 print(f"{storage.join(location, LEASE_FILE)}: unreadable lease ({unreadable[0]}), written "
-                      f"{unreadable[1]:.0f} s ago: waiting until it is unchanged for {stale_s:.0f} s (a run building "
-                      "under it cannot renew it and stops), then taking it over", file=sys.stderr, flush=True)  # fmt: skip
-            elif on_wait is not None:
+                      f"{unreadable[1]:.0f} s ago: waiting until no run has renewed it for {stale_s:.0f} s, then "
+                      "taking it over", file=sys.stderr, flush=True)  # fmt: skip
+            if on_wait is not None:
                 on_wait(current)
         pause = poll_s
         if give_up is not None:

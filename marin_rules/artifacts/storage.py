@@ -87,7 +87,10 @@ def parent(location: str) -> str:
     a rebuild command naming an artifact must match Snakemake's pattern for its prefix)."""
     if is_remote(location) or location.startswith("file://"):
         return posixpath.dirname(location.rstrip("/"))
-    return os.path.dirname(os.path.normpath(location)) or os.curdir
+    path = os.path.normpath(location)
+    if os.path.basename(path) in (os.curdir, os.pardir):  # "." or "..": the folder above it
+        return os.path.normpath(os.path.join(path, os.pardir))
+    return os.path.dirname(path) or os.curdir
 
 
 def read_bytes(location: str) -> bytes:

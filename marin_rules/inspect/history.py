@@ -71,14 +71,14 @@ def _event(record: Mapping[str, Any], outcome: str) -> Event:
         status = error.get("exit_status")
         shown = "" if status in (None, "", 1) else f" (exit status {status})"
         message = f"{error.get('type', 'Error')}{shown}: {first_line(error.get('message'))}"
-    duration = provenance.get("duration_s")
+    duration = reading.took_s(provenance)
     return Event(
         started=str(provenance.get("started") or "?"),
         ended=str(provenance.get("ended") or "?"),
         outcome=outcome,
         host=str(provenance.get("host") or "?"),
         user=str(provenance.get("user") or "?"),
-        duration_s=duration if isinstance(duration, (int, float)) else None,
+        duration_s=duration,
         fingerprint=str(record.get("fingerprint") or "-"),
         error=message,
         pod_attempt=str(provenance.get("pod_attempt") or ""),

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import posixpath
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.drift import printable
@@ -217,6 +217,17 @@ def _recorded_version(location: str) -> str | None:
         if isinstance(version, str):
             return version
     return None
+
+
+def took_s(provenance: Mapping[str, Any]) -> float | None:
+    """How long a build took, as a record's provenance says: its job's `duration_s`, plus
+    for a sharded step's gather the shard jobs' (`shards_duration_s`, summed: jobs that
+    ran side by side count each, so this is work, not wall time); None when not recorded."""
+    took = provenance.get("duration_s")
+    if not isinstance(took, (int, float)) or isinstance(took, bool):
+        return None
+    shards = provenance.get("shards_duration_s")
+    return took + shards if isinstance(shards, (int, float)) and not isinstance(shards, bool) else took
 
 
 def suggestion(text: str, keys: Iterable[str]) -> str:

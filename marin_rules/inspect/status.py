@@ -365,11 +365,8 @@ def _already_refused(ahead: str, failed: str) -> bool:
 def _times(record: Mapping[str, Any]) -> tuple[str, str]:
     provenance = record.get("provenance") or {}
     built = str(provenance.get("ended") or "-").replace("T", " ")[:19]
-    took = provenance.get("duration_s")
-    shards = provenance.get("shards_duration_s")  # a sharded step's gather: its shard jobs did the work
-    if isinstance(took, (int, float)) and isinstance(shards, (int, float)):
-        took += shards
-    return built, "-" if not isinstance(took, (int, float)) else f"{took:.1f}s"
+    took = reading.took_s(provenance)
+    return built, "-" if took is None else f"{took:.1f}s"
 
 
 def _failure_line(failure: Mapping[str, Any]) -> str:

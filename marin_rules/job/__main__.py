@@ -5,15 +5,20 @@ released its lease by the time `main` returns; it then leaves the pod's distribu
 runtime (process 0 hosts the coordinator the other processes need until they have
 written their own failure records) and exits at once, without the interpreter's
 teardown (atexit handlers, a user step's too, do not run), which crashed the process
-(SIGSEGV) when the signal came while XLA was compiling in its own threads."""
+(SIGSEGV) when the signal came while XLA was compiling in its own threads. So does a job
+whose signal came after its record was written (exit status 0: the build is finished)."""
 
 import os
 import sys
 
 from marin_rules.job.main import main
+from marin_rules.job.run import stopped_after_record
 
 code = main()
-if code >= 128:
+late = code == 0 and stopped_after_record()
+if late:  # the record was written before the signal came: the build is finished
+    print(f"marin-rules: {late} came after the step's record was written: the build is finished", file=sys.stderr)
+if code >= 128 or late:
     sys.stdout.flush()
     sys.stderr.flush()
     if "jax" in sys.modules:

@@ -13,7 +13,8 @@ rebuilt since, what is there was made from something else: it moves whole to
 `.history/<UTC time>-stale/` and the build starts from an empty folder, so nothing
 inconsistent is resumed or recorded and nothing is lost (a dev version's are then
 deleted: it keeps no history, `main.kept_or_discarded`). An attempt file that cannot
-be read counts as another recipe. Leftovers without an attempt file (made before it
+be read counts as another recipe. Either way the temporary files of atomic writes a
+killed attempt left (`files.remove_interrupted_writes`) are removed first: never data. Leftovers without an attempt file (made before it
 existed) are resumed as before.
 
 Steps that judge their own leftovers' recipe keep that judgement (`steps.py: BuiltinStep.own_recipe`):

@@ -486,8 +486,12 @@ def take_lease(args: argparse.Namespace, key: str, location: str, what: str, is_
 
     settings = lease_settings(args.lease)
 
-    def on_wait(holder: leases.LeaseHolder) -> None:
-        tell(f"{key}: waiting: {what} is being built by {holder.describe()}")
+    def on_wait(holder: leases.LeaseHolder | None) -> None:
+        if holder is None:  # (the log has the file and why)
+            tell(f"{key}: waiting: {what}'s lease is unreadable, and a run may be building under it: taken over "
+                 f"once no run has renewed it for {settings['stale_s']:.0f} s")  # fmt: skip
+        else:
+            tell(f"{key}: waiting: {what} is being built by {holder.describe()}")
 
     held = leases.acquire(
         location, is_done=is_done, wait=settings["wait"], on_wait=on_wait,
@@ -656,8 +660,11 @@ def run(
     process = None if pod is None else pod.process_id
     if attempt is not None:  # a pod's (`build`): every process's record names it
         provenance = dataclasses.replace(provenance, extra=(*provenance.extra, ("pod_attempt", attempt)))
-    if sharded:  # the gather: its record also says what the shard jobs took
-        seconds = shard_jobs_seconds(location, shard_count(ctx.runtime))
+    if sharded and not process:  # the gather's record also says what the shard jobs took
+        try:
+            seconds = shard_jobs_seconds(location, shard_count(ctx.runtime))
+        except Exception:  # noqa: BLE001 - a figure for status: the gather itself judges the shard records
+            seconds = None
         provenance = dataclasses.replace(provenance, extra=(*provenance.extra, ("shards_duration_s", seconds)))
 
     def step(c: StepContext) -> Any:

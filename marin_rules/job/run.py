@@ -4,7 +4,8 @@ Model: the step runs in the job process's main thread, which owns the signals. T
 first SIGTERM or SIGINT raises `JobTerminated` inside the step (wherever it is in
 Python code), named as the signal Snakemake received when that is known (a SIGTERM
 from an executor cancelling after a Ctrl-C is the Ctrl-C's); once the record is
-written, a signal no longer fails the job (the build is finished); later ones are ignored (the step's cleanup, committing a checkpoint say,
+written, a signal no longer fails the job (the build is finished: it exits 0 once its
+bookkeeping is done, `stopped_after_record`); later ones are ignored (the step's cleanup, committing a checkpoint say,
 and the failure record run to their end). A step that catches the stop and returns
 all the same fails as stopped (`_caught_stop`), and one that raises another error
 instead has the stop as its failure's exit status. A lease
@@ -37,7 +38,7 @@ from marin_rules.artifacts.records import Provenance, Record, error_message, utc
 # it is ignored (`nohup`: the user asked the run to outlive its terminal).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # stopping: the stop's name ("SIGTERM", "lease lost"); recorded: the step's record is written
-_state: dict[str, Any] = {"stopping": None, "lost": None, "cause": None, "recorded": False}
+_state: dict[str, Any] = {"stopping": None, "lost": None, "cause": None, "recorded": False, "late_signal": None}
 
 
 class JobTerminated(BaseException):
@@ -58,7 +59,9 @@ class JobTerminated(BaseException):
 def _on_signal(signum: int, frame: Any) -> None:
     if _state["recorded"]:
         # the step finished and its record is written: a signal that comes while the job
-        # exits (Snakemake stopping at the same moment) does not turn a finished build into a failed job
+        # exits (Snakemake stopping at the same moment) does not turn a finished build into a
+        # failed job; the job finishes its bookkeeping, then exits 0 at once (`stopped_after_record`)
+        _state["late_signal"] = signal.Signals(signum).name
         return
     if _state["stopping"] is not None:
         # already stopping: the step's own cleanup (a checkpoint being committed) and the
@@ -79,10 +82,17 @@ def _snakemakes_signal() -> int | None:
     possibly before the forwarded SIGINT arrives, was stopped by that Ctrl-C."""
     try:
         name = _state["cause"]() if _state["cause"] is not None else None
-    except OSError:  # the registry is unreadable: the signal this process got is all it knows
+    except Exception:  # noqa: BLE001 - an unreadable registry or stop file: the signal this process got is all it knows
         return None
     found = getattr(signal.Signals, name, None) if isinstance(name, str) and name.startswith("SIG") else None
     return int(found) if found in STOP_SIGNALS else None
+
+
+def stopped_after_record() -> str | None:
+    """The signal that came after this process wrote its step's record (ignored then: the
+    build is finished), or None: the job then exits 0 without the interpreter's teardown,
+    as a stopped job does (`__main__`)."""
+    return _state["late_signal"]
 
 
 def note_stop_cause(read: Callable[[], str | None]) -> None:
@@ -206,8 +216,7 @@ def run_step(
         if error is caught:
             raise
         raise error from caught.__cause__
-    if process:
-        _state["recorded"] = True  # (process 0 records the pod's success)
+    if process:  # process 0 records the pod's success; until it has, a signal stops this one as before
         return None
     if write is not None:
         record = write(result, provenance.as_dict(started, utc_now()))

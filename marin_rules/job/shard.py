@@ -61,7 +61,11 @@ def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Na
     try:
         if held.taken_over is not None:  # its last attempt left its lease: killed outright
             record_lost_attempt(artifact, experiment, location, args, held.taken_over, shard)
-        remove_interrupted_writes(location, shard.folder)  # a killed attempt's half-written files
+        left = remove_interrupted_writes(location, shard.folder)  # a killed attempt's half-written files
+        if left:
+            print(f"{artifact.key}: shard {shard.name}: removed {len(left)} temporary file(s) of writes an earlier "
+                  f"attempt did not finish ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''})",
+                  file=sys.stderr, flush=True)  # fmt: skip
         how = made_from(read_shard_record(location, shard))
         if how is not None:
             left = kept_or_discarded(artifact, set_aside(location, "stale", shard.folder))

@@ -360,9 +360,13 @@ def retire_now(location: str, keep: bool = True, stale_s: float | None = None) -
         if storage.exists(shards):
             fs, root = storage.filesystem(shards)
             for folder in fs.ls(root.rstrip("/"), detail=False):
-                holder = leases.read_lease(storage.join(shards, folder.rstrip("/").rsplit("/", 1)[-1]))
+                shard = storage.join(shards, folder.rstrip("/").rsplit("/", 1)[-1])
+                holder = leases.read_lease(shard)
                 if holder is not None and holder.age_s() < stale_s:
                     raise leases.LeaseHeld(folder, holder, "; force it once that run has finished")
+                unreadable = leases.fresh_unreadable_lease(shard, stale_s)
+                if unreadable is not None:  # a run may be building that shard under it
+                    raise leases.LeaseHeld(folder, None, "; force it once that run has finished", unreadable=unreadable)
         mark_forced(location)
         moved = move_old_build(location)
         if moved and not keep:
