@@ -111,3 +111,13 @@ def test_an_estimate_outside_its_interval_and_an_interval_cut_by_a_bound_are_fla
         "bootstrap disagrees with the fit: the data do not pin this parameter",
         "chinchilla.a: its 95% interval 0.2-3 touches the optimiser's upper bound (3): 2 of 50 bootstrap fits ended on it",
     ]  # ch_b: 1 of 50 refits on a bound is under 2.5%, so its interval's end is not the bound
+
+
+def test_budgets_of_one_size_each_are_flagged_not_reported_as_a_located_frontier():
+    # every budget's runs at one size: no parabola, so "compute-optimal" would be just that size
+    runs = [F.Run(f"c{b:g}-{k}", b, b, p.params, p.tokens, float(F.chinchilla_loss(TRUE, p.params, p.tokens)))
+            for b in BUDGETS for k, p in enumerate([plan(b, 512, -1)] * 3)]  # fmt: skip
+    fitted = F.fit_all(runs, 1e13)
+    assert {p["method"] for p in fitted["frontier"]} == {"best run"} and {p["sizes"] for p in fitted["frontier"]} == {1}
+    warnings = F.fit_warnings(fitted, {})
+    assert sum(w.startswith("frontier at budget ") and "1 distinct size(s)" in w for w in warnings) == len(BUDGETS)

@@ -152,6 +152,18 @@ def test_fit_refuses_a_run_far_from_every_budget_naming_it(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_fit_refuses_a_run_whose_loss_is_not_positive_naming_it(tmp_path):
+    # a zero loss reached scipy as an empty bound (E in [0, min L)) and failed with its text
+    from marin_rules.artifacts.errors import StepError
+    from marin_rules.scaling.step import scaling_fit
+
+    runs, budgets = fake_sweep(tmp_path, LAW)
+    zero = fake_run(tmp_path, "runs/zero", 600.0, 1e9 / 600.0, 0.0)
+    with pytest.raises(StepError, match=r"^runs/zero@v1: its record gives final_val_loss 0, .*a fit point needs a positive loss"):
+        scaling_fit(fit_ctx(tmp_path, {**runs, zero: 1}, budgets))
+    assert not (tmp_path / "fit").exists()
+
+
 def fake_sweep(root, law: dict, noise: float = 0.0) -> tuple[dict, list[float]]:
     """4 budgets x 3 sizes of fake runs (`fake_run`), losses from `law` times 1 + noise."""
     rng = np.random.default_rng(0)

@@ -12,7 +12,9 @@ tokens and final validation loss, tagged with the nominal budget it was planned 
 - Uncertainty: a residual bootstrap: losses redrawn as the approach-3 fit times
   resampled ratios of its residuals, the frontier and both laws refitted each time.
 - Leave-one-budget-out: the prediction again without each budget's runs.
-- Honesty flags (`fit_warnings`): a parameter whose estimate sits on a bound of its
+- Honesty flags (`fit_warnings`): a budget with fewer than 3 distinct sizes (its
+  frontier point is just its best run), most budgets' best runs at an edge of their
+  sizes (the frontier not located), a parameter whose estimate sits on a bound of its
   optimiser (within BOUND_TOL of the bound's range, in the optimiser's coordinates),
   whose bootstrap interval is cut by a bound (at least 2.5% of the refits end on
   it), or whose estimate lies outside its own 95% interval (by more than
@@ -78,7 +80,7 @@ def frontier(runs: list[Run]) -> list[dict]:
         y = np.array([r.loss for r in group])
         best = int(np.argmin(y))
         point = {"budget": budget, "flops": float(np.exp(np.mean(np.log([r.flops for r in group])))),
-                 "params": group[best].params, "loss": float(y[best]), "method": "best run"}
+                 "params": group[best].params, "loss": float(y[best]), "method": "best run", "sizes": len(set(x))}
         if len(group) >= 3 and len(set(x)) >= 3:
             c2, c1, c0 = np.polyfit(x, y, 2)
             vertex = -c1 / (2 * c2) if c2 > 0 else None
@@ -242,6 +244,16 @@ def fit_warnings(fitted: dict, boot: dict) -> list[str]:
     2.5% of the refits on it), or (off its bounds) its estimate outside its own
     interval."""
     out = []
+    points = fitted.get("frontier", [])
+    for point in points:
+        if point.get("sizes", 3) < 3:  # no parabola through it: the optimum is not located at all
+            out.append(f"frontier at budget {point['budget']:.3g}: {point['sizes']} distinct size(s), so its "
+                       f"compute-optimal point is just its best run (N = {point['params']:.3g}): give each budget "
+                       "at least 3 sizes around its optimum")  # fmt: skip
+    unlocated = [p for p in points if p.get("method") == "best run" and p.get("sizes", 3) >= 3]
+    if len(unlocated) * 2 > len(points):  # one budget's noise may put its best run at an edge; most cannot
+        out.append(f"frontier: at {len(unlocated)} of {len(points)} budgets the best run lies at an edge of its sizes "
+                   "(no convex minimum inside them): the frontier is not located; move those sizes towards it")  # fmt: skip
     ci, samples, boot_at = boot.get("interval95", {}), boot.get("samples", 0), boot.get("at_bound", {})
     for name, path in FIELDS.items():
         est = fitted

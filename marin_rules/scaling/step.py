@@ -54,6 +54,11 @@ def run_point(location: str, budgets: list[float] | None = None) -> F.Run:
         ) from None
     if not math.isfinite(loss):
         raise StepError(f"{key}: final_val_loss is {loss}; rerun it with a lower learning rate and a new version")
+    if loss <= 0 or not (fpt > 0 and tokens > 0 and math.isfinite(fpt * tokens)):
+        raise StepError(
+            f"{key}: its record gives final_val_loss {loss:g}, flops_per_token {fpt:g} and tokens_seen {tokens:g}; "
+            "a fit point needs a positive loss (a cross-entropy) and positive, finite FLOPs: is it a train run?"
+        )
     flops = fpt * tokens
     budget = flops
     if budgets:
