@@ -513,3 +513,25 @@ def test_an_unbuilt_artifact_with_a_garbled_lease_file_says_so(experiment_file, 
     assert row["state"] == "missing"
     assert row["reason"] == ("never built; its lease file is unreadable (not a lease (JSONDecodeError)): "
                              "a run takes it over once it is unchanged for the lease's stale_s")  # fmt: skip
+
+
+def test_a_stopped_forced_cascade_owes_its_rebuilds_all_the_way_down_in_status_and_plan(experiment_file, tmp_path, capsys):
+    # `-R train_tokenizer --omit-from tokenize_shard`: the tokenizer was rebuilt, the cascade
+    # below it marked forced but never run; planning rebuilds the whole chain, in order
+    from marin_rules.inspect.plan import jobs_to_run
+    from marin_rules.workflow.forcing import mark_forced
+
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    for key in experiment.artifacts:
+        build(prefix, experiment, key)
+    for key in ("tokenized/s@v1", "checkpoints/nano@v1", "evals/nano@v1"):
+        mark_forced(artifact_location(prefix, experiment[key].id), by_upstream=True)
+    build(prefix, experiment, "tokenizers/bpe@v1", ended="2026-12-02T10:00:00.000Z")  # the forced rebuild
+    rows = status_json(experiment_file, prefix, capsys)
+    assert "a forced run stopped before rebuilding it: the next run rebuilds it" in rows["tokenized/s@v1"]["reason"]
+    assert rows["checkpoints/nano@v1"]["reason"].endswith(
+        "; a forced run stopped before rebuilding it and its upstream tokenized/s@v1, owed a rebuild too: the next "
+        "run rebuilds it after tokenized/s@v1")  # fmt: skip
+    assert rows["evals/nano@v1"]["reason"].endswith("owed a rebuild too: the next run rebuilds it after checkpoints/nano@v1")
+    assert jobs_to_run(experiment, prefix) == ["checkpoints/nano@v1"]  # `marin plan` prices its training

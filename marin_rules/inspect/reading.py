@@ -71,6 +71,47 @@ def forced_rebuild_owed(location: str) -> bool:
     return storage.exists(storage.join(location, HISTORY_DIR, FORCED_MARKER))
 
 
+def owed_through(
+    upstream_keys: Iterable[str], location: str, record: Mapping[str, Any] | None, is_dev: bool,
+    records: Mapping[str, Mapping[str, Any] | None], owed: Mapping[str, str],
+) -> str | None:  # fmt: skip
+    """The upstream a built artifact's rebuild follows when a forced run stopped before
+    rebuilding it (its marker still there, as planning's `Session._left_pending` and
+    forcing through an owed upstream judge): an upstream rebuilt since it was built,
+    one unbuilt, or one itself owed a rebuild (`owed`, from upstream to downstream);
+    else None. `records`: each upstream's record now (None: unbuilt)."""
+    from marin_rules.artifacts.builds import build_of, rebuilt_upstreams
+
+    if record is None or is_dev or not forced_rebuild_owed(location):
+        return None
+    keys = list(upstream_keys)
+    now = {u: None if records.get(u) is None else build_of(records[u]) for u in keys}
+    rebuilt = rebuilt_upstreams(record.get("deps") or {}, now)
+    if rebuilt:
+        return rebuilt[0][0]
+    return next((u for u in keys if records.get(u) is None or u in owed), None)
+
+
+def owed_rebuilds(experiment: Any, prefix: str) -> dict[str, str]:
+    """Every built artifact of `experiment` the next run rebuilds to finish a forced run
+    that stopped (`owed_through`), with the upstream it follows; records that cannot be
+    read count as unbuilt (planning stops on them anyway)."""
+    from marin_rules.artifacts.identity import artifact_location
+
+    records: dict[str, Mapping[str, Any] | None] = {}
+    owed: dict[str, str] = {}
+    for key, artifact in experiment.artifacts.items():  # upstreams first
+        location = artifact_location(prefix, artifact.id)
+        try:
+            records[key] = record_dict(location, artifact.id)
+        except MarinError:
+            records[key] = None
+        through = owed_through(artifact.upstream_keys(), location, records[key], artifact.id.is_dev, records, owed)
+        if through is not None:
+            owed[key] = through
+    return owed
+
+
 def unended_rebuild(location: str) -> str | None:
     """Where the old build of a forced rebuild that neither succeeded nor was restored
     went (`.history/<name>`: its process was killed, or still runs), else None."""

@@ -539,6 +539,7 @@ def experiment_status(
     `hint_flags`: see `location_status`."""
     rows: list[Status] = []
     records: dict[str, dict | None] = {}
+    owed: dict[str, str] = {}  # a stopped forced run's rebuilds the next run finishes (`reading.owed_through`)
     for key, artifact in experiment.artifacts.items():
         location = artifact_location(prefix, artifact.id)
         upstreams = {u: records.get(u) for u in artifact.upstream_keys()}
@@ -546,6 +547,14 @@ def experiment_status(
         status, record = location_status(key, location, artifact.step, artifact, upstreams, artifact.id, hint_flags,
                                          recipe)  # fmt: skip
         records[key] = record
+        through = reading.owed_through(artifact.upstream_keys(), location, record, artifact.id.is_dev, records, owed)
+        if through is not None:
+            owed[key] = through
+            if through in owed and records.get(through) is not None:  # location_status saw nothing of it
+                run = forcing_run_alive(location)
+                then = "the next run rebuilds it" if run is None else "that run rebuilds it"
+                status = replace(status, reason=f"{status.reason}; {forced_phrase(run)} and its upstream {through}, "
+                                                f"owed a rebuild too: {then} after {through}")  # fmt: skip
         rows.append(status)
     if every_version:
         paths = {a.id.path for a in experiment.artifacts.values()}
