@@ -338,3 +338,18 @@ def test_a_prefix_that_does_not_exist_is_said_once_on_stderr_and_status_still_li
     (tmp_path / "fresh").mkdir()  # the default prefix, before a first run: nothing to say
     assert main(["status", experiment_file, "-d", str(tmp_path / "fresh")]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_verify_escapes_a_hostile_file_name_a_shared_prefixs_record_lists(tmp_path):
+    import json as _json
+
+    from marin_rules.artifacts.records import read_record, verify_files, write_success
+
+    folder = tmp_path / "x" / "v1"
+    entry = {"name": "x", "version": "v1", "step": "download", "fingerprint": "0" * 16, "config": {}, "deps": {},
+             "runtime": {}}  # fmt: skip
+    write_success(str(folder), entry, {}, {})
+    record = _json.loads((folder / ".artifact.json").read_text())
+    record["files"]["train/\x1b[2J\x1b[31mEVIL.jsonl.gz"] = 5
+    (folder / ".artifact.json").write_text(_json.dumps(record))
+    assert verify_files(str(folder), read_record(str(folder)), contents=True) == ["missing train/\\x1b[2J\\x1b[31mEVIL.jsonl.gz"]

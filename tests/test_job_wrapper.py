@@ -179,3 +179,14 @@ def test_a_step_whose_lease_is_no_longer_held_records_failure_not_success(tmp_pa
     assert not (Path(out) / ".artifact.json").exists()
     (failure,) = (Path(out) / ".failures").glob("*.json")
     assert "lease lost before the success record" in json.loads(failure.read_text())["error"]["message"]
+
+
+def test_a_failing_steps_line_escapes_control_characters_its_message_holds(tmp_path):
+    # the line reaches the terminal (the log Snakemake shows); the record keeps the message as it was
+    out = str(tmp_path / "x/y/v1")
+    proc, error = _run_step_in_a_process(out, """
+        raise RuntimeError("kaboom \\x1b[2J\\x1b[31mred")
+    """)  # fmt: skip
+    assert proc.returncode != 0 and error["message"] == "kaboom \x1b[2J\x1b[31mred"
+    (line,) = [x for x in proc.stderr.splitlines() if "step failed" in x]
+    assert line.endswith("RuntimeError: kaboom \\x1b[2J\\x1b[31mred") and "\x1b" not in line

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 import xxhash
 
 from marin_rules.artifacts import storage
+from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE
 from marin_rules.artifacts.lease import LEASE_FILE
 from marin_rules.artifacts.provenance import iso, utc_now
@@ -100,11 +101,11 @@ def size_problems(location: str, expected: dict[str, int]) -> dict[str, str]:
         if INTERRUPTED_WRITE.fullmatch(rel.rsplit("/", 1)[-1]):
             continue  # a killed writer's leftover an older record listed: never data, and removed since
         if rel not in found:
-            problems[rel] = f"missing {rel}"
+            problems[rel] = f"missing {printable(rel)}"
         elif found[rel] < size:
-            problems[rel] = f"truncated {rel}: {found[rel]} of {size} bytes"
+            problems[rel] = f"truncated {printable(rel)}: {found[rel]} of {size} bytes"
         elif found[rel] != size:
-            problems[rel] = f"changed {rel}: {found[rel]} bytes, recorded {size}"
+            problems[rel] = f"changed {printable(rel)}: {found[rel]} bytes, recorded {size}"
     return problems
 
 
@@ -201,11 +202,11 @@ def content_problems(location: str, expected: Mapping[str, str]) -> dict[str, st
     for rel, digest in expected.items():
         algorithm = str(digest).partition(":")[0]
         if rel not in found:
-            problems[rel] = f"missing {rel}"
+            problems[rel] = f"missing {printable(rel)}"
         elif algorithm not in DIGESTS or (algorithm == "crc32c" and not found[rel][1].get("crc32c")):
             continue
         elif _digest(fs, *found[rel], algorithm) != digest:
-            problems[rel] = f"changed {rel}: its content is not what was recorded ({digest})"
+            problems[rel] = f"changed {printable(rel)}: its content is not what was recorded ({printable(str(digest))})"
     return problems
 
 

@@ -53,6 +53,7 @@ from typing import Any, Callable
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
+from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.provenance import iso, utc_now
@@ -86,7 +87,9 @@ _console: int | None = None  # the stderr this process was started with, once it
 
 def tell(line: str) -> None:
     """`line` in the job's log and on the console (Snakemake's terminal, or the
-    executor's view of the job): for what the user waits on, such as another run's lease."""
+    executor's view of the job): for what the user waits on, such as another run's lease.
+    Control characters are escaped (`printable`): a line may quote a record or an error."""
+    line = printable(line)
     print(line, file=sys.stderr, flush=True)
     if _console is not None:
         try:

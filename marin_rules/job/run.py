@@ -29,6 +29,7 @@ import threading
 from typing import Any, Callable
 
 from marin_rules.artifacts.canonical import canonical_value
+from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import MarinError, StepError
 from marin_rules.artifacts.lease import LeaseLost
@@ -207,8 +208,8 @@ def run_step(
             status = _state["stopping"]
         where = write_failure(ctx.output, entry, error, provenance.as_dict(started, ended), status, process)
         # the error last: a command it ends with can be copied to the end of the line
-        print(f"{ctx.key}: step failed, failure record {where}: {type(error).__name__}: {error_message(error)}",
-              file=sys.stderr)  # fmt: skip
+        print(f"{ctx.key}: step failed, failure record {where}: {type(error).__name__}: "
+              f"{printable(error_message(error))}", file=sys.stderr)  # fmt: skip (escaped: it reaches the terminal)
         try:
             error.reported = True  # type: ignore[attr-defined]  # the job process prints nothing more
         except AttributeError:  # an exception type without attributes: reported again, no harm
