@@ -173,6 +173,15 @@ def test_the_users_own_config_keys_and_config_file_pass_through_our_module(tmp_p
     assert typo.returncode != 0 and "--config my_threshold=...: unknown key" in typo.stdout + typo.stderr
 
 
+def test_a_users_rule_names_an_artifacts_record_through_record_path_under_any_prefix(tmp_path):
+    rule = ('import marin_rules.workflow as marin\n\nrule mine:\n    input: marin.record_path("feat/a@v1")\n'
+            '    output: "mine.txt"\n    shell: "cp {input} {output}"\n')  # fmt: skip
+    env = _user_workflow(tmp_path, MODULE + "\n" + rule)
+    _snakemake(tmp_path, env, "--workflow-profile", str(PROFILE), "mine", "--config", "prefix=elsewhere")
+    assert json.loads((tmp_path / "mine.txt").read_text())["result"] == {"ok": True}
+    assert (tmp_path / "elsewhere/feat/a/v1/.artifact.json").exists() and not (tmp_path / "artifacts").exists()
+
+
 def test_no_experiment_named_in_a_users_workflow_is_one_line_saying_how_to_name_one(tmp_path):
     """The default experiment is experiments/default.yaml beside the main Snakefile (the
     user's): without it and without --configfile, one line says both ways out."""

@@ -75,6 +75,22 @@ def current_session() -> Session | None:
     return _session
 
 
+def record_path(key: str) -> str:
+    """For a rule of your own Snakefile: the success record of the artifact `key`
+    (`name@version`) of this run's experiment, as our rules name it under the run's
+    prefix (for a gs:// prefix, its local mirror): take it as the rule's input. The
+    artifact's data lie beside it on a local prefix (`marin path KEY` says where)."""
+    if _session is None:
+        raise MarinError("marin_rules.workflow.record_path: marin-rules has not read the experiment yet; call it "
+                         "after `module marin: ...` / `use rule * from marin` (or `include:`)")  # fmt: skip
+    if key not in _session.experiment.artifacts:
+        from marin_rules.inspect.reading import suggestion
+
+        raise stop(MarinError(f"record_path({key!r}): not an artifact of {_session.experiment.path}"
+                              f"{suggestion(key, _session.experiment.artifacts)}"))  # fmt: skip
+    return _session.record_path(key)
+
+
 def begin(workflow: Any, config: dict) -> Session:
     """Check the input, load the experiment; called once per Snakefile parse."""
     global _session
