@@ -160,3 +160,11 @@ def test_code_change_needs_a_recorded_hash_that_differs(tmp_path, monkeypatch):
     assert code.code_change("nosuchmodule_xyz:run", {"code": {"hash": "0" * 16}}) is None  # unknown now
     assert code.code_version("yaml:safe_load").startswith("PyYAML ")  # an installed package: its version
     code.code_hash.cache_clear()
+
+
+def test_code_of_no_known_version_is_said_so_not_built_with_unversioned():
+    from marin_rules.artifacts.code import built_with, change_message
+
+    assert built_with("marin-rules 0.1.0, git 1a2b3c4d5e6f") == "built with marin-rules 0.1.0, git 1a2b3c4d5e6f"
+    line = change_message("feat/a@v1", ("aaaa", "bbbb", "unversioned"), "x")
+    assert "built by code of no known version (not installed, not in git)" in line and "built with unversioned" not in line

@@ -141,9 +141,17 @@ def code_change(step: str, provenance: Any) -> tuple[str, str, str] | None:
     return recorded["hash"], now, str(recorded.get("version") or "unversioned")
 
 
+def built_with(version: str) -> str:
+    """How the code a build ran is named beside a code change: `built with marin-rules
+    0.1.0, git ...`, or, for a user module neither installed nor in git, that no version
+    is known."""
+    return "built by code of no known version (not installed, not in git)" if version == "unversioned" \
+        else f"built with {version}"  # fmt: skip
+
+
 def change_message(key: str, change: tuple[str, str, str], rebuild_hint: str) -> str:
     then, now, version = change
     return (
-        f"{key}: step code changed since this artifact was built (code {then} then, {now} now; built with "
-        f"{version}); serving the cached output (--forcerun {rebuild_hint} rebuilds it)."
+        f"{key}: step code changed since this artifact was built (code {then} then, {now} now; "
+        f"{built_with(version)}); serving the cached output (--forcerun {rebuild_hint} rebuilds it)."
     )

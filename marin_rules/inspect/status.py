@@ -70,7 +70,7 @@ from typing import Any, Mapping
 
 from marin_rules.adopt import recorded_source, recorded_source_problems, source_changed
 from marin_rules.artifacts import storage
-from marin_rules.artifacts.code import code_change, code_hash
+from marin_rules.artifacts.code import built_with, code_change, code_hash
 from marin_rules.artifacts.builds import build_of, rebuilt_upstreams, upstream_builds
 from marin_rules.artifacts.drift import EDITED_FIX, SAME_SETTINGS, drift_notice, edited_record, only_defaults, printable
 from marin_rules.artifacts.errors import ConfigError, DriftError, MarinError
@@ -481,7 +481,7 @@ def location_status(
     change = code_change(artifact.step, record.get("provenance")) if artifact is not None else None
     if change is not None:
         then, now, version = change
-        text = f"step code changed since this was built (code {then} then, {now} now; built with {version})"
+        text = f"step code changed since this was built (code {then} then, {now} now; {built_with(version)})"
         if state == "built":
             state, reason = "code changed", f"{text}; served as built, --forcerun rebuilds it"
         else:
