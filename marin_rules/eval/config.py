@@ -77,10 +77,13 @@ class TaskName(Rule):
         if not isinstance(value, str) or not TASK_NAME.fullmatch(value):
             raise ConfigError(field, f"expected a task name such as {BPB_TASK!r}, got {value!r}")
         if value not in LOCAL_TASKS and not is_standard_task(value):
+            from marin_rules.validation.rules import suggest_key
+
             raise ConfigError(
                 field,
-                f"unknown task {value!r}: not one of the local tasks ({', '.join(LOCAL_TASKS)}) "
-                "and not a task, group or tag among lm-eval's bundled task files",
+                f"unknown task {value!r}{suggest_key(value, [*LOCAL_TASKS, *sorted(_standard_task_names())])}: "
+                f"not one of the local tasks ({', '.join(LOCAL_TASKS)}) and not a task, group or tag among "
+                "lm-eval's bundled task files",
             )
         return value
 
