@@ -10,7 +10,10 @@ tokens and final validation loss, tagged with the nominal budget it was planned 
   (delta 1e-3) on log L, from a grid of starting points (Hoffmann et al. 2022).
   Its compute-optimal size at C is `N = G (C/6)^(b/(a+b))`, `G = (aA/(bB))^(1/(a+b))`.
 - Uncertainty: a residual bootstrap: losses redrawn as the approach-3 fit times
-  resampled ratios of its residuals, the frontier and both laws refitted each time.
+  resampled ratios of its residuals, the frontier and both laws refitted each time;
+  intervals are basic bootstrap ones about each estimate: the refits' deviations from
+  the fit of the noise-free surface they were drawn from, carried to the estimate
+  (percentiles of the raw refits sit about that other fit, and flagged good data).
 - Leave-one-budget-out: the prediction again without each budget's runs.
 - Honesty flags (`fit_warnings`): a budget with fewer than 3 distinct sizes (its
   frontier point is just its best run), most budgets' best runs at an edge of their
@@ -29,6 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -52,6 +56,7 @@ BOUND_NAMES = {  # (lower, upper) bound of each parameter, as a warning names th
     "ch_a": (f"{CH_EXPONENT_RANGE[0]:g}", f"{CH_EXPONENT_RANGE[1]:g}"),
     "ch_b": (f"{CH_EXPONENT_RANGE[0]:g}", f"{CH_EXPONENT_RANGE[1]:g}"),
 }
+BY_RATIO = ("A", "ch_A", "ch_B", "params", "ch_params")  # positive scales: deviations as ratios
 FIELDS = {  # bootstrap name -> where fit.json holds the estimate
     "E": ("power_law", "E"), "A": ("power_law", "A"), "alpha": ("power_law", "alpha"),
     "ch_E": ("chinchilla", "E"), "ch_A": ("chinchilla", "A"), "ch_B": ("chinchilla", "B"),
@@ -234,8 +239,35 @@ def bootstrap(runs: list[Run], target: float, fitted: dict, samples: int, seed: 
                      ("loss", redo["prediction"]["loss"]), ("params", redo["prediction"]["params"]),
                      ("ch_loss", opt["loss"]), ("ch_params", opt["params"])):
             draws[k].append(float(v))
+    draws = _about_the_estimate(draws, fitted, fit_all(
+        [Run(r.key, r.budget, r.flops, r.params, r.tokens, float(l)) for r, l in zip(runs, center)], target, start=fitted))
     intervals = {k: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] for k, v in draws.items() if v}
     return {"samples": samples, "seed": seed, "interval95": intervals, "draws": draws, "at_bound": at_bound}
+
+
+def _estimate(fitted: dict, name: str) -> float:
+    value: Any = fitted
+    for part in FIELDS[name]:
+        value = value[part]
+    return float(value)
+
+
+def _about_the_estimate(draws: dict[str, list[float]], fitted: dict, smooth: dict) -> dict[str, list[float]]:
+    """The refits' spread carried to the estimate (the basic bootstrap): the refits vary
+    around what the estimators give on the noise-free surface they were drawn from
+    (`smooth`: approach 3's fitted losses), not around the estimate itself, and for the
+    frontier law those differ by the estimators' own bias. Each draw becomes the estimate
+    less its refit's deviation: as a ratio for the scales and sizes (`BY_RATIO`, which
+    span orders of magnitude), else a difference (a floor E near 0 would blow a ratio up)."""
+    out = {}
+    for name, values in draws.items():
+        raw = np.array(values, dtype=float)
+        est, tilde = _estimate(fitted, name), _estimate(smooth, name)
+        if name in BY_RATIO and raw.size and est > 0 and tilde > 0 and np.all(raw > 0):
+            out[name] = [float(v) for v in est * tilde / raw]
+        else:
+            out[name] = [float(v) for v in est - (raw - tilde)]
+    return out
 
 
 def fit_warnings(fitted: dict, boot: dict) -> list[str]:
