@@ -513,6 +513,12 @@ def test_an_unbuilt_artifact_with_a_garbled_lease_file_says_so(experiment_file, 
     assert row["state"] == "missing"
     assert row["reason"] == ("never built; its lease file is unreadable (not a lease (JSONDecodeError)): "
                              "a run takes it over once it is unchanged for the lease's stale_s")  # fmt: skip
+    # with data beside it: a build killed or under way, not a record deleted by --delete-all-output
+    storage.write_bytes_atomic(storage.join(location, "part.bin"), b"half")
+    row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
+    assert row["reason"].startswith("unfinished: no success record, yet its folder holds 1 data file(s) beside an "
+                                    "unreadable lease (a build killed, or one still under way?); the next run builds "
+                                    "it; its lease file is unreadable (")  # fmt: skip
 
 
 def test_a_stopped_forced_cascade_owes_its_rebuilds_all_the_way_down_in_status_and_plan(experiment_file, tmp_path, capsys):

@@ -186,12 +186,16 @@ def _killed_rebuild(location: str) -> str | None:
             f"previous build is kept in {unended}, and the next run puts it back")  # fmt: skip
 
 
-def never_built_reason(location: str) -> str:
+def never_built_reason(location: str, lease_unreadable: bool = False) -> str:
     """The reason of an artifact with no record of any kind: "never built", unless its
-    folder still holds data (its record was deleted, as `snakemake --delete-all-output` does)."""
+    folder still holds data (its record was deleted, as `snakemake --delete-all-output`
+    does; beside an unreadable lease, more likely a build killed or still under way)."""
     files = list_data_files(location)
     if not files:
         return "never built"
+    if lease_unreadable:
+        return (f"unfinished: no success record, yet its folder holds {len(files)} data file(s) beside an "
+                "unreadable lease (a build killed, or one still under way?); the next run builds it")  # fmt: skip
     return (f"record deleted, data still there: no success record, yet its folder holds {len(files)} data "
             "file(s) (snakemake --delete-all-output?); the next run builds it")  # fmt: skip
 
@@ -204,7 +208,7 @@ def unbuilt_reason(location: str, artifact: Artifact | None) -> str:
     return _no_shard_reason(location, artifact) if done is None else shards_reason(done, building)
 
 
-def _no_shard_reason(location: str, artifact: Artifact | None) -> str:
+def _no_shard_reason(location: str, artifact: Artifact | None, lease_unreadable: bool = False) -> str:
     """`never_built_reason`, unless the folder holds only shards of another count than
     `runtime.shards` asks for now (an attempt stopped part-way before the user changed
     it): those are data of an unfinished build, not a deleted record's leftovers."""
@@ -212,11 +216,11 @@ def _no_shard_reason(location: str, artifact: Artifact | None) -> str:
     from marin_rules.steps import SHARDED_STEPS
 
     if artifact is None or artifact.step not in SHARDED_STEPS:
-        return never_built_reason(location)
+        return never_built_reason(location, lease_unreadable)
     count = shard_count(artifact.runtime)
     others = other_counts(location, count)
     if not others:
-        return never_built_reason(location)
+        return never_built_reason(location, lease_unreadable)
     return (f"stopped part-way with another shard count: shards/{others[0]}{' ...' if len(others) > 1 else ''} "
             f"({len(others)} folder(s)), while runtime.shards is now {count}; the next run builds {count} "
             "shard(s) and sets those aside, in .history/")  # fmt: skip
@@ -424,11 +428,13 @@ def location_status(
             state, reason = "failed", f"last attempt failed: {unreadable}"
         elif last_failure is not None:
             state, reason, failed = "failed", "", f"last attempt failed at {_failure_line(last_failure)}"
-        else:
-            state, reason = "missing", shards_reason(done, building) if done is not None else _no_shard_reason(location, artifact)
+        problem = _lease_problem(location) if not holder and not gone else None
+        if not (holder or gone or gone_shards or unreadable or last_failure is not None):
+            state = "missing"
+            reason = shards_reason(done, building) if done is not None else \
+                _no_shard_reason(location, artifact, lease_unreadable=bool(problem))  # fmt: skip
             if ahead:  # its data is not built on: it refuses
                 reason = reason.removesuffix("; the next run builds it")
-        problem = _lease_problem(location) if not holder and not gone else None
         if problem:  # as its next job will say when it takes the lease over
             reason += f"; its lease file is unreadable ({problem}): a run takes it over once it is unchanged for the lease's stale_s"
         if reading.history_files(location):  # a forced rebuild that has not (or not yet) succeeded
