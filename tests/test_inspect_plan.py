@@ -248,3 +248,17 @@ def test_a_corrupt_train_record_stops_the_plan_with_the_line_snakemake_n_stops_w
     assert planned.returncode == 1 and planned.stdout == "" and planned.stderr == f"marin: {line}\n"
     assert main(["status", "checkpoints/nano@v1", "--configfile", experiment_file, "--prefix", prefix, "--json"]) == 0
     assert f"{record}: not valid JSON" in capsys.readouterr().out  # status: state corrupt, the same line as its reason
+
+
+def test_a_built_dev_version_is_priced_as_every_run_retrains_it(experiment_file, tmp_path):  # noqa: F811
+    from pathlib import Path
+
+    from marin_rules.inspect.plan import jobs_to_run
+
+    text = Path(experiment_file).read_text().replace("checkpoints/nano@v1", "checkpoints/nano@dev")
+    text = text.replace("evals/nano@v1", "evals/nano@dev")
+    Path(experiment_file).write_text(text)
+    experiment = load_experiment(experiment_file, dev_user="alice")
+    prefix = str(tmp_path / "artifacts")
+    build(prefix, experiment, "checkpoints/nano@dev")
+    assert jobs_to_run(experiment, prefix) == ["checkpoints/nano@dev"]  # a dev version rebuilds on every run

@@ -531,13 +531,14 @@ def test_a_stopped_forced_cascade_owes_its_rebuilds_all_the_way_down_in_status_a
     experiment = load_experiment(experiment_file)
     for key in experiment.artifacts:
         build(prefix, experiment, key)
-    for key in ("tokenized/s@v1", "checkpoints/nano@v1", "evals/nano@v1"):
-        mark_forced(artifact_location(prefix, experiment[key].id), by_upstream=True)
+    # only the consumer of the rebuilt artifact is marked (`_mark_left_out`); planning forces
+    # the consumers of a forced artifact whatever markers they have
+    mark_forced(artifact_location(prefix, experiment["tokenized/s@v1"].id), by_upstream=True)
     build(prefix, experiment, "tokenizers/bpe@v1", ended="2026-12-02T10:00:00.000Z")  # the forced rebuild
     rows = status_json(experiment_file, prefix, capsys)
     assert "a forced run stopped before rebuilding it: the next run rebuilds it" in rows["tokenized/s@v1"]["reason"]
     assert rows["checkpoints/nano@v1"]["reason"].endswith(
-        "; a forced run stopped before rebuilding it and its upstream tokenized/s@v1, owed a rebuild too: the next "
-        "run rebuilds it after tokenized/s@v1")  # fmt: skip
-    assert rows["evals/nano@v1"]["reason"].endswith("owed a rebuild too: the next run rebuilds it after checkpoints/nano@v1")
+        "; its upstream tokenized/s@v1 is owed a rebuild (a forced run stopped before rebuilding it and its "
+        "consumers): the next run rebuilds it after tokenized/s@v1")  # fmt: skip
+    assert rows["evals/nano@v1"]["reason"].endswith("): the next run rebuilds it after checkpoints/nano@v1")
     assert jobs_to_run(experiment, prefix) == ["checkpoints/nano@v1"]  # `marin plan` prices its training

@@ -95,8 +95,8 @@ def test_a_law_with_no_floor_is_flagged_on_its_lower_bound_in_the_fit_and_the_bo
     warnings = F.fit_warnings(fitted, boot)
     on_bound = f"power_law.E = {fitted['power_law']['E']:.4g}: on the optimiser's lower bound (0); the bound, not the data, set it"
     assert on_bound in warnings
-    lo, hi = boot["interval95"]["E"]
-    assert (f"power_law.E: its 95% interval {lo:.4g}-{hi:.4g} touches the optimiser's lower bound (0): "
+    lo, hi = min(boot["draws"]["E"]), max(boot["draws"]["E"])  # the refits themselves
+    assert (f"power_law.E: the bootstrap refits span {lo:.4g}-{hi:.4g} and touch the optimiser's lower bound (0): "
             "20 of 20 bootstrap fits ended on it") in warnings
     assert not any(w.startswith("power_law.alpha") for w in warnings)  # the exponent is still pinned
 
@@ -105,11 +105,13 @@ def test_an_estimate_outside_its_interval_and_an_interval_cut_by_a_bound_are_fla
     fitted = F.fit_all(isoflop_runs(TRUE), 1e13)
     alpha = fitted["power_law"]["alpha"]
     boot = {"samples": 50, "interval95": {"alpha": [alpha + 0.01, alpha + 1.9], "ch_a": [0.2, 2.99999], "ch_b": [0.3, 0.5]},
+            "draws": {"ch_a": [0.2, 1.0, 3.0], "ch_b": [0.3, 0.5]},
             "at_bound": {"ch_a": {"upper": 2}, "ch_b": {"lower": 1}}}  # fmt: skip
     assert F.fit_warnings(fitted, boot) == [
         f"power_law.alpha = {alpha:.4g} lies outside its bootstrap 95% interval {alpha + 0.01:.4g}-{alpha + 1.9:.4g}: "
         "bootstrap disagrees with the fit: the data do not pin this parameter",
-        "chinchilla.a: its 95% interval 0.2-3 touches the optimiser's upper bound (3): 2 of 50 bootstrap fits ended on it",
+        "chinchilla.a: the bootstrap refits span 0.2-3 and touch the optimiser's upper bound (3): 2 of 50 bootstrap "
+        "fits ended on it",
     ]  # ch_b: 1 of 50 refits on a bound is under 2.5%, so its interval's end is not the bound
 
 
@@ -143,3 +145,6 @@ def test_the_bootstrap_interval_is_about_the_estimate_so_clean_data_are_not_flag
     for name in ("loss", "params", "alpha", "ch_loss"):
         lo, hi = boot["interval95"][name]
         assert lo < F._estimate(fitted, name) < hi, name
+    # the plot's and the check's band of the frontier law is that interval at the predicted budget
+    band = F.law_band({**fitted, "bootstrap": boot}, 1e13)
+    assert [float(band[0]), float(band[1])] == pytest.approx(boot["interval95"]["loss"], rel=1e-12)

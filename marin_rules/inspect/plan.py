@@ -274,14 +274,16 @@ def past_train_records(experiment: Experiment, prefix: str) -> list[dict]:
 
 
 def jobs_to_run(experiment: Experiment, prefix: str) -> list[str]:
-    """Train artifacts without a success record (missing, failed), and built ones a
-    forced run that stopped still owes a rebuild (`reading.owed_rebuilds`). A corrupt
-    record raises its one line (`CorruptRecord`, naming the rebuild), as `snakemake -n`
-    stops on it: no run builds it until it is deleted or forced."""
+    """Train artifacts without a success record (missing, failed), dev versions (every
+    run rebuilds them), and built ones a forced run that stopped still owes a rebuild
+    (`reading.owed_rebuilds`). A corrupt record raises its one line (`CorruptRecord`,
+    naming the rebuild), as `snakemake -n` stops on it: no run builds it until it is
+    deleted or forced."""
     keys = []
     owed = None
     for key in [k for k, a in experiment.artifacts.items() if a.step == "train"]:
-        if reading.record_dict(artifact_location(prefix, experiment[key].id), experiment[key].id) is None:
+        if experiment[key].id.is_dev or \
+                reading.record_dict(artifact_location(prefix, experiment[key].id), experiment[key].id) is None:  # fmt: skip
             keys.append(key)
             continue
         owed = reading.owed_rebuilds(experiment, prefix) if owed is None else owed

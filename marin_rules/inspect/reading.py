@@ -76,20 +76,24 @@ def owed_through(
     records: Mapping[str, Mapping[str, Any] | None], owed: Mapping[str, str],
 ) -> str | None:  # fmt: skip
     """The upstream a built artifact's rebuild follows when a forced run stopped before
-    rebuilding it (its marker still there, as planning's `Session._left_pending` and
-    forcing through an owed upstream judge): an upstream rebuilt since it was built,
-    one unbuilt, or one itself owed a rebuild (`owed`, from upstream to downstream);
-    else None. `records`: each upstream's record now (None: unbuilt)."""
+    rebuilding it, as planning judges (`Session._left_pending`, `is_forced`): with its
+    marker still there, an upstream rebuilt since it was built or one unbuilt; marker
+    or not, an upstream itself owed a rebuild (`owed`, from upstream to downstream:
+    planning forces every consumer of a forced artifact). Else None. `records`: each
+    upstream's record now (None: unbuilt)."""
     from marin_rules.artifacts.builds import build_of, rebuilt_upstreams
 
-    if record is None or is_dev or not forced_rebuild_owed(location):
+    if record is None or is_dev:
         return None
     keys = list(upstream_keys)
+    through = next((u for u in keys if u in owed), None)
+    if through is not None or not forced_rebuild_owed(location):
+        return through
     now = {u: None if records.get(u) is None else build_of(records[u]) for u in keys}
     rebuilt = rebuilt_upstreams(record.get("deps") or {}, now)
     if rebuilt:
         return rebuilt[0][0]
-    return next((u for u in keys if records.get(u) is None or u in owed), None)
+    return next((u for u in keys if records.get(u) is None), None)
 
 
 def owed_rebuilds(experiment: Any, prefix: str) -> dict[str, str]:

@@ -27,6 +27,9 @@ recipe and its upstreams' records:
                    that the next run rebuilds it; a built artifact whose forced
                    upstream was left unbuilt, as a sharded one stopped in its shards,
                    says that the next run rebuilds it after that upstream)
+  (built, drifted and the states above add, for an artifact whose upstream a stopped
+  forced run still owes a rebuild, that the next run rebuilds it after that upstream:
+  planning forces every consumer of a forced artifact, `reading.owed_through`)
   source changed   data adopted in place whose source no longer holds the files (and
                    sizes) it was adopted with (added to the reason of the states above)
   code changed     the step's code hash differs from the one recorded at build time
@@ -44,7 +47,7 @@ first, unless a snakemake process runs there (`snakemake_runs_in`, from /proc); 
 files with no snakemake running there get one line of their own (`lock_note`), as after
 `kill -9` of snakemake alone, whose jobs finish on their own.
 A `missing` artifact whose folder still holds data says so (its record was deleted,
-as `snakemake --delete-all-output` does). A built user step whose module cannot be
+as `snakemake --delete-all-output` does; beside an unreadable lease, an unfinished build). A built user step whose module cannot be
 found from here (the code advisory needs it) says "code unknown" instead of nothing,
 and why: not found, or the loader's refusal of a working-folder module that another
 of the same name hides (`steps.find_user_module`).
@@ -557,10 +560,11 @@ def experiment_status(
         if through is not None:
             owed[key] = through
             if through in owed and records.get(through) is not None:  # location_status saw nothing of it
-                run = forcing_run_alive(location)
+                run = forcing_run_alive(location) or forcing_run_alive(artifact_location(prefix, experiment[through].id))
                 then = "the next run rebuilds it" if run is None else "that run rebuilds it"
-                status = replace(status, reason=f"{status.reason}; {forced_phrase(run)} and its upstream {through}, "
-                                                f"owed a rebuild too: {then} after {through}")  # fmt: skip
+                status = replace(status, reason=f"{status.reason}; its upstream {through} is owed a rebuild ("
+                                                f"{forced_phrase(run).replace(' it', ' it and its consumers', 1)}): "
+                                                f"{then} after {through}")  # fmt: skip
         rows.append(status)
     if every_version:
         paths = {a.id.path for a in experiment.artifacts.values()}

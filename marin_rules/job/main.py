@@ -88,8 +88,9 @@ _console: int | None = None  # the stderr this process was started with, once it
 def tell(line: str) -> None:
     """`line` in the job's log and on the console (Snakemake's terminal, or the
     executor's view of the job): for what the user waits on, such as another run's lease.
-    Control characters are escaped (`printable`): a line may quote a record or an error."""
-    line = printable(line)
+    Control characters are escaped (`printable`), line by line: a line may quote a record
+    or an error; a multi-line message (the drift warning) keeps its lines."""
+    line = "\n".join(printable(part) for part in line.split("\n"))
     print(line, file=sys.stderr, flush=True)
     if _console is not None:
         try:

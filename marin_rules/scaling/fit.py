@@ -16,8 +16,8 @@ tokens and final validation loss, tagged with the nominal budget it was planned 
   (percentiles of the raw refits sit about that other fit, and flagged good data).
 - Leave-one-budget-out: the prediction again without each budget's runs.
 - Honesty flags (`fit_warnings`): a budget with fewer than 3 distinct sizes (its
-  frontier point is just its best run), most budgets' best runs at an edge of their
-  sizes (the frontier not located), a parameter whose estimate sits on a bound of its
+  frontier point is just its best run), most budgets without a convex minimum inside
+  their sizes (the frontier not located), a parameter whose estimate sits on a bound of its
   optimiser (within BOUND_TOL of the bound's range, in the optimiser's coordinates),
   whose bootstrap interval is cut by a bound (at least 2.5% of the refits end on
   it), or whose estimate lies outside its own 95% interval (by more than
@@ -239,10 +239,31 @@ def bootstrap(runs: list[Run], target: float, fitted: dict, samples: int, seed: 
                      ("loss", redo["prediction"]["loss"]), ("params", redo["prediction"]["params"]),
                      ("ch_loss", opt["loss"]), ("ch_params", opt["params"])):
             draws[k].append(float(v))
-    draws = _about_the_estimate(draws, fitted, fit_all(
-        [Run(r.key, r.budget, r.flops, r.params, r.tokens, float(l)) for r, l in zip(runs, center)], target, start=fitted))
-    intervals = {k: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] for k, v in draws.items() if v}
-    return {"samples": samples, "seed": seed, "interval95": intervals, "draws": draws, "at_bound": at_bound}
+    smooth = fit_all([Run(r.key, r.budget, r.flops, r.params, r.tokens, float(l)) for r, l in zip(runs, center)],
+                     target, start=fitted)  # fmt: skip
+    about = _about_the_estimate(draws, fitted, smooth)
+    intervals = {k: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] for k, v in about.items() if v}
+    return {"samples": samples, "seed": seed, "interval95": intervals, "draws": draws, "at_bound": at_bound,
+            "smooth_power_law": smooth["power_law"]}  # fmt: skip
+
+
+def law_band(fit: dict, flops: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """The frontier law's 95% band at `flops` (a number or an array) from a fit.json's
+    bootstrap: the basic interval of the curve, each refit's curve taken as its deviation
+    from the noise-free fit's (`smooth_power_law`) carried to the estimate, so that at
+    the predicted budget it is `interval95.loss`. A fit.json written before that field
+    gives the refits' own percentiles. None without draws."""
+    boot = fit.get("bootstrap") or {}
+    draws = boot.get("draws") or {}
+    if not draws.get("E"):
+        return None
+    flops = np.asarray(flops, dtype=float)
+    curves = np.array([e + a * flops**-al for e, a, al in zip(draws["E"], draws["A"], draws["alpha"])])
+    smooth = boot.get("smooth_power_law")
+    if smooth is not None:
+        curves = power_law_loss(fit["power_law"], flops) - (curves - power_law_loss(smooth, flops))
+    lo, hi = np.percentile(curves, [2.5, 97.5], axis=0)
+    return lo, hi
 
 
 def _estimate(fitted: dict, name: str) -> float:
@@ -284,8 +305,9 @@ def fit_warnings(fitted: dict, boot: dict) -> list[str]:
                        "at least 3 sizes around its optimum")  # fmt: skip
     unlocated = [p for p in points if p.get("method") == "best run" and p.get("sizes", 3) >= 3]
     if len(unlocated) * 2 > len(points):  # one budget's noise may put its best run at an edge; most cannot
-        out.append(f"frontier: at {len(unlocated)} of {len(points)} budgets the best run lies at an edge of its sizes "
-                   "(no convex minimum inside them): the frontier is not located; move those sizes towards it")  # fmt: skip
+        out.append(f"frontier: at {len(unlocated)} of {len(points)} budgets no convex minimum lies inside the sizes "
+                   "(the best run at an edge, or losses that do not curve up on both sides): the frontier is not "
+                   "located; add or move sizes around each budget's best run")  # fmt: skip
     ci, samples, boot_at = boot.get("interval95", {}), boot.get("samples", 0), boot.get("at_bound", {})
     for name, path in FIELDS.items():
         est = fitted
@@ -297,11 +319,12 @@ def fit_warnings(fitted: dict, boot: dict) -> list[str]:
             out.append(f"{field} = {est:.4g}: on the optimiser's {on_bound} bound "
                        f"({BOUND_NAMES[name][on_bound == 'upper']}); the bound, not the data, set it")
         interval = ci.get(name)
+        raw = (boot.get("draws") or {}).get(name) or []
         for end, count in sorted(boot_at.get(name, {}).items()):
-            if interval and count >= 0.025 * samples:
-                out.append(f"{field}: its 95% interval {interval[0]:.4g}-{interval[1]:.4g} touches the optimiser's "
-                           f"{end} bound ({BOUND_NAMES[name][end == 'upper']}): {count} of {samples} bootstrap "
-                           "fits ended on it")
+            if raw and count >= 0.025 * samples:  # the refits themselves (the interval is carried to the estimate)
+                out.append(f"{field}: the bootstrap refits span {min(raw):.4g}-{max(raw):.4g} and touch the "
+                           f"optimiser's {end} bound ({BOUND_NAMES[name][end == 'upper']}): {count} of {samples} "
+                           "bootstrap fits ended on it")  # fmt: skip
         if interval and not on_bound:  # an estimate on a bound is flagged above, its interval noise
             lo, hi = interval
             slack = OUTSIDE_TOL * max(abs(est), abs(lo), abs(hi))

@@ -38,11 +38,9 @@ def plot_scaling(fit: dict, location: str, actual: dict | None = None) -> None:
     law = fit["power_law"]
     ax.plot(grid, F.power_law_loss(law, grid), "C3-", linewidth=1.4,
             label=f"L(C) = {law['E']:.2f} + {law['A']:.3g} C^-{law['alpha']:.3f}")
-    draws = fit["bootstrap"]["draws"]
-    if draws.get("E"):
-        curves = np.array([e + a * grid ** -al for e, a, al in zip(draws["E"], draws["A"], draws["alpha"])])
-        lo, hi = np.percentile(curves, [2.5, 97.5], axis=0)
-        ax.fill_between(grid, lo, hi, color="C3", alpha=0.15, label="95% bootstrap band")
+    band = F.law_band(fit, grid)
+    if band is not None:
+        ax.fill_between(grid, *band, color="C3", alpha=0.15, label="95% bootstrap band")
     ch = fit["chinchilla"]
     opt = [F.chinchilla_optimum(ch, c)["loss"] for c in grid]
     ax.plot(grid, opt, "C0--", linewidth=1.1, label=f"approach 3 optimum (a={ch['a']:.2f}, b={ch['b']:.2f})")

@@ -167,9 +167,8 @@ def scaling_check(ctx: StepContext) -> dict:
         raise StepError(f"deps.run: {run.key} costs {run.flops:.3g} FLOPs, not the fit's predicted budget {target:.3g}")
     law, ch = fit["power_law"], fit["chinchilla"]
     predicted = float(F.power_law_loss(law, run.flops))
-    draws = fit["bootstrap"]["draws"]
-    samples = [e + a * run.flops**-al for e, a, al in zip(draws.get("E", []), draws.get("A", []), draws.get("alpha", []))]
-    band = [float(np.percentile(samples, 2.5)), float(np.percentile(samples, 97.5))] if samples else None
+    at = F.law_band(fit, run.flops)
+    band = None if at is None else [float(at[0]), float(at[1])]
     predicted_ch = float(F.chinchilla_loss(ch, run.params, run.tokens))
     error = run.loss / predicted - 1
     limit = float(ctx.config.get("target_relative_error", 0.05))

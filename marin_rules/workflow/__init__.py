@@ -81,8 +81,8 @@ def record_path(key: str) -> str:
     prefix (for a gs:// prefix, its local mirror): take it as the rule's input. The
     artifact's data lie beside it on a local prefix (`marin path KEY` says where)."""
     if _session is None:
-        raise MarinError("marin_rules.workflow.record_path: marin-rules has not read the experiment yet; call it "
-                         "after `module marin: ...` / `use rule * from marin` (or `include:`)")  # fmt: skip
+        raise stop(MarinError("marin_rules.workflow.record_path: marin-rules has not read the experiment yet; call "
+                              "it after `module marin: ...` / `use rule * from marin` (or `include:`)"))  # fmt: skip
     if key not in _session.experiment.artifacts:
         from marin_rules.inspect.reading import suggestion
 
