@@ -3,13 +3,13 @@
 Model: the step runs in the job process's main thread, which owns the signals. The
 first SIGTERM or SIGINT raises `JobTerminated` inside the step (wherever it is in
 Python code), named as the signal Snakemake received when that is known (a SIGTERM
-from an executor cancelling after a Ctrl-C is the Ctrl-C's); once the record is
-written, a signal no longer fails the job (the build is finished: it exits 0 once its
-bookkeeping is done, `stopped_after_record`); later ones are ignored (the step's cleanup, committing a checkpoint say,
-and the failure record run to their end). A step that catches the stop and returns
-all the same fails as stopped (`_caught_stop`), and one that raises another error
-instead has the stop as its failure's exit status. A lease
-that is lost while the step runs (`stop_for_lost_lease`, called by the lease's
+from an executor cancelling after a Ctrl-C is the Ctrl-C's); later ones are ignored
+(the step's cleanup, committing a checkpoint say, and the failure record run to their
+end). Once the record is written, a signal no longer fails the job (the build is
+finished: it exits 0 once its bookkeeping is done, `stopped_after_record`). A step
+that catches the stop and returns all the same fails as stopped (`_caught_stop`), and
+one that raises another error instead has the stop as its failure's exit status. A
+lease that is lost while the step runs (`stop_for_lost_lease`, called by the lease's
 heartbeat thread) is delivered the same way, through `_thread.interrupt_main`. Any
 failure writes `{location}/.failures/<time>.json` (a shard's too: the artifact's
 history holds it) and re-raises; a `MarinError` that suggests a command (an upstream's
