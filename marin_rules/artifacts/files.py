@@ -2,10 +2,10 @@
 
 Model: an artifact's data is every file under its folder except the bookkeeping: the
 success record (and its temporary siblings), `.failures/`, `.history/`, `.attempt.json` and the lease
-(`.lease.json` and its `.lock`, `.tmp-*` siblings), at the top and in shard folders, and
-the temporary file of an atomic write a killed writer left (`<name>.tmp-<8 hex>`: the
-next attempt removes them, `remove_interrupted_writes`)
-(`shards/*/`, which hold their own lease and `.failures/`). The success record lists them with
+(`.lease.json` and its `.lock`, `.tmp-*` siblings), at the top and in shard folders
+(`shards/*/`, which hold their own lease and `.failures/`), and the temporary file of
+an atomic write a killed writer left (`storage.INTERRUPTED_WRITE`: the next attempt
+removes them, `remove_interrupted_writes`). The success record lists them with
 their sizes (one listing, local or remote); `size_problems` compares a listing made now
 against that list (`file_problems`: its lines). A size cannot see a file garbled in place: where a step records the
 contents of files its consumers must trust (the final checkpoint of a `train` run),
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import re
 from typing import Any, Mapping
 
 import xxhash
@@ -50,10 +49,6 @@ def is_inside(rel: str) -> bool:
     return bool(rel) and not rel.startswith("/") and ".." not in rel.split("/")
 
 
-# what `storage.write_bytes_atomic` writes before its rename: left only by a killed writer
-INTERRUPTED_WRITE = re.compile(r".+\.tmp-[0-9a-f]{8}")
-
-
 def remove_interrupted_writes(location: str, under: str = "") -> list[str]:
     """Delete the temporary files that writers killed before their rename left in the
     artifact folder at `location` (or in its subfolder `under`, a shard's), outside its
@@ -67,10 +62,16 @@ def remove_interrupted_writes(location: str, under: str = "") -> list[str]:
     for folder, subfolders, names in os.walk(os.path.join(root, under) if under else root):
         subfolders[:] = [d for d in subfolders if d not in (FAILURES_DIR, HISTORY_DIR)]
         for name in names:
-            if INTERRUPTED_WRITE.fullmatch(name) and not name.startswith((LEASE_FILE, RECORD_FILE)):
+            if storage.INTERRUPTED_WRITE.fullmatch(name) and not name.startswith((LEASE_FILE, RECORD_FILE)):
                 os.remove(os.path.join(folder, name))
                 removed.append(os.path.relpath(os.path.join(folder, name), root))
     return sorted(removed)
+
+
+def removed_writes_phrase(removed: list[str]) -> str:
+    """What `remove_interrupted_writes` removed, for the job's log line."""
+    shown = ", ".join(removed[:3]) + (", ..." if len(removed) > 3 else "")
+    return f"removed {len(removed)} temporary file(s) of writes an earlier attempt did not finish ({shown})"
 
 
 def list_data_files(location: str) -> dict[str, int]:
@@ -85,7 +86,7 @@ def list_data_files(location: str) -> dict[str, int]:
             or parts[0].startswith(RECORD_FILE)
             or parts[-1].startswith(LEASE_FILE)
             or any(p in (FAILURES_DIR, HISTORY_DIR) for p in parts[:-1])
-            or INTERRUPTED_WRITE.fullmatch(parts[-1])
+            or storage.INTERRUPTED_WRITE.fullmatch(parts[-1])
         ):
             continue
         files[rel] = int(info.get("size") or 0)
@@ -98,7 +99,7 @@ def size_problems(location: str, expected: dict[str, int]) -> dict[str, str]:
     found = list_data_files(location)
     problems = {}
     for rel, size in expected.items():
-        if INTERRUPTED_WRITE.fullmatch(rel.rsplit("/", 1)[-1]):
+        if storage.INTERRUPTED_WRITE.fullmatch(rel.rsplit("/", 1)[-1]):
             continue  # a killed writer's leftover an older record listed: never data, and removed since
         if rel not in found:
             problems[rel] = f"missing {printable(rel)}"

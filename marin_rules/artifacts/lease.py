@@ -255,19 +255,18 @@ def process_exists(pid: int) -> bool:
 
 
 def _takeover_reason(
-    location: str, data: bytes | None, current: LeaseHolder | None, stale_s: float, unreadable_age: float | None = None
+    location: str, data: bytes | None, current: LeaseHolder | None, stale_s: float, unreadable_age: float = 0.0
 ) -> str | None:
     """One line on why the lease in `data` may be taken over; None when it may not
-    (a live holder, or an unreadable lease written less than `stale_s` ago:
-    `unreadable_age`). No lease at all: an empty reason."""
+    (a live holder, or an unreadable lease written `unreadable_age` < `stale_s` seconds
+    ago). No lease at all: an empty reason."""
     where = storage.join(location, LEASE_FILE)
     if data is None:
         return ""
     if current is None:
-        if unreadable_age is not None and unreadable_age < stale_s:
+        if unreadable_age < stale_s:
             return None
-        age = "" if unreadable_age is None else f", unchanged for {unreadable_age:.0f} s"
-        return f"{where}: unreadable lease ({_unreadable(data)}){age}; taking it over"
+        return f"{where}: unreadable lease ({_unreadable(data)}), unchanged for {unreadable_age:.0f} s; taking it over"
     if holder_gone(current):
         return f"{where}: holder {current.describe()} is no longer running on this host; taking the lease over"
     age = current.age_s()
@@ -422,7 +421,7 @@ def acquire(location: str, *, is_done: Callable[[], bool], wait: bool = True,
             time.sleep(poll_s)
             continue
         why = "" if current is not None and current == tried else \
-            _takeover_reason(location, data, current, stale_s, unreadable_age)  # fmt: skip
+            _takeover_reason(location, data, current, stale_s, unreadable_age or 0.0)  # fmt: skip
         if why is not None:
             if why:
                 print(why, file=sys.stderr, flush=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-import uuid
 from contextlib import contextmanager, suppress
 from functools import lru_cache
 from typing import Any, Iterator, Protocol
@@ -86,7 +85,7 @@ class LocalStore:
 
     def _staged(self, data: bytes) -> str:
         """A new temporary file beside the lease file holding `data`; none is left when writing it fails."""
-        tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp = storage.temporary_sibling(self.path)
         try:
             with open(tmp, "wb") as f:
                 f.write(data)

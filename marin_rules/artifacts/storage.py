@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import socket
 import time
 import urllib.parse
@@ -109,6 +110,17 @@ def read_json(location: str) -> Any:
     return json.loads(read_bytes(location))
 
 
+# the temporary file an atomic local write renames into place (`temporary_sibling`): one
+# left behind was written by a process killed before its rename
+INTERRUPTED_WRITE = re.compile(r".+\.tmp-[0-9a-f]{8}")
+
+
+def temporary_sibling(path: str) -> str:
+    """A new name beside the local file `path` for writing it before a rename
+    (`<path>.tmp-<8 hex>`, which `INTERRUPTED_WRITE` matches)."""
+    return f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+
+
 def write_bytes_atomic(location: str, data: bytes, durable: bool = True) -> None:
     """Write `data` so that readers see either nothing or all of it. `durable=False`
     skips the fsync, for caches rebuilt from elsewhere (the gs:// record mirror)."""
@@ -118,7 +130,7 @@ def write_bytes_atomic(location: str, data: bytes, durable: bool = True) -> None
         return
     path = local_path(location)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = temporary_sibling(path)
     with open(tmp, "wb") as f:
         f.write(data)
         if durable:

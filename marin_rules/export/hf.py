@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import uuid
 from typing import Any
 
 import numpy as np
@@ -111,7 +110,7 @@ def _save_local(weights: dict[str, np.ndarray], path: str) -> None:
     every other file of the artifact (safetensors' `save_file` makes it 0600)."""
     from safetensors.numpy import save_file
 
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = storage.temporary_sibling(path)
     with open(tmp, "wb"):  # created as any file is: its mode is the one to keep
         pass
     mode = stat.S_IMODE(os.stat(tmp).st_mode)

@@ -37,7 +37,7 @@ from typing import Any, Mapping
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.builds import upstream_change
 from marin_rules.artifacts.drift import printable
-from marin_rules.artifacts.files import ATTEMPT_FILE, list_data_files, remove_interrupted_writes
+from marin_rules.artifacts.files import ATTEMPT_FILE, list_data_files, remove_interrupted_writes, removed_writes_phrase
 from marin_rules.steps import OWN_RECIPE_STEPS
 from marin_rules.train.recipe import make_recipe, stored_recipe_refusal  # (no JAX)
 
@@ -51,8 +51,7 @@ def begin(location: str, fingerprint: str, upstreams: Mapping[str, Any], step: s
 
     left = remove_interrupted_writes(location)
     if left:
-        print(f"{location}: removed {len(left)} temporary file(s) of writes an earlier attempt did not finish "
-              f"({', '.join(left[:3])}{', ...' if len(left) > 3 else ''})", file=sys.stderr, flush=True)  # fmt: skip
+        print(f"{location}: {removed_writes_phrase(left)}", file=sys.stderr, flush=True)
     path = storage.join(location, ATTEMPT_FILE)
     previous = _read(path)
     why = None if previous is None else _differs(previous, step, fingerprint, upstreams)

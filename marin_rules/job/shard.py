@@ -31,7 +31,7 @@ from marin_rules.artifacts.shards import (
 
 def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Namespace) -> int:
     from marin_rules.artifacts.errors import StepError
-    from marin_rules.artifacts.files import remove_interrupted_writes
+    from marin_rules.artifacts.files import remove_interrupted_writes, removed_writes_phrase
     from marin_rules.job.context import upstream_builds
     from marin_rules.job.main import DISCARDED, kept_or_discarded, lease_or_failure, record_lost_attempt, tell
     from marin_rules.workflow.forcing import set_aside
@@ -63,9 +63,7 @@ def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Na
             record_lost_attempt(artifact, experiment, location, args, held.taken_over, shard)
         left = remove_interrupted_writes(location, shard.folder)  # a killed attempt's half-written files
         if left:
-            print(f"{artifact.key}: shard {shard.name}: removed {len(left)} temporary file(s) of writes an earlier "
-                  f"attempt did not finish ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''})",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(f"{artifact.key}: shard {shard.name}: {removed_writes_phrase(left)}", file=sys.stderr, flush=True)
         how = made_from(read_shard_record(location, shard))
         if how is not None:
             left = kept_or_discarded(artifact, set_aside(location, "stale", shard.folder))

@@ -310,9 +310,7 @@ def fit_warnings(fitted: dict, boot: dict) -> list[str]:
                    "located; add or move sizes around each budget's best run")  # fmt: skip
     ci, samples, boot_at = boot.get("interval95", {}), boot.get("samples", 0), boot.get("at_bound", {})
     for name, path in FIELDS.items():
-        est = fitted
-        for part in path:
-            est = est[part]
+        est = _estimate(fitted, name)
         field = ".".join(path)
         on_bound = fitted.get("at_bound", {}).get(name)
         if on_bound:
