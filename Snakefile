@@ -25,7 +25,6 @@ onsuccess:
 
 
 rule all:
-    default_target: True
     localrule: True
     input:
         M.targets(),

@@ -198,3 +198,15 @@ def test_no_experiment_named_in_a_users_workflow_is_one_line_saying_how_to_name_
     proc = subprocess.run([SNAKEMAKE, "-n", "--cores", "1", "--workflow-profile", str(PROFILE)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0 and "feat/a/v1" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_a_users_first_rule_stays_the_default_target_beside_our_module(tmp_path):
+    """Standard Snakemake: the main Snakefile's first rule is the default target. Our
+    `all` is first only where our module comes first (or alone)."""
+    mine = 'rule mine:\n    output: "mine.txt"\n    shell: "echo > {output}"\n\n'
+    env = _user_workflow(tmp_path, mine + MODULE)
+    planned = _snakemake(tmp_path, env, "--workflow-profile", str(PROFILE), "-n").stdout
+    assert "rule mine:" in planned and "marin_" not in planned, planned
+    (tmp_path / "Snakefile").write_text(MODULE + "\n" + mine)
+    planned = _snakemake(tmp_path, env, "--workflow-profile", str(PROFILE), "-n").stdout
+    assert "rule marin_all:" in planned and "rule mine:" not in planned, planned

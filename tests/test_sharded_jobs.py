@@ -380,6 +380,19 @@ def test_a_shard_killed_mid_way_on_a_cluster_executor_is_the_only_one_rebuilt(tm
         "tokenized/slice@v1: no attempts recorded (not gathered: all 3 shard(s) built; the next run gathers them)\n"
     )
 
+    # shards planning encodes again (`Session._stale_shard`) are not "gathered next"
+    shard_json = finished[2]
+    shard_record = json.loads(shard_json.read_text())
+    shard_json.write_text(json.dumps({**shard_record, "fingerprint": "0" * 16}))
+    (row,) = [r for r in experiment_status(load_experiment(str(exp)), str(prefix)) if r.key == "tokenized/slice@v1"]
+    assert row.reason == (f"not gathered: 3 of 3 shard(s) built, but shard 00002-of-00003 was made from another "
+                          f"recipe (fingerprint {'0' * 16} then, {shard_record['fingerprint']} now): the next run "
+                          "encodes it again"), row  # fmt: skip
+    (prefix / "tokenizers/slice/v1/.artifact.json").unlink()  # as --delete-all-output leaves it
+    (row,) = [r for r in experiment_status(load_experiment(str(exp)), str(prefix)) if r.key == "tokenized/slice@v1"]
+    assert row.reason == ("not gathered: 3 of 3 shard(s) built, but upstream tokenizers/slice@v1 is not built: the "
+                          "next run builds it first, then encodes every shard again"), row  # fmt: skip
+
 
 def test_on_gs_a_second_machine_sees_the_finished_shards_and_only_gathers(tmp_path, gcs_prefix, gcs_env, snakemake_cmd):
     """Shard records are mirrored like success records: after a crash between the shards

@@ -67,6 +67,7 @@ per byte). A bits per byte or perplexity figure of a task whose result records
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
@@ -229,14 +230,42 @@ def _no_shard_reason(location: str, artifact: Artifact | None, lease_unreadable:
             "shard(s) and sets those aside, in .history/")  # fmt: skip
 
 
-def shards_reason(done: str, building: list[str]) -> str:
+def shards_reason(done: str, building: list[str], redo: str | None = None) -> str:
     """A sharded artifact without a record, from `_shard_progress`: every shard built
-    (only the gather is owed: it never ran, or its record was deleted), or part of them."""
+    (only the gather is owed: it never ran, or its record was deleted), or part of them;
+    `redo`: why the next run encodes the built ones again (`_shards_to_redo`)."""
     built, _, total = done.partition(" of ")
+    if redo is not None:
+        return f"not gathered: {done} shard(s) built, but {redo}"
     if built == total and not building:
         return f"not gathered: all {total} shard(s) built; the next run gathers them"
     running = f", {len(building)} building" if building else ""
     return f"stopped part-way: {done} shard(s) built{running}; the next run builds the rest and gathers them"
+
+
+def _shards_to_redo(location: str, artifact: Artifact | None,
+                    upstream_records: Mapping[str, dict | None] | None) -> str | None:  # fmt: skip
+    """Why the next run encodes the finished shards of this unbuilt sharded artifact again,
+    as planning decides (`Session._stale_shard`): an upstream without a record (it is
+    built first, a new build), or a shard made from another recipe or other upstream
+    builds than today's; None when they stand (or without the upstreams' records)."""
+    from marin_rules.artifacts.shards import all_shards, shard_change, shard_count, shard_record_location
+
+    if artifact is None or upstream_records is None:
+        return None
+    unbuilt = [key for key in artifact.upstream_keys() if upstream_records.get(key) is None]
+    if unbuilt:
+        return f"upstream {unbuilt[0]} is not built: the next run builds it first, then encodes every shard again"
+    now = upstream_builds(artifact.upstream_keys(), upstream_records.get)
+    for shard in all_shards(shard_count(artifact.runtime)):
+        try:
+            record = json.loads(storage.read_text(shard_record_location(location, shard)))
+        except (OSError, ValueError):
+            continue  # not built, or unreadable: left to its job
+        change = shard_change(record, artifact.fingerprint, now) if isinstance(record, dict) else None
+        if change is not None:
+            return f"shard {shard.name} {change}: the next run encodes it again"
+    return None
 
 
 def missing_prefix_note(prefix: str) -> str:
@@ -434,7 +463,8 @@ def location_status(
         problem = _lease_problem(location) if not holder and not gone else None
         if not (holder or gone or gone_shards or unreadable or last_failure is not None):
             state = "missing"
-            reason = shards_reason(done, building) if done is not None else \
+            reason = shards_reason(done, building, _shards_to_redo(location, artifact, upstream_records)) \
+                if done is not None else \
                 _no_shard_reason(location, artifact, lease_unreadable=bool(problem))  # fmt: skip
             if ahead:  # its data is not built on: it refuses
                 reason = reason.removesuffix("; the next run builds it")
