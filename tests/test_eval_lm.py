@@ -199,7 +199,7 @@ class ScriptScorer:
 def test_generate_until_stops_at_the_stop_sequence(lm):
     script = lm.tok_encode(" Macbeth shall never vanquish'd be until Great Birnam wood") + [lm.eot_token_id]
     prompt = "Be bloody, bold, and resolute:"
-    prompt_len = len(lm.tok_encode(prompt)) + 1  # the prefix token
+    prompt_len = len(lm.tok_encode(prompt))  # no prefix token before a context, as in loglikelihood
     stop_scorer = ScriptScorer(script, prompt_len)
     gen = MarinLM(stop_scorer, lm.tokenizer, lm.special, batch_size=2)
     out = gen.generate_until(
@@ -228,10 +228,27 @@ def test_generate_until_on_a_model_of_one_position_keeps_one_prompt_token(lm):
     assert out == lm.tok_decode(script[:1])  # one new token: all a model of one position can give
 
 
+def test_a_generation_prompt_is_its_context_as_loglikelihood_scores_it(lm):
+    """lm-eval's conventions (its HF model too): a context's own tokens, with no prefix
+    token before them; an empty context is the prefix token alone."""
+
+    class Recording(ScriptScorer):
+        def prefill(self, prompts, lengths, cache_length):
+            self.prompts = [list(row[:n]) for row, n in zip(prompts, lengths)]
+            return super().prefill(prompts, lengths, cache_length)
+
+    for context, want in [("Out, damned spot!", lm.tok_encode("Out, damned spot!")), ("", [lm.prefix_token_id])]:
+        scorer = Recording(lm.tok_encode(" out"), len(want))
+        MarinLM(scorer, lm.tokenizer, lm.special, batch_size=1).generate_until(
+            requests("generate_until", [(context, {"until": ["\n"], "max_gen_toks": 2})]), disable_tqdm=True)
+        assert scorer.prompts == [want]
+        assert want == (lm._encode_pair(context, " out")[0] if context else [lm.prefix_token_id])
+
+
 def test_generate_until_with_the_model_is_greedy_decoding(lm, forward):
     prompt = "Out,"
     (out,) = lm.generate_until(requests("generate_until", [(prompt, {"until": ["\n\n\n"], "max_gen_toks": 8})]), disable_tqdm=True)
-    prompt_ids = [lm.eot_token_id] + lm.tok_encode(prompt)
+    prompt_ids = lm.tok_encode(prompt)  # the context's own tokens, as loglikelihood scores a context
     generated = lm.tok_encode(out)
     assert 0 < len(generated) <= 8
     # greedy: each generated token is the argmax after everything before it

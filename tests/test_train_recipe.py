@@ -78,9 +78,9 @@ def test_the_same_recipe_a_number_respelled_and_logging_or_checkpoint_frequency_
 @pytest.mark.parametrize(
     ("override", "field"),
     [
-        ({"seed": 0}, "seed (added)"),  # an explicit default is a change, as for the fingerprint
-        ({"eval_batches": 8}, "eval_batches (added)"),
-        ({"mesh": {"expert": 2}}, "mesh (added)"),
+        ({"seed": 0}, "seed (added: 0)"),  # an explicit default is a change, as for the fingerprint
+        ({"eval_batches": 8}, "eval_batches (added: 8)"),
+        ({"mesh": {"expert": 2}}, 'mesh (added: {"expert": 2})'),
         ({"model": {"d_model": 64, "n_layers": 2}}, "model.d_model: 32 -> 64"),
         ({"batch_size": 16}, "batch_size: 8 -> 16"),
     ],

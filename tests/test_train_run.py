@@ -35,6 +35,7 @@ from train_helpers.tokens import make_tokens
 
 pytestmark = pytest.mark.slow
 STEPS = 20
+SAVE_LOOKS_S = 1000.0  # the baseline's checkpoint saves look this long to its clocks (run_train.py)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def baseline(tmp_path_factory, tokens, cache) -> tuple[dict, Path]:
     work = tmp_path_factory.mktemp("baseline")
     output = work / "artifact"
     spec = runs.write_spec(work / "spec.json", output=str(output), config=runs.tiny_config(), data=tokens,
-                           compile_cache=cache)  # fmt: skip
+                           compile_cache=cache, save_looks_s=SAVE_LOOKS_S)  # fmt: skip
     return runs.run(spec, runs.train_env(1), work / "log"), output
 
 
@@ -93,6 +94,8 @@ def test_uninterrupted_run_writes_metrics_plot_model_and_checkpoints(baseline, t
     assert result["flops_per_token"] == fpt
     for r in train[1:]:  # MFU: tokens/s x FLOPs per token over the injected run-wide peak
         assert r["tokens_per_s"] > 0 and r["mfu"] == pytest.approx(r["tokens_per_s"] * fpt / runs.PEAK_FLOPS, rel=1e-9)
+        # the window after the save at step 10 times its updates, not the save (which looks 1000 s long)
+        assert 5 * 16 * 32 / r["tokens_per_s"] < SAVE_LOOKS_S / 10, r
     assert train[-1]["loss"] < train[0]["loss"] - 0.3  # it learns
     assert (output / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     info = json.loads((output / "model.json").read_text())

@@ -25,7 +25,10 @@ both are scored by exactly the same tokenization, batching and tasks.
   describe, and the evaluate step says so beside the figure.
 - `generate_until`: greedy decoding with stop sequences, the end-of-text token and
   `max_gen_toks`, `batch_size` prompts at a time: one prefill of the prompts into a
-  key/value cache, then one cached step per new token (a fixed-shape program).
+  key/value cache, then one cached step per new token (a fixed-shape program). A
+  prompt is its context's tokens, as loglikelihood takes a context (no prefix token
+  before them; the prefix token alone for an empty context), cut to the last
+  `max_length - max_gen_toks`.
 
 From the command line the class must be imported before lm-eval looks the name up
 (lm-eval 0.4.13 has no plugin entry points): `python -m marin_rules.eval.cli` is
@@ -351,8 +354,9 @@ class MarinLM(TemplateLM):
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             max_gen = max(1, min(int(kwargs.get("max_gen_toks", self.max_gen_toks)), L - 1))
-            tokens = self.tok_encode(context) if context else []
-            tokens = ([self.prefix_token_id] + tokens)[-max(1, L - max_gen) :]  # L = 1: the prefix alone, one token
+            # as loglikelihood's contexts and lm-eval's HF model: the context's own tokens, the
+            # prefix token standing in for an empty one (L = 1: one token of the context)
+            tokens = (self.tok_encode(context) if context else [self.prefix_token_id])[-max(1, L - max_gen) :]
             prepared.append((tokens, until, max_gen))
         outputs = [""] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: -len(prepared[i][0]))

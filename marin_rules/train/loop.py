@@ -18,8 +18,9 @@ checkpoint a run resumes from; a run that starts from scratch first moves the
 
 Recorded steps count completed updates: the record of step `s` (1-based) holds the
 loss of the batch that update `s` trained on and the learning rate it used.
-What is reported and written at the end lives in `report.py`: throughput leaves
-out a process's first step (compilation) and validation time; MFU is tokens/s *
+What is reported and written at the end lives in `report.py`: throughput counts each
+update from fetching its batch to its loss, leaving out a process's first update
+(compilation), validation and checkpoint saves; MFU is tokens/s *
 FLOPs per token over the peak of every device of the run (`model/peak.py`, or
 `runtime.peak_flops`); a measured peak that the run beats (MFU > 1: measured while a
 shared machine was busier) is measured again (`raised_ceiling`).
@@ -240,8 +241,8 @@ def train_steps(
     try:
         for s in range(start, config.num_train_steps):
             step, final = s + 1, s + 1 == config.num_train_steps
-            batch = global_batch(plan.data.train.batch(s, pid, nproc, accum), accum, plan.sharding)
             t0 = time.perf_counter()
+            batch = global_batch(plan.data.train.batch(s, pid, nproc, accum), accum, plan.sharding)
             *parts, metrics = plan.train_step(*ts, batch)
             ts = TrainState(*parts)
             objective = float(metrics["loss"])  # waits for the step: also the NaN check
@@ -260,7 +261,6 @@ def train_steps(
                 val = validation_loss(plan, ts)
                 if plan.writer:
                     log.log({"split": "val", "step": step, "loss": val})
-                clock.restart_window()
             if step % config.checkpoint_every == 0 or final:
                 checkpoint.save(manager, step, ts.weights(), ts.opt_state)
     finally:

@@ -96,7 +96,8 @@ def _binding(recipe: Mapping[str, Any]) -> dict[str, Any]:
 def recipe_changes(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """Lines `field: old -> new` (config fields bare, deps as `deps.<role>`) that forbid a
     resume; a number spelled another way (`0` for `0.0`) is the same setting and does not."""
-    return [line for line in recipe_diff(_binding(stored), _binding(current)) if not isinstance(line, SameNumber)]
+    return [line for line in recipe_diff(_binding(stored), _binding(current), values=True)
+            if not isinstance(line, SameNumber)]
 
 
 def record_recipe(output: str, recipe: Mapping[str, Any]) -> None:

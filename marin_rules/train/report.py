@@ -1,7 +1,7 @@
 """What a training run reports: step timing, metrics-log records, the result, the files.
 
-Model: `Clock` times updates, keeping a process's first step (it includes
-compilation) and validation out of throughput; `train_record` is one line of
+Model: `Clock` times updates (batch and step), keeping a process's first one (it
+includes compilation), validation and checkpoint saves out of throughput; `train_record` is one line of
 `metrics.jsonl`; `summary` is the result the step returns (final losses, unigram
 baseline, parameter and FLOP counts, tokens/s, MFU = tokens/s * FLOPs per token /
 the run-wide peak); `write_outputs` writes the writer process's files (`loss.png`,
@@ -11,7 +11,6 @@ locations are relative to the artifact).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,29 +28,32 @@ from marin_rules.train.optim import learning_rates
 
 @dataclass
 class Clock:
-    """Step timing: the first step (compilation) apart, a window since the last log."""
+    """Step timing. Each update is timed from fetching its batch to its loss on the host
+    (`add`); what happens between updates (logging, validation, checkpoint saves) is
+    not, while an asynchronous checkpoint write that slows the next updates is. A
+    process's first update (it includes compilation) is kept apart; the window is the
+    updates since the last log line."""
 
     first_step_s: float | None = None
     timed_steps: int = 0
     timed_s: float = 0.0
-    window_start: float = 0.0
     window_steps: int = 0
+    window_s: float = 0.0
 
     def add(self, elapsed: float) -> None:
         if self.first_step_s is None:
             self.first_step_s = elapsed
-            self.restart_window()
             return
         self.timed_steps += 1
         self.timed_s += elapsed
         self.window_steps += 1
+        self.window_s += elapsed
 
     def restart_window(self) -> None:
-        self.window_start, self.window_steps = time.perf_counter(), 0
+        self.window_steps, self.window_s = 0, 0.0
 
     def window_tokens_per_s(self, tokens_per_step: int) -> float | None:
-        elapsed = time.perf_counter() - self.window_start
-        return self.window_steps * tokens_per_step / elapsed if self.window_steps else None
+        return self.window_steps * tokens_per_step / self.window_s if self.window_s else None
 
     def tokens_per_s(self, tokens_per_step: int) -> float | None:
         return self.timed_steps * tokens_per_step / self.timed_s if self.timed_s else None

@@ -2,7 +2,8 @@
 
 SPEC holds `output`, `config`, `deps`, `runtime` (a StepContext's fields) and
 optionally `compile_cache` (a JAX persistent compilation cache directory, so the
-test's processes compile each program once). Prints the result as the last line
+test's processes compile each program once) and `save_looks_s` (each checkpoint save
+moves `time.perf_counter` on by that many seconds: a slow save, without waiting). Prints the result as the last line
 of stdout (JSON). The tests kill it, rerun it, and run several at once as the
 processes of one multi-host run.
 """
@@ -22,6 +23,19 @@ def main(spec_path: str) -> None:
         jax.config.update("jax_compilation_cache_dir", spec["compile_cache"])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if spec.get("save_looks_s"):
+        import time
+
+        from marin_rules.train import checkpoint
+
+        real_clock, real_save, skipped = time.perf_counter, checkpoint.save, [0.0]
+        time.perf_counter = lambda: real_clock() + skipped[0]
+
+        def save(*args, **kwargs):
+            skipped[0] += spec["save_looks_s"]
+            return real_save(*args, **kwargs)
+
+        checkpoint.save = save
     from marin_rules.artifacts.context import StepContext
     from marin_rules.train.step import train
 

@@ -46,13 +46,14 @@ def tiny_config(**overrides) -> dict:
 
 
 def write_spec(path: Path, *, output: str, config: dict, data: str, runtime: dict | None = None,
-               compile_cache: str | None = None) -> Path:  # fmt: skip
+               compile_cache: str | None = None, save_looks_s: float = 0) -> Path:  # fmt: skip
     spec = {
         "output": output,
         "config": config,
         "deps": {"data": data},
         "runtime": {"peak_flops": PEAK_FLOPS, **(runtime or {})},
         "compile_cache": compile_cache,
+        "save_looks_s": save_looks_s,  # run_train.py: each checkpoint save looks that long to the clocks
     }
     path.write_text(json.dumps(spec))
     return path
