@@ -537,3 +537,25 @@ def test_an_unreadable_lease_on_gs_is_aged_by_its_objects_update_time(gcs_prefix
     finally:
         lease.release()
     assert store_for(location + "/none", ".lease.json").age_s() is None
+
+
+def test_a_waiter_with_shorter_timings_waits_out_the_holders_own_stale_s(tmp_path):
+    """Two machines with other lease settings: the lease gives its holder's stale_s, and
+    a waiter takes it over only after the longer of that and its own."""
+    from dataclasses import replace
+
+    from marin_rules.artifacts.lease import _holder, _takeover_reason, decode_holder, encode_holder, new_holder
+
+    location = str(tmp_path / "a")
+    ago = lambda s: iso(utc_now() - dt.timedelta(seconds=s))  # noqa: E731
+    holder = replace(new_holder("", stale_s=90.0), host="machine-a", renewed=ago(10))  # renewed every 30 s
+    data = encode_holder(holder)
+    assert decode_holder(data) == holder
+    assert _takeover_reason(location, data, decode_holder(data), stale_s=3.0) is None  # a waiter with stale_s=3
+    late = encode_holder(replace(holder, renewed=ago(91)))
+    assert "not renewed for 91 s; taking it over" in _takeover_reason(location, late, decode_holder(late), stale_s=3.0)
+    old = json.loads(data)  # a lease written before holders gave their stale_s: the waiter's own counts
+    del old["stale_s"]
+    assert _holder(old).stale_s == 0.0 and _takeover_reason(location, data, _holder(old), stale_s=3.0) is not None
+    for bad in (-1, "soon", True, 1e9):
+        assert decode_holder(json.dumps({**old, "stale_s": bad}).encode()) is None  # unreadable: never live forever

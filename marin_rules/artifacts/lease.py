@@ -4,7 +4,9 @@ Model: `{location}/.lease.json` names its holder (user, host, pid, since, renewe
 random token, and who submitted its job when another process did: `submitted_by`, as
 the executor named it, opaque here; `held_for`). The holder renews it every
 `heartbeat_s` (30 s); a lease not renewed for `stale_s` (90 s) is taken over, as Marin
-does. Every change is conditional on what the writer last saw, so of two contenders
+does. The lease also gives its holder's own `stale_s`, and a waiter takes over only
+after the longer of its own and the holder's: two machines whose runs set other lease
+timings (`--config lease_stale_s=`) never take over each other's live builds. Every change is conditional on what the writer last saw, so of two contenders
 exactly one wins:
 
 - local folders: creation is atomic create-if-absent (the full JSON is written to a
@@ -67,6 +69,7 @@ STALE_S = 90.0
 POLL_S = 5.0
 SKEW_S = 300.0  # a lease renewed further in the future than this is unreadable, not live
 MAX_PID = 2**31  # pids are positive C ints (Linux allows at most 2**22)
+MAX_LEASE_S = 86400.0  # lease timings are at most a day: a lease may not outlive its holder by more
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,7 @@ class LeaseHolder:
     token: str
     pid_namespace: str = ""  # this process's /proc/self/ns/pid ("" where there is none, or in older leases)
     submitted_by: str = ""  # the process that submitted the holder's job (a pod job's run), if told; "" in older leases
+    stale_s: float = 0.0  # the holder's own stale_s, which its heartbeat keeps under; 0 in older leases
 
     def describe(self) -> str:
         """Who holds it, for messages (read from a lease file: shown `printable`)."""
@@ -103,7 +107,15 @@ class LeaseHolder:
             return "pid or host is not a number or a name"
         if not 0 < self.pid < MAX_PID:  # os.kill(0 or -1, ...) means a group; a huge one overflows
             return f"pid {self.pid} is not a process id (1 to {MAX_PID - 1})"
+        if isinstance(self.stale_s, bool) or not isinstance(self.stale_s, (int, float)) \
+                or not 0 <= self.stale_s <= MAX_LEASE_S:  # fmt: skip  (a huge one would never go stale)
+            return f"stale_s {self.stale_s!r} is not a number of seconds from 0 to {MAX_LEASE_S:.0f}"
         return None
+
+    def stale_after(self, stale_s: float) -> float:
+        """Seconds without renewal after which this lease is stale for a waiter whose own
+        setting is `stale_s`: the longer of it and the holder's."""
+        return max(stale_s, self.stale_s)
 
 
 def _instant(text: str) -> dt.datetime:
@@ -165,14 +177,14 @@ def decode_holder(data: bytes | None) -> LeaseHolder | None:
     return _holder(json.loads(data))
 
 
-_OPTIONAL_FIELDS = ("pid_namespace", "submitted_by")  # older leases lack them
+_OPTIONAL_FIELDS = ("pid_namespace", "submitted_by", "stale_s")  # older leases lack them
 
 
 def _holder(fields: dict) -> LeaseHolder:
     """A LeaseHolder from a lease's JSON fields (`_OPTIONAL_FIELDS` may be missing)."""
     return LeaseHolder(
         **{k: fields[k] for k in LeaseHolder.__dataclass_fields__ if k not in _OPTIONAL_FIELDS},
-        **{k: fields.get(k, "") for k in _OPTIONAL_FIELDS},
+        **{k: fields.get(k, LeaseHolder.__dataclass_fields__[k].default) for k in _OPTIONAL_FIELDS},
     )
 
 
@@ -225,8 +237,8 @@ def process_started(pid: int) -> dt.datetime | None:
 
 
 def held_live(holder: LeaseHolder | None) -> bool:
-    """Is there a holder, renewed within STALE_S, not known to be gone (`holder_gone`)?"""
-    return holder is not None and holder.age_s() < STALE_S and not holder_gone(holder)
+    """Is there a holder, renewed within STALE_S (or its own longer stale_s), not known to be gone (`holder_gone`)?"""
+    return holder is not None and holder.age_s() < holder.stale_after(STALE_S) and not holder_gone(holder)
 
 
 def held_here_by(holder: LeaseHolder, pids: Iterable[int]) -> bool:
@@ -269,8 +281,8 @@ def _takeover_reason(
         return f"{where}: unreadable lease ({_unreadable(data)}), unchanged for {unreadable_age:.0f} s; taking it over"
     if holder_gone(current):
         return f"{where}: holder {current.describe()} is no longer running on this host; taking the lease over"
-    age = current.age_s()
-    if age >= stale_s:
+    age, limit = current.age_s(), current.stale_after(stale_s)
+    if age >= limit:
         return f"{where}: lease of {current.describe()} not renewed for {age:.0f} s; taking it over"
     return None
 
@@ -351,10 +363,10 @@ class Lease:
             self.lost = self.lost or "released"
 
 
-def new_holder(submitted_by: str = "") -> LeaseHolder:
+def new_holder(submitted_by: str = "", stale_s: float = 0.0) -> LeaseHolder:
     now = iso(utc_now())
     return LeaseHolder(user(), socket.gethostname(), os.getpid(), now, now, uuid.uuid4().hex, pid_namespace(),
-                       submitted_by)  # fmt: skip
+                       submitted_by, stale_s)  # fmt: skip
 
 
 def read_lease(location: str) -> LeaseHolder | None:
@@ -386,7 +398,7 @@ def _take(location: str, store: LeaseStore, data: bytes | None, version: Any, tr
     unreadable one we saw. Returns (the Lease or None, the holder tried)."""
     if tried is not None and decode_holder(data) == tried:  # an earlier write reported lost (retried) did land
         return Lease(location, tried, store, version, heartbeat_s, stale_s), tried
-    holder = new_holder(submitted_by)
+    holder = new_holder(submitted_by, stale_s)
     written = store.create(encode_holder(holder)) if data is None else store.replace(encode_holder(holder), version)
     if written is None or decode_holder(store.read()[0]) != holder:  # read back: see the NOTE on the emulator
         return None, holder

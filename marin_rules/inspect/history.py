@@ -141,7 +141,7 @@ def _leased(holder: LeaseHolder) -> Event:
     SIGKILL, which leaves no failure record), STALE when not renewed for `STALE_S`."""
     if holder_gone(holder):
         outcome, note = KILLED, gone_builder(f"its builder (pid {holder.pid})")
-    elif holder.age_s() > STALE_S:
+    elif holder.age_s() > holder.stale_after(STALE_S):
         outcome, note = STALE, f"lease not renewed for {holder.age_s():.0f} s: the next run takes it over"
     else:
         outcome, note = BUILDING, ""

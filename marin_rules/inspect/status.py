@@ -156,7 +156,7 @@ def _lease_holder(location: str) -> tuple[str | None, str | None]:
         return None, None
     if holder_gone(holder):
         return None, holder.describe()
-    if holder.age_s() > STALE_S:
+    if holder.age_s() > holder.stale_after(STALE_S):
         return f"{holder.describe()} (stale: not renewed for {holder.age_s():.0f} s, the next run takes it over)", None
     return holder.describe(), None
 
@@ -173,7 +173,7 @@ def _shard_progress(location: str, artifact: Artifact | None) -> tuple[str | Non
     done = sum(storage.exists(shard_record_location(location, s)) for s in shards)
     holders = [h for s in shards if (h := read_holder(s.location(location))) is not None]
     gone = [h.describe() for h in holders if holder_gone(h)]
-    building = [h.describe() for h in holders if h.age_s() <= STALE_S and not holder_gone(h)]
+    building = [h.describe() for h in holders if h.age_s() <= h.stale_after(STALE_S) and not holder_gone(h)]
     return (f"{done} of {len(shards)}" if done or building or gone else None), building, gone
 
 
@@ -184,7 +184,7 @@ def _killed_rebuild(location: str) -> str | None:
     if unended is None:
         return None
     holder = read_holder(location)
-    if holder is not None and not holder_gone(holder) and holder.age_s() <= STALE_S:
+    if holder is not None and not holder_gone(holder) and holder.age_s() <= holder.stale_after(STALE_S):
         return None  # being rebuilt now
     return (f"a forced rebuild was killed before it ended: the files there are its partial output; the "
             f"previous build is kept in {unended}, and the next run puts it back")  # fmt: skip

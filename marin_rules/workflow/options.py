@@ -114,15 +114,16 @@ def check_config(
 
 
 def check_lease_settings(config: dict) -> None:
-    """The lease timings: finite numbers of seconds >= `MIN_LEASE_S`, and a lease that
+    """The lease timings: numbers of seconds from `MIN_LEASE_S` to a day, and a lease that
     stays fresh through one late renewal: `lease_stale_s` > 2 x `lease_heartbeat_s`
     (the holder loses a lease not renewed for `lease_stale_s`, and renews it every
     `lease_heartbeat_s`); each side defaults to the lease module's value."""
     from marin_rules.artifacts import lease
 
     for key in ("lease_heartbeat_s", "lease_stale_s", "lease_poll_s"):
-        if key in config and not (is_number(config[key]) and config[key] >= MIN_LEASE_S):
-            raise MarinError(f"--config {key}={_shown(config[key])}: expected a finite number of seconds >= {MIN_LEASE_S}")
+        if key in config and not (is_number(config[key]) and MIN_LEASE_S <= config[key] <= lease.MAX_LEASE_S):
+            raise MarinError(f"--config {key}={_shown(config[key])}: expected a finite number of seconds from "
+                             f"{MIN_LEASE_S} to {lease.MAX_LEASE_S:.0f}")  # fmt: skip
     beat = config.get("lease_heartbeat_s", lease.HEARTBEAT_S)
     stale = config.get("lease_stale_s", lease.STALE_S)
     if stale <= 2 * beat:
