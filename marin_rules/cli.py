@@ -377,10 +377,10 @@ def _only(rows: list, keys: list[str], experiment: Experiment) -> list:
 
 
 def _split_targets(args) -> str | None:
-    """`marin plan|status [EXPERIMENT] [KEY ...]`: the experiment file among the
+    """`marin plan|status|diff [EXPERIMENT] [KEY ...]`: the experiment file among the
     positionals (a YAML file, or any other that is no key) into `args.experiment`, the
     rest into `args.keys`; one line when two experiments are given, else None."""
-    if args.command == "plan":
+    if args.command in ("plan", "diff"):
         files = [k for k in args.keys if k.endswith((".yaml", ".yml"))]
     else:
         files = [k for k in args.keys if not looks_like_key(k)]
@@ -420,8 +420,7 @@ def parser() -> argparse.ArgumentParser:
         if name in ("show", "path", "verify", "history"):
             p.add_argument("key", help="name@version")
         if name == "diff":
-            p.add_argument("a", help="name@version (A)")
-            p.add_argument("b", help="name@version (B)")
+            p.add_argument("keys", nargs="+", metavar="A B", help="[EXPERIMENT.yaml] the two builds: name@version each")
             p.add_argument("--only-changed", action="store_true", help="leave out results that are equal")
         if name == "status":
             p.add_argument("keys", nargs="*", help="[EXPERIMENT.yaml] the artifacts to show (default: all)")
@@ -488,7 +487,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"marin: {e}", file=sys.stderr)
         return 1
     args = parser().parse_args(argv)
-    problem = _split_targets(args) if args.command in ("plan", "status") else None
+    problem = _split_targets(args) if args.command in ("plan", "status", "diff") else None
+    if not problem and args.command == "diff":
+        if len(args.keys) != 2:
+            problem = (f"marin diff takes two keys (name@version), after an optional experiment file; got "
+                       f"{len(args.keys)}: {printable(' '.join(map(shlex.quote, args.keys)))}")  # fmt: skip
+        else:
+            args.a, args.b = args.keys
     if problem:
         print(f"marin: {problem}", file=sys.stderr)
         return 1

@@ -115,6 +115,12 @@ def test_diff_and_history_give_one_line_for_a_bad_name(two_versions, capsys):
     args = ["--prefix", prefix, "--configfile", experiment_file]
     assert main(["diff", "checkpoints/nano@v1", "checkpoints/nnao@v1", *args]) == 1
     assert capsys.readouterr().err.endswith("(did you mean checkpoints/nano@v1?)\n")
+    # the experiment file may come first, as for status and plan
+    assert main(["diff", experiment_file, "checkpoints/nano@v1", "checkpoints/nnao@v1", "--prefix", prefix]) == 1
+    assert capsys.readouterr().err.endswith("(did you mean checkpoints/nano@v1?)\n")
+    assert main(["diff", experiment_file, "checkpoints/nano@v1", "--prefix", prefix]) == 1
+    assert capsys.readouterr().err == ("marin: marin diff takes two keys (name@version), after an optional "
+                                       "experiment file; got 1: checkpoints/nano@v1\n")  # fmt: skip
     assert main(["history", "checkpoints/nano", "--prefix", prefix, "--configfile", experiment_file]) == 1
     assert capsys.readouterr().err == (
         "marin: checkpoints/nano: expected name@version (did you mean checkpoints/nano@v1 or checkpoints/nano@v2?)\n"
