@@ -6,7 +6,8 @@
   marin path KEY [EXPERIMENT]                  the record path to give Snakemake as a target or -f
   marin verify KEY [EXPERIMENT]                are the record's files all there, at their sizes (and digests)?
   marin plan [EXPERIMENT] [--mfu 0.4]          params, tokens, FLOPs and hours of the training to run
-  marin diff A@V B@V [--only-changed]          recipe fields and results of two builds side by side
+  marin diff [EXPERIMENT] A@V B@V [--only-changed]
+                                               recipe fields and results of two builds side by side
   marin history KEY                            every attempt and forced rebuild of one artifact
   marin dag [EXPERIMENT] [-o dag.svg]          a picture of the experiment, coloured by state
 
@@ -287,7 +288,7 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
                 print(json.dumps([e.to_json() for e in events], indent=2))
             else:
                 entry = experiment.artifacts.get(artifact.key) if experiment is not None else None
-                print(format_history(artifact.key, events, "" if events else st.unbuilt_reason(location, entry)))
+                print(format_history(artifact.key, events, "" if events else st.unbuilt_reason(location, entry, experiment, prefix)))
             return 0
         from marin_rules.inspect.diff import format_diff
 
@@ -420,7 +421,7 @@ def parser() -> argparse.ArgumentParser:
         if name in ("show", "path", "verify", "history"):
             p.add_argument("key", help="name@version")
         if name == "diff":
-            p.add_argument("keys", nargs="+", metavar="A B", help="[EXPERIMENT.yaml] the two builds: name@version each")
+            p.add_argument("keys", nargs="+", metavar="KEY", help="[EXPERIMENT.yaml] A B: the two builds, name@version each")
             p.add_argument("--only-changed", action="store_true", help="leave out results that are equal")
         if name == "status":
             p.add_argument("keys", nargs="*", help="[EXPERIMENT.yaml] the artifacts to show (default: all)")

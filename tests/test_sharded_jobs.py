@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import datetime as dt
 import os
 import shutil
 import signal
@@ -385,13 +386,16 @@ def test_a_shard_killed_mid_way_on_a_cluster_executor_is_the_only_one_rebuilt(tm
     shard_record = json.loads(shard_json.read_text())
     shard_json.write_text(json.dumps({**shard_record, "fingerprint": "0" * 16}))
     (row,) = [r for r in experiment_status(load_experiment(str(exp)), str(prefix)) if r.key == "tokenized/slice@v1"]
-    assert row.reason == (f"not gathered: 3 of 3 shard(s) built, but shard 00002-of-00003 was made from another "
+    assert row.reason == (f"not gathered: all 3 shard(s) built, but shard 00002-of-00003 was made from another "
                           f"recipe (fingerprint {'0' * 16} then, {shard_record['fingerprint']} now): the next run "
                           "encodes it again"), row  # fmt: skip
     (prefix / "tokenizers/slice/v1/.artifact.json").unlink()  # as --delete-all-output leaves it
     (row,) = [r for r in experiment_status(load_experiment(str(exp)), str(prefix)) if r.key == "tokenized/slice@v1"]
-    assert row.reason == ("not gathered: 3 of 3 shard(s) built, but upstream tokenizers/slice@v1 is not built: the "
-                          "next run builds it first, then encodes every shard again"), row  # fmt: skip
+    redo = ("not gathered: all 3 shard(s) built, but upstream tokenizers/slice@v1 is not built: the next run builds "
+            "it first, then encodes every shard again")  # fmt: skip
+    assert row.reason == redo, row
+    assert marin(["history", "tokenized/slice@v1", "--prefix", str(prefix), "--configfile", str(exp)]) == 0
+    assert capsys.readouterr().out == f"tokenized/slice@v1: no attempts recorded ({redo})\n"
 
 
 def test_on_gs_a_second_machine_sees_the_finished_shards_and_only_gathers(tmp_path, gcs_prefix, gcs_env, snakemake_cmd):
@@ -430,3 +434,23 @@ def test_a_target_naming_a_shard_the_artifact_does_not_have_is_refused_while_pla
     ok = snakemake_cmd("-n", str(prefix / TOKENS / "shards/00001-of-00002/shard.json"), "--configfile", str(exp),
                        "--config", f"prefix={prefix}", cwd=tmp_path)  # fmt: skip
     assert "tokenize_shard" in ok.stdout + ok.stderr
+
+
+def test_forcing_with_short_lease_timings_waits_out_a_shard_holders_own_stale_s(tmp_path):
+    # another machine's run (default timings) builds a shard; this run's lease_stale_s is 3 s
+    from dataclasses import replace
+
+    from marin_rules.artifacts import lease as leases
+    from marin_rules.artifacts.provenance import iso, utc_now
+    from marin_rules.workflow.forcing import retire_now
+
+    location = tmp_path / "t"
+    shard = location / "shards/00000-of-00002"
+    shard.mkdir(parents=True)
+    (location / ".artifact.json").write_text("{}")
+    renewed = iso(utc_now() - dt.timedelta(seconds=10))
+    holder = replace(leases.new_holder("", stale_s=90.0), host="another-host", renewed=renewed)
+    (shard / ".lease.json").write_bytes(leases.encode_holder(holder))
+    with pytest.raises(leases.LeaseHeld, match=r"being built by .*another-host"):
+        retire_now(str(location), stale_s=3.0)
+    assert (shard / ".lease.json").exists() and not (location / ".history").exists()

@@ -236,9 +236,10 @@ def process_started(pid: int) -> dt.datetime | None:
         return None
 
 
-def held_live(holder: LeaseHolder | None) -> bool:
-    """Is there a holder, renewed within STALE_S (or its own longer stale_s), not known to be gone (`holder_gone`)?"""
-    return holder is not None and holder.age_s() < holder.stale_after(STALE_S) and not holder_gone(holder)
+def held_live(holder: LeaseHolder | None, stale_s: float = STALE_S) -> bool:
+    """Is there a holder, renewed within `stale_s` (or its own longer stale_s), not known
+    to be gone (`holder_gone`)?"""
+    return holder is not None and holder.age_s() < holder.stale_after(stale_s) and not holder_gone(holder)
 
 
 def held_here_by(holder: LeaseHolder, pids: Iterable[int]) -> bool:

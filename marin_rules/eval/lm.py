@@ -355,8 +355,9 @@ class MarinLM(TemplateLM):
             until = [until] if isinstance(until, str) else list(until)
             max_gen = max(1, min(int(kwargs.get("max_gen_toks", self.max_gen_toks)), L - 1))
             # as loglikelihood's contexts and lm-eval's HF model: the context's own tokens, the
-            # prefix token standing in for an empty one (L = 1: one token of the context)
-            tokens = (self.tok_encode(context) if context else [self.prefix_token_id])[-max(1, L - max_gen) :]
+            # prefix token standing in for an empty one, or one that encodes to nothing (a
+            # tokenizer that drops whitespace); L = 1: one token of the context
+            tokens = ((self.tok_encode(context) if context else []) or [self.prefix_token_id])[-max(1, L - max_gen) :]
             prepared.append((tokens, until, max_gen))
         outputs = [""] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: -len(prepared[i][0]))

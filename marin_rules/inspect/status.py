@@ -67,7 +67,6 @@ per byte). A bits per byte or perplexity figure of a task whose result records
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
@@ -80,7 +79,7 @@ from marin_rules.artifacts.drift import EDITED_FIX, SAME_SETTINGS, drift_notice,
 from marin_rules.artifacts.errors import ConfigError, DriftError, MarinError
 from marin_rules.artifacts.files import list_data_files
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
-from marin_rules.artifacts.lease import STALE_S, LeaseHolder, holder_gone, lease_problem, read_lease
+from marin_rules.artifacts.lease import STALE_S, LeaseHolder, held_live, holder_gone, lease_problem, read_lease
 from marin_rules.artifacts.records import edited_note, recipe_drift
 from marin_rules.dev_versions import is_unowned
 from marin_rules.eval.report import LOSSY_LABEL, RATIO_METRICS  # (no JAX, no lm-eval)
@@ -173,7 +172,7 @@ def _shard_progress(location: str, artifact: Artifact | None) -> tuple[str | Non
     done = sum(storage.exists(shard_record_location(location, s)) for s in shards)
     holders = [h for s in shards if (h := read_holder(s.location(location))) is not None]
     gone = [h.describe() for h in holders if holder_gone(h)]
-    building = [h.describe() for h in holders if h.age_s() <= h.stale_after(STALE_S) and not holder_gone(h)]
+    building = [h.describe() for h in holders if held_live(h)]
     return (f"{done} of {len(shards)}" if done or building or gone else None), building, gone
 
 
@@ -184,7 +183,7 @@ def _killed_rebuild(location: str) -> str | None:
     if unended is None:
         return None
     holder = read_holder(location)
-    if holder is not None and not holder_gone(holder) and holder.age_s() <= holder.stale_after(STALE_S):
+    if held_live(holder):
         return None  # being rebuilt now
     return (f"a forced rebuild was killed before it ended: the files there are its partial output; the "
             f"previous build is kept in {unended}, and the next run puts it back")  # fmt: skip
@@ -204,12 +203,27 @@ def never_built_reason(location: str, lease_unreadable: bool = False) -> str:
             "file(s) (snakemake --delete-all-output?); the next run builds it")  # fmt: skip
 
 
-def unbuilt_reason(location: str, artifact: Artifact | None) -> str:
+def unbuilt_reason(location: str, artifact: Artifact | None, experiment: Experiment | None = None,
+                   prefix: str | None = None) -> str:  # fmt: skip
     """Why an artifact has no record of any kind, for `marin history`: a sharded one
     stopped part-way says how many shards are built (its shard folders are data, not
-    a deleted record's leftovers), else `never_built_reason`."""
+    a deleted record's leftovers) and, given its `experiment` and `prefix`, whether the
+    next run encodes them again (`_shards_to_redo`); else `never_built_reason`."""
     done, building, _ = _shard_progress(location, artifact)
-    return _no_shard_reason(location, artifact) if done is None else shards_reason(done, building)
+    if done is None:
+        return _no_shard_reason(location, artifact)
+    upstreams = None
+    if artifact is not None and experiment is not None and prefix is not None:
+        upstreams = {key: _record_or_none(artifact_location(prefix, experiment[key].id))
+                     for key in artifact.upstream_keys()}  # fmt: skip
+    return shards_reason(done, building, _shards_to_redo(location, artifact, upstreams))
+
+
+def _record_or_none(location: str) -> dict | None:
+    try:
+        return reading.record_dict(location)
+    except MarinError:  # corrupt: its own rows say so
+        return None
 
 
 def _no_shard_reason(location: str, artifact: Artifact | None, lease_unreadable: bool = False) -> str:
@@ -235,11 +249,13 @@ def shards_reason(done: str, building: list[str], redo: str | None = None) -> st
     (only the gather is owed: it never ran, or its record was deleted), or part of them;
     `redo`: why the next run encodes the built ones again (`_shards_to_redo`)."""
     built, _, total = done.partition(" of ")
-    if redo is not None:
-        return f"not gathered: {done} shard(s) built, but {redo}"
     if built == total and not building:
+        if redo is not None:
+            return f"not gathered: all {total} shard(s) built, but {redo}"
         return f"not gathered: all {total} shard(s) built; the next run gathers them"
     running = f", {len(building)} building" if building else ""
+    if redo is not None:
+        return f"stopped part-way: {done} shard(s) built{running}, but {redo}"
     return f"stopped part-way: {done} shard(s) built{running}; the next run builds the rest and gathers them"
 
 
@@ -249,7 +265,7 @@ def _shards_to_redo(location: str, artifact: Artifact | None,
     as planning decides (`Session._stale_shard`): an upstream without a record (it is
     built first, a new build), or a shard made from another recipe or other upstream
     builds than today's; None when they stand (or without the upstreams' records)."""
-    from marin_rules.artifacts.shards import all_shards, shard_change, shard_count, shard_record_location
+    from marin_rules.artifacts.shards import all_shards, read_shard_record, shard_change, shard_count
 
     if artifact is None or upstream_records is None:
         return None
@@ -259,10 +275,10 @@ def _shards_to_redo(location: str, artifact: Artifact | None,
     now = upstream_builds(artifact.upstream_keys(), upstream_records.get)
     for shard in all_shards(shard_count(artifact.runtime)):
         try:
-            record = json.loads(storage.read_text(shard_record_location(location, shard)))
-        except (OSError, ValueError):
-            continue  # not built, or unreadable: left to its job
-        change = shard_change(record, artifact.fingerprint, now) if isinstance(record, dict) else None
+            record = read_shard_record(location, shard)
+        except MarinError:  # unreadable: left to its job, which names it
+            continue
+        change = None if record is None else shard_change(record, artifact.fingerprint, now)
         if change is not None:
             return f"shard {shard.name} {change}: the next run encodes it again"
     return None

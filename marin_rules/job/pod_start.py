@@ -36,7 +36,7 @@ import xxhash
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
-from marin_rules.artifacts.lease import LEASE_FILE, holder_gone, read_lease
+from marin_rules.artifacts.lease import LEASE_FILE, held_live, holder_gone, read_lease
 
 BEGUN_FILE = LEASE_FILE + ".begun"
 # how long the other processes wait without a live lease: process 0's start may lag theirs
@@ -101,7 +101,7 @@ def wait_for_process_0(
     while True:
         fs.invalidate_cache()  # another process writes these (gcsfs caches listings)
         holder = read_lease(location)
-        live = holder is not None and holder.age_s() < stale_s and not holder_gone(holder)
+        live = held_live(holder, stale_s)
         if live and begun_token(location, coordinator) == holder.token:
             return "begun"
         if is_done():

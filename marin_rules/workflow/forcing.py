@@ -362,7 +362,7 @@ def retire_now(location: str, keep: bool = True, stale_s: float | None = None) -
             for folder in fs.ls(root.rstrip("/"), detail=False):
                 shard = storage.join(shards, folder.rstrip("/").rsplit("/", 1)[-1])
                 holder = leases.read_lease(shard)
-                if holder is not None and holder.age_s() < stale_s:
+                if leases.held_live(holder, stale_s):
                     raise leases.LeaseHeld(folder, holder, "; force it once that run has finished")
                 unreadable = leases.fresh_unreadable_lease(shard, stale_s)
                 if unreadable is not None:  # a run may be building that shard under it

@@ -8,7 +8,7 @@ anything else is refused in one line with the nearest known key, so `prefx=` nev
 quietly builds into `./artifacts`. The text keys (`STRING_KEYS`) must be non-empty
 strings (`prefix=` is YAML null, not `./None`). The prefix is read in one place,
 `parse_prefix` (the `marin` command's too): a local folder, `file://` or `gs://`.
-Lease timings are finite, >= 0.01 s, and `lease_stale_s` > 2 x `lease_heartbeat_s`.
+Lease timings are from 0.01 s to a day, and `lease_stale_s` > 2 x `lease_heartbeat_s`.
 Values that travel to job processes (prefix, experiment, target) are
 refused when they hold a quote, `$`, a backtick, a backslash or a control character:
 Snakemake re-quotes config values with `repr()` on the command lines of spawned and
