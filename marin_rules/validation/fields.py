@@ -105,6 +105,11 @@ def default_at(cls: type, path: tuple[str, ...]) -> tuple[bool, Any]:
         if spec.nested is not None:
             cls = spec.nested
             continue
+        if spec.rule is not None and spec.rule.settings is not None and i < len(path) - 1:
+            if path[i + 1] in spec.rule.filled_in:
+                return False, None
+            cls = spec.rule.settings  # (`model`: a ModelConfig mapping checked as a whole)
+            continue
         if spec.required or i != len(path) - 1:
             return False, None
         return True, list(spec.default) if isinstance(spec.default, tuple) else spec.default

@@ -67,6 +67,11 @@ class Rule:
     messages (`what`: "an integer >= 1") and in the JSON Schema (`schema()`)."""
 
     what = "a value"
+    # a rule checking a whole mapping of settings by another config class: that class, whose
+    # defaults are the defaults of the settings under this field (`fields.default_at`), but
+    # for those `filled_in` from elsewhere when left out (a model's vocab_size, from the data)
+    settings: type | None = None
+    filled_in: frozenset[str] = frozenset()
 
     def check(self, value: Any, field: str) -> Any:
         raise NotImplementedError
