@@ -34,7 +34,7 @@ AT_DEFAULT = "the default now"
 SAME_NUMBER = "the same number"
 SAME_SETTINGS = (
     "every difference is a setting written out or left out at its default now: the same settings, "
-    "unless the step's defaults changed since this was built"
+    "unless the step's defaults changed since this was built; serving it needs no version bump"
 )
 EDITED_FIX = "restore it, or force a rebuild"  # a record edited by hand (`records.edited_note`)
 
