@@ -216,17 +216,34 @@ def is_adopted_in_place(artifact: Any) -> bool:
 
 def data_location(prefix: str, artifact: Any) -> str:
     """Where a consumer reads an artifact: the source of data adopted in place, else
-    `{prefix}/{name}/{version}`."""
+    `{prefix}/{name}/{version}`. The source is the one its success record adopted: a
+    `source:` changed without a version bump is drift, and the build served is the one
+    recorded (the new source is adopted under a new version)."""
     if is_adopted_in_place(artifact):
-        return source_location(artifact.config)
+        return _adopted_source(prefix, artifact) or source_location(artifact.config)
     return artifact_location(prefix, artifact.id)
 
 
+def _adopted_source(prefix: str, artifact: Any) -> str | None:
+    """The source the success record of `artifact` adopted in place; None when unbuilt
+    (or its record is corrupt: the consumer's own check of it names it)."""
+    from marin_rules.artifacts.errors import MarinError
+    from marin_rules.artifacts.records import read_record
+
+    try:
+        record = read_record(artifact_location(prefix, artifact.id))
+    except MarinError:
+        return None
+    return None if record is None else recorded_source(record.step, record.result)
+
+
 def source_problems(artifact: Any, result: Any) -> list[str]:
-    """For data adopted in place: how its source differs from the adopted listing."""
+    """For data adopted in place: how its source (the recorded one) differs from the
+    adopted listing."""
     if not is_adopted_in_place(artifact) or not isinstance(result, dict):
         return []
-    return file_problems(source_location(artifact.config), result.get("listing") or {})
+    source = recorded_source(STEP, result) or source_location(artifact.config)
+    return file_problems(source, result.get("listing") or {})
 
 
 def recorded_source(step: Any, result: Any) -> str | None:

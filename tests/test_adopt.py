@@ -347,3 +347,23 @@ def test_dedup_reads_an_adopted_corpus_whose_manifest_lacks_heldout_documents(tm
     else:  # no held-out split: an empty one, nothing to protect
         assert result["documents_in"] == 6 and result["duplicates_removed"] == 0
         assert (manifest["train_documents"], manifest["heldout_documents"]) == (6, 0)
+
+
+def test_a_changed_source_without_a_version_bump_is_drift_and_consumers_read_the_recorded_one(
+    tmp_path, snakemake_cmd, built_corpus
+):
+    """`source:` is the recipe: changing it under the same version serves the recorded
+    build, so consumers read the source it adopted, and nothing calls that one changed."""
+    experiment = {
+        "corpus/adopted@v1": {"adopt": {"source": str(built_corpus), "kind": "corpus"}},
+        "tok/bpe@v1": {"step": "train_tokenizer", "deps": {"corpus": "corpus/adopted@v1"}, "config": {"vocab_size": 400}},
+    }  # fmt: skip
+    run(snakemake_cmd, tmp_path, experiment, str(tmp_path / "art/corpus/adopted/v1/.artifact.json"))
+    assert not (tmp_path / "art/tok").exists()
+    elsewhere = tmp_path / "not-adopted"  # nothing there: a consumer reading it would fail
+    moved = {**experiment, "corpus/adopted@v1": {"adopt": {"source": str(elsewhere), "kind": "corpus"}}}
+    proc = run(snakemake_cmd, tmp_path, moved)
+    out = proc.stdout + proc.stderr
+    assert "corpus/adopted@v1: recipe drift" in out and "changed since it was adopted" not in out, out[-3000:]
+    tok = record(tmp_path, "tok/bpe/v1")  # trained on the recorded source
+    assert tok["deps"]["corpus"]["fingerprint"] == record(tmp_path, "corpus/adopted/v1")["fingerprint"]

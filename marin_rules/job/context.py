@@ -69,7 +69,7 @@ def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: di
     sizes (data adopted in place: its source as adopted). Records what was seen
     (fingerprint, build time) into `deps_record`. `hint_flags`: the rest of the rebuild
     command a refusal suggests (`workflow.options.rerun_flags`)."""
-    from marin_rules.adopt import source_changed, source_location, source_problems
+    from marin_rules.adopt import recorded_source, source_changed, source_location, source_problems
 
     seen = {}
     for key in artifact.upstream_keys():
@@ -88,7 +88,8 @@ def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: di
             raise MarinError(f"{artifact.key}: upstream {key}: {problems[0]}{more}; {how}")
         changed = source_problems(upstream, record.result)
         if changed:  # rebuilding would adopt the changed data under the same version: not the fix
-            raise MarinError(f"{artifact.key}: upstream {key}: {source_changed(source_location(upstream.config), changed, consumer=True)}")
+            source = recorded_source(upstream.step, record.result) or source_location(upstream.config)
+            raise MarinError(f"{artifact.key}: upstream {key}: {source_changed(source, changed, consumer=True)}")
         seen[key] = build_of(record)
     for dep in deps_record.values():
         for d in dep if isinstance(dep, list) else [dep]:
