@@ -306,3 +306,15 @@ def test_a_book_sized_first_document_left_out_of_the_round_trip_keeps_texts_and_
     result = run_tokenize(tmp_path / "tokens", raw, built["tok"], validation_fraction=0)
     assert result["lossless"] is True, result.get("lossless_example")
     assert result["lossless_checked"] == {"documents": 20, "characters": sum(map(len, short))}
+
+
+def test_a_document_whose_encoding_needs_gigabytes_is_warned_of_once(monkeypatch, capsys):
+    from marin_rules.data import tokenize as step
+
+    monkeypatch.setattr(step, "HUGE_DOCUMENT_CHARS", 100)  # (a real one takes gigabytes to encode)
+    texts = ["short", "x" * 150, "y" * 200]
+    assert list(step._warn_of_huge_documents(iter(texts), "tokenized/t@v1", 10)) == texts
+    err = capsys.readouterr().err
+    assert err == ("tokenized/t@v1: warning: training document 12 holds 150 characters; the tokenizer encodes a "
+                   "document whole, holding about 140 bytes per character (0.0 GiB for this one): split such "
+                   "documents in the corpus if memory is short\n")  # fmt: skip

@@ -116,6 +116,7 @@ def tokenize_shard(ctx: StepContext, shard: Shard) -> dict[str, Any]:
     span = shard.document_range(n_docs)
     last = span.stop == available  # the split's end: a manifest undercounting its shards is found
     texts = (doc["text"] for doc in dolma.read_range(corpus, "train", span.start, span.stop, last=last))
+    texts = _warn_of_huge_documents(texts, ctx.key, span.start)
     sample: list[str] = []  # the first shard: texts of the corpus's first documents, for `round_trip`
     sampled: set[int] = set()  # their places in the shard (a book-sized one is left out: `_sampled`)
     sample_ids: list[list[int]] = []
@@ -258,6 +259,27 @@ def _round_trip_first_documents(
         sample.extend(more)
         sample_ids.extend(e.ids for e in tokenizer.encode_batch_fast(more, add_special_tokens=False))
     return round_trip(tokenizer, sample, sample_ids, "training document")
+
+
+HUGE_DOCUMENT_CHARS = 2**23  # a document this long gets a warning: encoding one holds ~140 bytes per character
+ENCODING_BYTES_PER_CHAR = 140  # measured: tokenizers' encode_batch_fast of one 2M-8M character document, this CPU
+
+
+def _warn_of_huge_documents(texts: Iterator[str], key: str, first: int) -> Iterator[str]:
+    """`texts` (the corpus's training documents from number `first`), with one stderr line
+    at the first of HUGE_DOCUMENT_CHARS or more: HF tokenizers encodes a document whole,
+    holding about ENCODING_BYTES_PER_CHAR bytes per character of it at once (a 39 MB
+    document took 5.4 GB), so a corpus of book-sized or larger documents needs that much
+    memory per worker, however it is sharded."""
+    warned = False
+    for number, text in enumerate(texts, first + 1):
+        if not warned and len(text) >= HUGE_DOCUMENT_CHARS:
+            warned = True
+            print(f"{key}: warning: training document {number} holds {len(text):,} characters; the tokenizer "
+                  f"encodes a document whole, holding about {ENCODING_BYTES_PER_CHAR} bytes per character "
+                  f"({len(text) * ENCODING_BYTES_PER_CHAR / 2**30:.1f} GiB for this one): split such documents "
+                  "in the corpus if memory is short", file=sys.stderr, flush=True)  # fmt: skip
+        yield text
 
 
 def _sampled(texts: Iterator[str], sample: list[str], sampled: set[int]) -> Iterator[str]:
