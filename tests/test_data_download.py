@@ -266,3 +266,24 @@ def test_a_linked_folder_in_a_source_is_read_as_a_linked_file_is_and_a_link_loop
     result = run_download(tmp_path / "raw", source=str(src))
     assert sorted(d["text"] for d in docs(tmp_path / "raw", "train")) == ["the linked text", "the top text"]
     assert result["train_documents"] == 2
+
+
+def test_a_corpus_shard_damaged_in_place_is_found_by_verify_through_its_recorded_digest(tmp_path):
+    # gzip data overwritten at the same size: only the content tells (a consumer would fail on it)
+    from marin_rules.artifacts.records import read_record, verify_files, write_success
+
+    raw = tmp_path / "raw"
+    result = run_download(raw, source=str(slice_of_corpus(tmp_path / "src")), heldout=["lovers_complaint"])
+    assert set(result["file_digests"]) == {"manifest.json", "train/shard-00000.jsonl.gz", "heldout/shard-00000.jsonl.gz"}
+    entry = {"name": "raw/test", "version": "v1", "step": "download", "fingerprint": "0" * 16, "config": {},
+             "deps": {}, "runtime": {}}  # fmt: skip
+    write_success(str(raw), entry, result, {})
+    assert verify_files(str(raw), read_record(str(raw)), contents=True) == []
+    shard = raw / "train/shard-00000.jsonl.gz"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 16] = b"\xff" * 16
+    shard.write_bytes(bytes(data))
+    assert verify_files(str(raw), read_record(str(raw)), contents=True) == [
+        f"changed train/shard-00000.jsonl.gz: its content is not what was recorded "
+        f"({result['file_digests']['train/shard-00000.jsonl.gz']})"
+    ]

@@ -46,6 +46,7 @@ from tqdm import tqdm
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import StepError
+from marin_rules.artifacts.files import FILE_DIGESTS
 from marin_rules.artifacts.shards import Shard, all_shards, shard_count
 from marin_rules.data import dolma
 from marin_rules.data.dedup_config import candidate_probability, check_dedup, lsh_bands, settings
@@ -170,7 +171,7 @@ def gather_dedup(ctx: StepContext, signed: list[dict[str, Any]]) -> dict[str, An
     counts = {split: len(lines) for split, lines in kept_lines.items()}
     manifest = output_manifest(upstream, corpus, counts, kept_bytes, heldout_titles, shards, result)
     storage.write_json_atomic(manifest_location, manifest)
-    return result
+    return {**result, FILE_DIGESTS: dolma.corpus_digests(ctx.output, shards)}
 
 
 def document_counts(corpus: str, manifest: dict[str, Any]) -> tuple[int, int]:

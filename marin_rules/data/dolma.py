@@ -20,10 +20,11 @@ import io
 import itertools
 import json
 import zlib
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import StepError, json_problem
+from marin_rules.artifacts.files import named_digests
 from marin_rules.artifacts.records import unreadable_file
 
 MANIFEST = "manifest.json"  # written last by `download`: lists the shards of each split
@@ -67,6 +68,12 @@ def write_lines(location: str, split: str, lines: Iterable[bytes], compresslevel
     if buffer.tell() or not names:
         flush()
     return names
+
+
+def corpus_digests(location: str, shards: Mapping[str, list[str]]) -> dict[str, str]:
+    """`file_digests` of a corpus folder's shards (`shards`: each split's names) and its
+    manifest, for `marin verify` (a shard damaged in place keeps its size)."""
+    return named_digests(location, [MANIFEST, *(f"{split}/{name}" for split, names in shards.items() for name in names)])
 
 
 def split_shards(location: str, split: str) -> list[str]:

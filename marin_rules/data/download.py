@@ -60,6 +60,7 @@ from marin_rules.artifacts.canonical import canonical_value
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import ConfigError, StepError
+from marin_rules.artifacts.files import FILE_DIGESTS
 from marin_rules.data import dolma
 from marin_rules.data.checks import DEFAULT_SOURCE, check_download, shakespeare_keys, shakespeare_texts
 
@@ -182,7 +183,7 @@ def download(ctx: StepContext) -> dict[str, Any]:
         **result,
     }
     storage.write_json_atomic(manifest_location, manifest)
-    return result
+    return {**result, FILE_DIGESTS: dolma.corpus_digests(ctx.output, shards)}
 
 
 def dolma_doc(raw: RawDoc, doc_id: str, source: str, added: str) -> dict[str, Any]:
