@@ -260,6 +260,24 @@ def recorded_source_problems(step: Any, result: Any) -> list[str]:
     return [] if source is None else file_problems(source, result.get("listing") or {})
 
 
+def recorded_source_content_problems(step: Any, result: Any) -> list[str]:
+    """From a success record alone (`marin verify`): for tokens adopted in place, the token
+    files whose content is not the digest the source's own index.json gives them (a file
+    edited in place keeps its size, which is all the listing holds); [] for any other."""
+    from marin_rules.artifacts.files import content_problems
+
+    source = recorded_source(step, result)
+    if source is None or result.get("kind") != "tokenized":
+        return []
+    try:
+        index = storage.read_json(storage.join(source, "index.json"))
+        digests = {shard["path"]: shard["digest"] for split in index["splits"].values() for shard in split["shards"]
+                   if isinstance(shard.get("digest"), str)}  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []  # changed or unreadable: the listing's size check names index.json
+    return list(content_problems(source, digests).values())
+
+
 def source_changed(source: Any, problems: list[str], consumer: bool = False) -> str:
     """The one phrase for an adopted source that changed since it was adopted (as the
     consumer refusing it says it, with `consumer`). Rebuilding the adopt artifact would

@@ -205,7 +205,7 @@ def _prefix_key(text: str, experiment: Experiment | None, prefix: str, dev_user:
 def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: str | None) -> int:
     """`marin verify`; `flags`: what the suggested snakemake command needs besides its
     target; None for an artifact the experiment does not define (an older version)."""
-    from marin_rules.adopt import recorded_source, recorded_source_problems, source_changed
+    from marin_rules.adopt import recorded_source, recorded_source_content_problems, recorded_source_problems, source_changed
     from marin_rules.artifacts.files import recorded_digests
     from marin_rules.artifacts.records import read_record, rebuild_hint, verify_files
 
@@ -217,6 +217,7 @@ def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: s
     problems = verify_files(location, record, contents=True)
     source = recorded_source(record.step, record.result)  # data adopted in place: its source too
     changed = recorded_source_problems(record.step, record.result)
+    changed = changed or recorded_source_content_problems(record.step, record.result)
     problems += [f"adopted source {source}: {p}" for p in changed]
     if problems:
         for problem in problems:

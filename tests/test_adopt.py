@@ -367,3 +367,26 @@ def test_a_changed_source_without_a_version_bump_is_drift_and_consumers_read_the
     assert "corpus/adopted@v1: recipe drift" in out and "changed since it was adopted" not in out, out[-3000:]
     tok = record(tmp_path, "tok/bpe/v1")  # trained on the recorded source
     assert tok["deps"]["corpus"]["fingerprint"] == record(tmp_path, "corpus/adopted/v1")["fingerprint"]
+
+
+def test_verify_checks_adopted_tokens_against_the_digests_their_own_index_gives(tmp_path):
+    # an edit that keeps a token file's size: the adopted listing (sizes) cannot tell
+    import xxhash
+
+    from marin_rules.adopt import recorded_source_content_problems
+
+    (tmp_path / "train").mkdir()
+    shard = tmp_path / "train/tokens-00000.npy"
+    shard.write_bytes(b"\x93NUMPY fake token bytes")
+    digest = f"xxh3:{xxhash.xxh3_64_hexdigest(shard.read_bytes())}"
+    index = {"splits": {"train": {"shards": [{"path": "train/tokens-00000.npy", "tokens": 3, "digest": digest}]},
+                        "validation": {"shards": []}}}  # fmt: skip
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    result = {"kind": "tokenized", "source": str(tmp_path), "copied": False, "listing": {}}
+    assert recorded_source_content_problems("adopt", result) == []
+    shard.write_bytes(b"\x93NUMPY fake token bytez")  # the same size
+    assert recorded_source_content_problems("adopt", result) == [
+        f"changed train/tokens-00000.npy: its content is not what was recorded ({digest})"
+    ]
+    assert recorded_source_content_problems("adopt", {**result, "kind": "corpus"}) == []
+    assert recorded_source_content_problems("adopt", {**result, "copied": True}) == []
