@@ -215,35 +215,38 @@ def is_adopted_in_place(artifact: Any) -> bool:
 
 
 def data_location(prefix: str, artifact: Any) -> str:
-    """Where a consumer reads an artifact: the source of data adopted in place, else
-    `{prefix}/{name}/{version}`. The source is the one its success record adopted: a
-    `source:` changed without a version bump is drift, and the build served is the one
-    recorded (the new source is adopted under a new version)."""
+    """Where a consumer reads an artifact: the source of data adopted in place
+    (`served_source`), else `{prefix}/{name}/{version}`."""
     if is_adopted_in_place(artifact):
-        return _adopted_source(prefix, artifact) or source_location(artifact.config)
+        from marin_rules.artifacts.errors import MarinError
+        from marin_rules.artifacts.records import read_record
+
+        try:
+            record = read_record(artifact_location(prefix, artifact.id), artifact.id)
+        except (MarinError, OSError):  # corrupt or unreachable: the consumer's own check of it names it
+            record = None
+        return served_source(artifact, record)
     return artifact_location(prefix, artifact.id)
 
 
-def _adopted_source(prefix: str, artifact: Any) -> str | None:
-    """The source the success record of `artifact` adopted in place; None when unbuilt
-    (or its record is corrupt: the consumer's own check of it names it)."""
-    from marin_rules.artifacts.errors import MarinError
-    from marin_rules.artifacts.records import read_record
+def served_source(artifact: Any, record: Any) -> str:
+    """The source that consumers of data adopted in place read: the one its success
+    `record` adopted where the experiment's `source:` was written otherwise since (a
+    change without a version bump is drift: the build served is the recorded one; the
+    new source is adopted under a new version), else the experiment's (so a relative
+    path is read from where this run is, as it was written)."""
+    now = source_location(artifact.config)
+    if record is None or record.config.get("source") == artifact.config.get("source"):
+        return now
+    return recorded_source(record.step, record.result) or now
 
-    try:
-        record = read_record(artifact_location(prefix, artifact.id))
-    except MarinError:
-        return None
-    return None if record is None else recorded_source(record.step, record.result)
 
-
-def source_problems(artifact: Any, result: Any) -> list[str]:
-    """For data adopted in place: how its source (the recorded one) differs from the
-    adopted listing."""
-    if not is_adopted_in_place(artifact) or not isinstance(result, dict):
+def source_problems(artifact: Any, record: Any) -> list[str]:
+    """For data adopted in place: how its served source (`served_source`) differs from
+    the listing its success `record` adopted."""
+    if not is_adopted_in_place(artifact) or record is None or not isinstance(record.result, dict):
         return []
-    source = recorded_source(STEP, result) or source_location(artifact.config)
-    return file_problems(source, result.get("listing") or {})
+    return file_problems(served_source(artifact, record), record.result.get("listing") or {})
 
 
 def recorded_source(step: Any, result: Any) -> str | None:

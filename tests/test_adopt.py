@@ -390,3 +390,19 @@ def test_verify_checks_adopted_tokens_against_the_digests_their_own_index_gives(
     ]
     assert recorded_source_content_problems("adopt", {**result, "kind": "corpus"}) == []
     assert recorded_source_content_problems("adopt", {**result, "copied": True}) == []
+
+
+def test_a_relative_source_written_as_before_is_read_where_the_run_is_not_where_it_was_adopted(tmp_path, monkeypatch):
+    # a checkout moved, or a colleague sharing the prefix: the same recipe, so the same data here
+    from types import SimpleNamespace
+
+    from marin_rules.adopt import served_source
+
+    monkeypatch.chdir(tmp_path)
+    artifact = SimpleNamespace(config={"source": "data/tok", "kind": "tokenized"})
+    record = SimpleNamespace(step="adopt", config={"source": "data/tok", "kind": "tokenized"},
+                             result={"source": "/home/alice/proj/data/tok", "copied": False})  # fmt: skip
+    assert served_source(artifact, record) == str(tmp_path / "data/tok")
+    moved = SimpleNamespace(config={"source": "elsewhere/tok", "kind": "tokenized"})  # changed, no version bump
+    assert served_source(moved, record) == "/home/alice/proj/data/tok"  # drift: the recorded build is served
+    assert served_source(moved, None) == str(tmp_path / "elsewhere/tok")  # not built yet

@@ -141,6 +141,11 @@ FILE_DIGESTS = "file_digests"  # in a record's result: {path: digest} of the fil
 RECORDED_DIGESTS = (FINAL_CHECKPOINT_DIGESTS, FILE_DIGESTS)  # the result fields that hold digests
 
 
+def bytes_digest(data: bytes) -> str:
+    """`file_digests`' xxh3 form of a file's bytes, from the bytes a step wrote (no second read)."""
+    return f"xxh3:{xxhash.xxh3_64_hexdigest(data)}"
+
+
 class DigestingWriter:
     """A binary file that digests what is written through it (`digest`: `file_digests`'
     xxh3 form of the whole file), so a step records a file's content at no second read."""

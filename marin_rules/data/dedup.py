@@ -46,7 +46,7 @@ from tqdm import tqdm
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.errors import StepError
-from marin_rules.artifacts.files import FILE_DIGESTS
+from marin_rules.artifacts.files import FILE_DIGESTS, named_digests
 from marin_rules.artifacts.shards import Shard, all_shards, shard_count
 from marin_rules.data import dolma
 from marin_rules.data.dedup_config import candidate_probability, check_dedup, lsh_bands, settings
@@ -134,7 +134,9 @@ def gather_dedup(ctx: StepContext, signed: list[dict[str, Any]]) -> dict[str, An
         split: [line for i, line in _counted(corpus, split, first[split], listed[split]) if i in keep]
         if split in upstream["shards"] else [] for split in dolma.SPLITS
     }
-    shards = {split: dolma.write_lines(ctx.output, split, kept_lines[split], compresslevel=1) for split in dolma.SPLITS}
+    digests: dict[str, str] = {}  # each shard's, from its bytes as written: `marin verify` checks them
+    shards = {split: dolma.write_lines(ctx.output, split, kept_lines[split], compresslevel=1, digests=digests)
+              for split in dolma.SPLITS}  # fmt: skip
     kept_bytes = {
         split: sum(text_bytes[i] for i in keep if (i >= n_train) == (split == "heldout")) for split in dolma.SPLITS
     }
@@ -171,7 +173,7 @@ def gather_dedup(ctx: StepContext, signed: list[dict[str, Any]]) -> dict[str, An
     counts = {split: len(lines) for split, lines in kept_lines.items()}
     manifest = output_manifest(upstream, corpus, counts, kept_bytes, heldout_titles, shards, result)
     storage.write_json_atomic(manifest_location, manifest)
-    return {**result, FILE_DIGESTS: dolma.corpus_digests(ctx.output, shards)}
+    return {**result, FILE_DIGESTS: {**digests, **named_digests(ctx.output, [dolma.MANIFEST])}}
 
 
 def document_counts(corpus: str, manifest: dict[str, Any]) -> tuple[int, int]:

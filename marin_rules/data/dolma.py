@@ -20,11 +20,11 @@ import io
 import itertools
 import json
 import zlib
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import StepError, json_problem
-from marin_rules.artifacts.files import named_digests
+from marin_rules.artifacts.files import bytes_digest
 from marin_rules.artifacts.records import unreadable_file
 
 MANIFEST = "manifest.json"  # written last by `download`: lists the shards of each split
@@ -37,7 +37,8 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.jsonl.gz"
 
 
-def write_split(location: str, split: str, docs: Iterable[dict[str, Any]], compresslevel: int = 5) -> list[str]:
+def write_split(location: str, split: str, docs: Iterable[dict[str, Any]], compresslevel: int = 5,
+                digests: dict[str, str] | None = None) -> list[str]:  # fmt: skip
     """Write documents as shards under `{location}/{split}/`; returns the shard
     names (relative to the split). Always writes at least one (maybe empty) shard,
     so every split of an artifact has the same layout. `compresslevel` (gzip's 1-9)
@@ -45,11 +46,14 @@ def write_split(location: str, split: str, docs: Iterable[dict[str, Any]], compr
     or infinite number raises ValueError, as a lone surrogate does (UnicodeEncodeError),
     and the caller names the document. The check is the encoder's own (no extra pass)."""
     lines = (json.dumps(doc, ensure_ascii=False, sort_keys=True, allow_nan=False).encode("utf-8") for doc in docs)
-    return write_lines(location, split, lines, compresslevel)
+    return write_lines(location, split, lines, compresslevel, digests)
 
 
-def write_lines(location: str, split: str, lines: Iterable[bytes], compresslevel: int = 5) -> list[str]:
-    """`write_split` for documents that are JSON lines already (copied unchanged)."""
+def write_lines(location: str, split: str, lines: Iterable[bytes], compresslevel: int = 5,
+                digests: dict[str, str] | None = None) -> list[str]:  # fmt: skip
+    """`write_split` for documents that are JSON lines already (copied unchanged). With
+    `digests`, each shard's `file_digests` entry (`{split}/{name}`) is added to it, from
+    the bytes written (no second read)."""
     names: list[str] = []
     buffer = io.BytesIO()
 
@@ -57,6 +61,8 @@ def write_lines(location: str, split: str, lines: Iterable[bytes], compresslevel
         name = shard_name(len(names))
         data = gzip.compress(buffer.getvalue(), compresslevel=compresslevel, mtime=0)
         storage.write_bytes_atomic(storage.join(location, split, name), data)
+        if digests is not None:
+            digests[f"{split}/{name}"] = bytes_digest(data)
         names.append(name)
         buffer.seek(0)
         buffer.truncate()
@@ -68,12 +74,6 @@ def write_lines(location: str, split: str, lines: Iterable[bytes], compresslevel
     if buffer.tell() or not names:
         flush()
     return names
-
-
-def corpus_digests(location: str, shards: Mapping[str, list[str]]) -> dict[str, str]:
-    """`file_digests` of a corpus folder's shards (`shards`: each split's names) and its
-    manifest, for `marin verify` (a shard damaged in place keeps its size)."""
-    return named_digests(location, [MANIFEST, *(f"{split}/{name}" for split, names in shards.items() for name in names)])
 
 
 def split_shards(location: str, split: str) -> list[str]:

@@ -60,7 +60,7 @@ from marin_rules.artifacts.canonical import canonical_value
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import ConfigError, StepError
-from marin_rules.artifacts.files import FILE_DIGESTS
+from marin_rules.artifacts.files import FILE_DIGESTS, named_digests
 from marin_rules.data import dolma
 from marin_rules.data.checks import DEFAULT_SOURCE, check_download, shakespeare_keys, shakespeare_texts
 
@@ -151,10 +151,11 @@ def download(ctx: StepContext) -> dict[str, Any]:
         raise StepError(f"config.heldout: every document of {source!r} is held out; nothing is left to train on")
     heldout_docs = [doc for k in heldout_keys for doc in heldout.get(k, ())]  # a copy: held under its first key
 
+    digests: dict[str, str] = {}  # each shard's, from its bytes as written: `marin verify` checks them
     try:
         shards = {
-            "train": dolma.write_split(ctx.output, "train", train),
-            "heldout": dolma.write_split(ctx.output, "heldout", heldout_docs),
+            "train": dolma.write_split(ctx.output, "train", train, digests=digests),
+            "heldout": dolma.write_split(ctx.output, "heldout", heldout_docs, digests=digests),
         }
     except ValueError:  # a lone surrogate (texts were encoded above) or NaN in metadata: looked for only now
         error = unwritable_metadata([*train, *heldout_docs])
@@ -183,7 +184,7 @@ def download(ctx: StepContext) -> dict[str, Any]:
         **result,
     }
     storage.write_json_atomic(manifest_location, manifest)
-    return {**result, FILE_DIGESTS: dolma.corpus_digests(ctx.output, shards)}
+    return {**result, FILE_DIGESTS: {**digests, **named_digests(ctx.output, [dolma.MANIFEST])}}
 
 
 def dolma_doc(raw: RawDoc, doc_id: str, source: str, added: str) -> dict[str, Any]:

@@ -250,9 +250,11 @@ def _round_trip_first_documents(
     size = sum(map(len, sample))
     if size < LOSSLESS_SAMPLE_CHARS and stop < n_docs:
         more: list[str] = []
+        read = 0  # characters read, books left out included: a corpus of books ends the search soon
         for doc in dolma.read_range(corpus, "train", stop, n_docs):
-            if size >= LOSSLESS_SAMPLE_CHARS:
+            if size >= LOSSLESS_SAMPLE_CHARS or read >= 16 * LOSSLESS_SAMPLE_CHARS:
                 break
+            read += len(doc["text"])
             if len(doc["text"]) <= 4 * LOSSLESS_SAMPLE_CHARS:  # as `_sampled`: a book-sized one is left out
                 more.append(doc["text"])
                 size += len(doc["text"])

@@ -69,7 +69,7 @@ def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: di
     sizes (data adopted in place: its source as adopted). Records what was seen
     (fingerprint, build time) into `deps_record`. `hint_flags`: the rest of the rebuild
     command a refusal suggests (`workflow.options.rerun_flags`)."""
-    from marin_rules.adopt import recorded_source, source_changed, source_location, source_problems
+    from marin_rules.adopt import served_source, source_changed, source_problems
 
     seen = {}
     for key in artifact.upstream_keys():
@@ -86,9 +86,9 @@ def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: di
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise MarinError(f"{artifact.key}: upstream {key}: {problems[0]}{more}; {how}")
-        changed = source_problems(upstream, record.result)
+        changed = source_problems(upstream, record)
         if changed:  # rebuilding would adopt the changed data under the same version: not the fix
-            source = recorded_source(upstream.step, record.result) or source_location(upstream.config)
+            source = served_source(upstream, record)
             raise MarinError(f"{artifact.key}: upstream {key}: {source_changed(source, changed, consumer=True)}")
         seen[key] = build_of(record)
     for dep in deps_record.values():

@@ -74,7 +74,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from marin_rules.adopt import STEP as ADOPT_STEP, check_layout, recorded_source, source_changed, source_problems
+from marin_rules.adopt import STEP as ADOPT_STEP, check_layout, served_source, source_changed, source_problems
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
@@ -520,10 +520,9 @@ class Session:
             except MarinError as e:
                 raise stop(e) from None
         elif artifact.step == ADOPT_STEP and not forced:
-            problems = source_problems(artifact, record.result)
+            problems = source_problems(artifact, record)
             if problems:
-                source = recorded_source(ADOPT_STEP, record.result) or artifact.config["source"]
-                print(f"{artifact.key}: {source_changed(source, problems)}", file=sys.stderr)
+                print(f"{artifact.key}: {source_changed(served_source(artifact, record), problems)}", file=sys.stderr)
         if artifact.step == "train" and (forced or record is None) and not self.left_out(artifact.key):
             self.training.append(artifact.key)
             if len(self.training) == 1 and getattr(self.workflow, "dryrun", False):  # -n (not --dag: no plan asked)
