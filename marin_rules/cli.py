@@ -205,7 +205,9 @@ def _prefix_key(text: str, experiment: Experiment | None, prefix: str, dev_user:
 def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: str | None) -> int:
     """`marin verify`; `flags`: what the suggested snakemake command needs besides its
     target; None for an artifact the experiment does not define (an older version)."""
-    from marin_rules.adopt import recorded_source, recorded_source_content_problems, recorded_source_problems, source_changed
+    from marin_rules.adopt import (
+        recorded_source, recorded_source_content_problems, recorded_source_problems, source_changed,
+    )
     from marin_rules.artifacts.files import recorded_digests
     from marin_rules.artifacts.records import read_record, rebuild_hint, verify_files
 
@@ -289,7 +291,8 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
                 print(json.dumps([e.to_json() for e in events], indent=2))
             else:
                 entry = experiment.artifacts.get(artifact.key) if experiment is not None else None
-                print(format_history(artifact.key, events, "" if events else st.unbuilt_reason(location, entry, experiment, prefix)))
+                reason = "" if events else st.unbuilt_reason(location, entry, experiment, prefix)
+                print(format_history(artifact.key, events, reason))
             return 0
         from marin_rules.inspect.diff import format_diff
 

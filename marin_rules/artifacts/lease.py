@@ -6,8 +6,9 @@ the executor named it, opaque here; `held_for`). The holder renews it every
 `heartbeat_s` (30 s); a lease not renewed for `stale_s` (90 s) is taken over, as Marin
 does. The lease also gives its holder's own `stale_s`, and a waiter takes over only
 after the longer of its own and the holder's: two machines whose runs set other lease
-timings (`--config lease_stale_s=`) never take over each other's live builds. Every change is conditional on what the writer last saw, so of two contenders
-exactly one wins:
+timings (`--config lease_stale_s=`) never take over each other's live builds. Every
+change is conditional on what the writer last saw, so of two contenders exactly one
+wins:
 
 - local folders: creation is atomic create-if-absent (the full JSON is written to a
   temporary file, then `os.link`ed to `.lease.json`, which fails with EEXIST if the lease

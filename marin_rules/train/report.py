@@ -1,8 +1,8 @@
 """What a training run reports: step timing, metrics-log records, the result, the files.
 
 Model: `Clock` times updates (batch and step), keeping a process's first one (it
-includes compilation), validation and checkpoint saves out of throughput; `train_record` is one line of
-`metrics.jsonl`; `summary` is the result the step returns (final losses, unigram
+includes compilation), validation and checkpoint saves out of throughput;
+`train_record` is one line of `metrics.jsonl`; `summary` is the result the step returns (final losses, unigram
 baseline, parameter and FLOP counts, tokens/s, MFU = tokens/s * FLOPs per token /
 the run-wide peak); `write_outputs` writes the writer process's files (`loss.png`,
 titled by `plot_title` with the model's depth and MoE layers; `model.json`, whose
