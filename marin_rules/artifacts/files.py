@@ -143,7 +143,7 @@ RECORDED_DIGESTS = (FINAL_CHECKPOINT_DIGESTS, FILE_DIGESTS)  # the result fields
 
 def bytes_digest(data: bytes) -> str:
     """`file_digests`' xxh3 form of a file's bytes, from the bytes a step wrote (no second read)."""
-    return f"xxh3:{xxhash.xxh3_64_hexdigest(data)}"
+    return _xxh3_form(xxhash.xxh3_64(data))
 
 
 class DigestingWriter:
@@ -159,7 +159,7 @@ class DigestingWriter:
 
     @property
     def digest(self) -> str:
-        return f"xxh3:{self._hasher.hexdigest()}"
+        return _xxh3_form(self._hasher)
 
 
 def named_digests(location: str, names: Any) -> dict[str, str]:
@@ -241,6 +241,11 @@ def _digest(fs: Any, path: str, info: dict, algorithm: str) -> str:
     with fs.open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             hasher.update(block)
+    return _xxh3_form(hasher)
+
+
+def _xxh3_form(hasher: Any) -> str:
+    """`file_digests`' spelling of an xxh3 digest."""
     return f"xxh3:{hasher.hexdigest()}"
 
 

@@ -255,7 +255,7 @@ def _round_trip_first_documents(
             if size >= LOSSLESS_SAMPLE_CHARS or read >= 16 * LOSSLESS_SAMPLE_CHARS:
                 break
             read += len(doc["text"])
-            if len(doc["text"]) <= 4 * LOSSLESS_SAMPLE_CHARS:  # as `_sampled`: a book-sized one is left out
+            if not _book_sized(doc["text"]):  # as `_sampled`
                 more.append(doc["text"])
                 size += len(doc["text"])
         sample.extend(more)
@@ -284,6 +284,12 @@ def _warn_of_huge_documents(texts: Iterator[str], key: str, first: int) -> Itera
         yield text
 
 
+def _book_sized(text: str) -> bool:
+    """Is a document left out of the round-trip sample (over 4 x LOSSLESS_SAMPLE_CHARS), to
+    bound the memory its ids take there?"""
+    return len(text) > 4 * LOSSLESS_SAMPLE_CHARS
+
+
 def _sampled(texts: Iterator[str], sample: list[str], sampled: set[int]) -> Iterator[str]:
     """`texts`, each kept in `sample` (before it is encoded), its place among them in
     `sampled`, until the kept ones hold LOSSLESS_SAMPLE_CHARS characters: whole
@@ -291,7 +297,7 @@ def _sampled(texts: Iterator[str], sample: list[str], sampled: set[int]) -> Iter
     left out, to bound the memory."""
     size = 0
     for place, text in enumerate(texts):
-        if size < LOSSLESS_SAMPLE_CHARS and len(text) <= 4 * LOSSLESS_SAMPLE_CHARS:
+        if size < LOSSLESS_SAMPLE_CHARS and not _book_sized(text):
             sample.append(text)
             sampled.add(place)
             size += len(text)

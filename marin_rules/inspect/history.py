@@ -31,7 +31,7 @@ from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.files import FORCED_MARKER
 from marin_rules.artifacts.identity import ArtifactId
-from marin_rules.artifacts.lease import STALE_S, LeaseHolder, holder_gone
+from marin_rules.artifacts.lease import LeaseHolder, held_live, holder_gone
 from marin_rules.artifacts.records import rebuild_hint
 from marin_rules.inspect import reading
 from marin_rules.inspect.status import first_line, gone_builder, read_holder
@@ -138,10 +138,10 @@ def artifact_history(location: str, expected: ArtifactId | None = None, hint_fla
 def _leased(holder: LeaseHolder) -> Event:
     """The attempt the artifact's lease names: BUILDING while renewed, KILLED when its
     process is gone (`lease.holder_gone`: killed on this host, as by the OOM killer's
-    SIGKILL, which leaves no failure record), STALE when not renewed for `STALE_S`."""
+    SIGKILL, which leaves no failure record), STALE when not renewed for its stale time (`lease.held_live`)."""
     if holder_gone(holder):
         outcome, note = KILLED, gone_builder(f"its builder (pid {holder.pid})")
-    elif holder.age_s() > holder.stale_after(STALE_S):
+    elif not held_live(holder):
         outcome, note = STALE, f"lease not renewed for {holder.age_s():.0f} s: the next run takes it over"
     else:
         outcome, note = BUILDING, ""

@@ -96,6 +96,14 @@ def owed_through(
     return next((u for u in keys if records.get(u) is None), None)
 
 
+def record_or_none(location: str, expected: ArtifactId | None = None) -> dict[str, Any] | None:
+    """`record_dict`, with a corrupt record read as none (its own row or check names it)."""
+    try:
+        return record_dict(location, expected)
+    except MarinError:
+        return None
+
+
 def owed_rebuilds(experiment: Any, prefix: str) -> dict[str, str]:
     """Every built artifact of `experiment` the next run rebuilds to finish a forced run
     that stopped (`owed_through`), with the upstream it follows; records that cannot be
@@ -106,10 +114,7 @@ def owed_rebuilds(experiment: Any, prefix: str) -> dict[str, str]:
     owed: dict[str, str] = {}
     for key, artifact in experiment.artifacts.items():  # upstreams first
         location = artifact_location(prefix, artifact.id)
-        try:
-            records[key] = record_dict(location, artifact.id)
-        except MarinError:
-            records[key] = None
+        records[key] = record_or_none(location, artifact.id)
         through = owed_through(artifact.upstream_keys(), location, records[key], artifact.id.is_dev, records, owed)
         if through is not None:
             owed[key] = through

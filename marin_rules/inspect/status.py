@@ -79,7 +79,7 @@ from marin_rules.artifacts.drift import EDITED_FIX, SAME_SETTINGS, drift_notice,
 from marin_rules.artifacts.errors import ConfigError, DriftError, MarinError
 from marin_rules.artifacts.files import list_data_files
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
-from marin_rules.artifacts.lease import STALE_S, LeaseHolder, held_live, holder_gone, lease_problem, read_lease
+from marin_rules.artifacts.lease import LeaseHolder, held_live, holder_gone, lease_problem, read_lease
 from marin_rules.artifacts.records import edited_note, recipe_drift
 from marin_rules.dev_versions import is_unowned
 from marin_rules.eval.report import LOSSY_LABEL, RATIO_METRICS  # (no JAX, no lm-eval)
@@ -155,7 +155,7 @@ def _lease_holder(location: str) -> tuple[str | None, str | None]:
         return None, None
     if holder_gone(holder):
         return None, holder.describe()
-    if holder.age_s() > holder.stale_after(STALE_S):
+    if not held_live(holder):
         return f"{holder.describe()} (stale: not renewed for {holder.age_s():.0f} s, the next run takes it over)", None
     return holder.describe(), None
 
@@ -214,16 +214,9 @@ def unbuilt_reason(location: str, artifact: Artifact | None, experiment: Experim
         return _no_shard_reason(location, artifact)
     upstreams = None
     if artifact is not None and experiment is not None and prefix is not None:
-        upstreams = {key: _record_or_none(artifact_location(prefix, experiment[key].id))
-                     for key in artifact.upstream_keys()}  # fmt: skip
+        ids = {key: experiment[key].id for key in artifact.upstream_keys()}
+        upstreams = {key: reading.record_or_none(artifact_location(prefix, id_), id_) for key, id_ in ids.items()}
     return shards_reason(done, building, _shards_to_redo(location, artifact, upstreams))
-
-
-def _record_or_none(location: str) -> dict | None:
-    try:
-        return reading.record_dict(location)
-    except MarinError:  # corrupt: its own rows say so
-        return None
 
 
 def _no_shard_reason(location: str, artifact: Artifact | None, lease_unreadable: bool = False) -> str:
