@@ -205,6 +205,30 @@ def test_missing_failed_building_and_corrupt_states(experiment_file, tmp_path, c
     assert rows["checkpoints/nano@v1"] == {**rows["checkpoints/nano@v1"], "state": "missing", "reason": "never built"}
 
 
+def test_a_truncated_or_missing_data_file_is_damaged_with_the_rebuild_command(experiment_file, tmp_path, capsys):
+    """Status lists what a consumer's job would refuse before it starts (`verify_files`
+    by size), rather than "built"; a drifted artifact keeps its state and adds it."""
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    build(prefix, experiment, "raw/s@v1", data=b"0123456789")
+    build(prefix, experiment, "tokenizers/bpe@v1")
+    build(prefix, experiment, "tokenized/s@v1", config={"validation_fraction": 0.5})
+    raw = artifact_location(prefix, experiment["raw/s@v1"].id)
+    with open(storage.join(raw, "data.bin"), "wb") as f:
+        f.write(b"0123")
+    os.remove(storage.join(artifact_location(prefix, experiment["tokenized/s@v1"].id), "data.bin"))
+
+    rows = status_json(experiment_file, prefix, capsys)
+
+    assert rows["raw/s@v1"]["state"] == "damaged"
+    reason = rows["raw/s@v1"]["reason"]
+    assert reason.startswith(f"truncated data.bin: 4 of 10 bytes: consumers refuse it; rebuild it with: snakemake -f {raw}/.artifact.json ")
+    assert reason.endswith(f" --configfile {experiment_file} --config prefix={prefix}")  # the run's own flags
+    assert rows["tokenizers/bpe@v1"]["state"] == "built"
+    drifted = rows["tokenized/s@v1"]
+    assert drifted["state"] == "drifted" and "; missing data.bin: consumers refuse it; rebuild it with: " in drifted["reason"]
+
+
 def test_a_forced_rebuild_in_flight_or_failed_says_where_the_previous_build_is(experiment_file, tmp_path, capsys):
     prefix = str(tmp_path / "artifacts")
     experiment = load_experiment(experiment_file)
@@ -244,6 +268,7 @@ def test_status_all_lists_every_version_on_the_prefix(experiment_file, tmp_path,
     build(prefix, experiment, "checkpoints/nano@v1", result={"final_val_loss": 3.0})
     other = build(prefix, experiment, "checkpoints/nano@v1", result={"final_val_loss": 4.5})
     old_location = f"{prefix}/checkpoints/nano/v0"
+    storage.write_bytes_atomic(f"{old_location}/data.bin", b"data")  # the file its record lists
     storage.write_json_atomic(f"{old_location}/.artifact.json", {**other, "version": "v0", "path": "checkpoints/nano/v0"})
     storage.write_json_atomic(f"{prefix}/checkpoints/nano/v9/.failures/20261201T000000Z.json", {"error": {"message": "x"}})
     os.makedirs(f"{prefix}/checkpoints/nano/notes")  # a folder without records is not a version

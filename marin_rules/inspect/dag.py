@@ -18,7 +18,7 @@ from marin_rules.experiment import Experiment
 COLORS = {
     "built": "#b7e1b0", "drifted": "#ffe08a", "upstream rebuilt": "#ffe08a", "code changed": "#d8ecb0",
     "missing": "#e6e6e6",
-    "failed": "#f4a6a6", "corrupt": "#e06666", "building": "#a9c8f0", "source changed": "#f6b26b",
+    "failed": "#f4a6a6", "corrupt": "#e06666", "damaged": "#e06666", "building": "#a9c8f0", "source changed": "#f6b26b",
 }  # fmt: skip
 NODE_H, GAP_X, GAP_Y, MARGIN = 46, 70, 22, 20
 ARC, ARC_STEP = 20, 12  # how far an edge that skips columns arcs above the boxes

@@ -32,6 +32,10 @@ recipe and its upstreams' records:
   planning forces every consumer of a forced artifact, `reading.owed_through`)
   source changed   data adopted in place whose source no longer holds the files (and
                    sizes) it was adopted with (added to the reason of the states above)
+  damaged          a data file is missing, shorter or of another size than the record
+                   lists (one listing, as a consumer's job checks before it starts:
+                   `records.verify_files`; contents are `marin verify`'s), with the
+                   rebuild command (added to the reason of the states above)
   code changed     the step's code hash differs from the one recorded at build time
                    (`marin_rules.artifacts.code`; added to the reason of the states above)
   corrupt          the record cannot be read (the records module's one line)
@@ -77,10 +81,10 @@ from marin_rules.artifacts.code import built_with, code_change, code_hash
 from marin_rules.artifacts.builds import build_of, rebuilt_upstreams, upstream_builds
 from marin_rules.artifacts.drift import EDITED_FIX, SAME_SETTINGS, drift_notice, edited_record, only_defaults, printable
 from marin_rules.artifacts.errors import ConfigError, DriftError, MarinError
-from marin_rules.artifacts.files import list_data_files
+from marin_rules.artifacts.files import list_data_files, size_problems
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
 from marin_rules.artifacts.lease import LeaseHolder, held_live, holder_gone, lease_problem, read_lease
-from marin_rules.artifacts.records import edited_note, recipe_drift
+from marin_rules.artifacts.records import edited_note, rebuild_hint, recipe_drift
 from marin_rules.dev_versions import is_unowned
 from marin_rules.eval.report import LOSSY_LABEL, RATIO_METRICS  # (no JAX, no lm-eval)
 from marin_rules.experiment import Artifact, Experiment
@@ -518,6 +522,12 @@ def location_status(
             state, reason = "source changed", text
         else:
             reason += f"; {text}"
+    damaged = _damaged(location, record, hint_flags if artifact is not None else None)
+    if damaged:
+        if state == "built":
+            state, reason = "damaged", damaged
+        else:
+            reason += f"; {damaged}"
     unbuilt = [k for k, r in (upstream_records or {}).items() if r is None] if artifact is not None else []
     if (rebuilt or unbuilt) and reading.forced_rebuild_owed(location):  # drifted or not: session._left_pending
         run = forcing_run_alive(location)
@@ -549,6 +559,25 @@ def location_status(
     val, score = headline(record)
     status = Status(key, step, state, reason, fingerprint, built, took, val, score, artifact is not None)
     return status, record
+
+
+def _damaged(location: str, record: Mapping[str, Any], hint_flags: str | None) -> str | None:
+    """What a consumer's job would refuse in a built artifact's data files (one listing:
+    a file missing, truncated or of another size than its record lists, as
+    `records.verify_files` finds; a file changed in place at its size is `marin verify`'s),
+    and the rebuild command; None when every file is as recorded. `hint_flags` None: the
+    artifact is not the experiment's (an older version), which this experiment cannot rebuild."""
+    files = record.get("files")
+    if not isinstance(files, Mapping) or not files:
+        return None
+    problems = list(size_problems(location, dict(files)).values())
+    if not problems:
+        return None
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    fix = "consumers refuse it; " + (
+        rebuild_hint(location, hint_flags) if hint_flags is not None else "rebuild it with the experiment that defines it"
+    )
+    return f"{problems[0]}{more}: {fix}"
 
 
 def _drift_reason(lines: list[str], edited: str | None, dev: bool = False, same_fingerprint: bool = False) -> str:
