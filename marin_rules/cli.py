@@ -4,7 +4,8 @@
                                                each artifact's state, its reason, headline results
   marin show KEY [EXPERIMENT]                  the success record (and the last failure) as JSON
   marin path KEY [EXPERIMENT]                  the record path to give Snakemake as a target or -f
-  marin verify KEY [EXPERIMENT]                are the record's files all there, at their sizes (and digests)?
+  marin verify [EXPERIMENT] [KEY ...]          are the records' files all there, at their sizes (and digests)?
+                                               (default: every built artifact of the experiment)
   marin plan [EXPERIMENT] [--mfu 0.4]          params, tokens, FLOPs and hours of the training to run
   marin diff [EXPERIMENT] A@V B@V [--only-changed]
                                                recipe fields and results of two builds side by side
@@ -85,7 +86,7 @@ def looks_like_key(text: str) -> bool:
 def _key_as_experiment(command: str, text: str) -> str:
     """The one line for a key given where `marin COMMAND` takes an experiment file."""
     shown = printable(shlex.quote(text))
-    if command in ("show", "path", "verify", "history"):
+    if command in ("show", "path", "history"):
         return f"{printable(text)}: marin {command} takes one key, then an optional experiment file; give one key"
     return (f"{printable(text)}: marin {command} takes an experiment file, not a key (name@version); "
             f"see one artifact with marin status {shown} or marin show {shown}")  # fmt: skip
@@ -200,6 +201,35 @@ def _prefix_key(text: str, experiment: Experiment | None, prefix: str, dev_user:
     others = [k for k in _known_keys(experiment, prefix, artifact.name) if k != artifact.key]
     hint = reading.suggestion(artifact.key, others)
     raise MarinError(f"{artifact.key}: no success record under {prefix}{_whose(artifact)}{hint}")
+
+
+def _verify_keys(keys: list[str], experiment: Experiment, prefix: str, dev_user: str | None, flags: str) -> int:
+    """`marin verify [KEY ...]`: `_verify` each key (every key is resolved first: a typo
+    is one line before anything is read), or without keys every artifact of the
+    experiment that has a record (the unbuilt ones counted, not checked); 0 when every
+    one checked is whole. A record that cannot be read is that artifact's problem line
+    (on stderr, with its rebuild command) and the others are still checked."""
+    artifacts = [_recorded_key(k, experiment, prefix, dev_user, "verify") for k in keys]
+    if not keys:
+        every = [experiment[k].id for k in experiment.artifacts]
+        artifacts = [a for a in every if storage.exists(record_location(artifact_location(prefix, a)))]
+        if not artifacts:
+            print(f"marin: nothing to verify: no artifact of {experiment.path} is built on {prefix}", file=sys.stderr)
+            return 1
+    failed = 0
+    for artifact in artifacts:
+        try:
+            status = _verify(artifact.key, artifact_location(prefix, artifact), prefix, artifact,
+                             flags if artifact.key in experiment.artifacts else None)  # fmt: skip
+        except MarinError as e:
+            print(f"marin: {e.with_flags(flags)}", file=sys.stderr)
+            status = 1
+        failed += status != 0
+    if len(artifacts) > 1 or not keys:
+        unbuilt = len(experiment.artifacts) - len(artifacts) if not keys else 0
+        skipped = f"; {unbuilt} not built, not checked" if unbuilt else ""
+        print(f"verified {len(artifacts)} artifact(s): {f'{failed} with problems' if failed else 'all whole'}{skipped}")
+    return 1 if failed else 0
 
 
 def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: str | None) -> int:
@@ -343,10 +373,10 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
     if args.command == "path":
         print(record_path(prefix, experiment[_experiment_key(args.key, experiment, args.command)].id))
         return 0
+    if args.command == "verify":
+        return _verify_keys(args.keys, experiment, prefix, args.dev_user, flags)
     artifact = _recorded_key(args.key, experiment, prefix, args.dev_user, args.command)
     key, location = artifact.key, artifact_location(prefix, artifact)
-    if args.command == "verify":
-        return _verify(key, location, prefix, artifact, flags if key in experiment.artifacts else None)
     shown = {"record": reading.record_dict(location, artifact)}
     try:
         shown["last_failure"] = reading.last_failure(location)
@@ -413,7 +443,7 @@ def parser() -> argparse.ArgumentParser:
         "status": "each artifact's state, its reason and headline results",
         "show": "print an artifact's success record (and last failure)",
         "path": "print an artifact's record path (a Snakemake target)",
-        "verify": "check that a built artifact's files are all there, at their recorded sizes",
+        "verify": "check that built artifacts' files are all there, at their recorded sizes and digests",
         "plan": "price the training jobs that would run: params, tokens, FLOPs, hours",
         "diff": "recipe fields and results of two builds side by side",
         "history": "every attempt and forced rebuild of one artifact",
@@ -422,8 +452,10 @@ def parser() -> argparse.ArgumentParser:
     for name, text in helps.items():
         p = sub.add_parser(name, help=text, description=text, allow_abbrev=False,  # --config is not --configfile
                            epilog=CONFIG_EPILOG)
-        if name in ("show", "path", "verify", "history"):
+        if name in ("show", "path", "history"):
             p.add_argument("key", help="name@version")
+        if name == "verify":
+            p.add_argument("keys", nargs="*", help="[EXPERIMENT.yaml] the artifacts to check (default: every built one)")
         if name == "diff":
             p.add_argument("keys", nargs="+", metavar="KEY", help="[EXPERIMENT.yaml] A B: the two builds, name@version each")
             p.add_argument("--only-changed", action="store_true", help="leave out results that are equal")
@@ -433,7 +465,7 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("keys", nargs="*", help="[EXPERIMENT.yaml] train artifacts to price (default: not built)")
             p.add_argument("--mfu", type=_fraction, default=0.4, help="model FLOP utilisation on accelerators (0 < mfu <= 1)")
         p.add_argument("--configfile", help="the experiment YAML file, spelled as for snakemake")
-        if name not in ("plan", "diff", "status"):
+        if name not in ("plan", "diff", "status", "verify"):
             p.add_argument("experiment", nargs="?", help=f"experiment YAML (default {DEFAULT_EXPERIMENT})")
         else:
             p.set_defaults(experiment=None)
@@ -492,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"marin: {e}", file=sys.stderr)
         return 1
     args = parser().parse_args(argv)
-    problem = _split_targets(args) if args.command in ("plan", "status", "diff") else None
+    problem = _split_targets(args) if args.command in ("plan", "status", "diff", "verify") else None
     if not problem and args.command == "diff":
         if len(args.keys) != 2:
             problem = (f"marin diff takes two keys (name@version), after an optional experiment file; got "

@@ -53,6 +53,45 @@ def test_verify_names_missing_and_truncated_files_and_how_to_rebuild(experiment_
     assert f"-s {REPO / 'Snakefile'} -d {elsewhere} --configfile" in capsys.readouterr().err
 
 
+def test_verify_without_a_key_checks_every_built_artifact_and_goes_on_past_a_corrupt_record(experiment_file, tmp_path, capsys):  # noqa: F811
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    args = ["--configfile", experiment_file, "--prefix", prefix]
+    assert main(["verify", *args]) == 1  # nothing built: nothing vouched for
+    assert capsys.readouterr().err == f"marin: nothing to verify: no artifact of {experiment_file} is built on {prefix}\n"
+
+    for key in ("raw/s@v1", "tokenizers/bpe@v1", "tokenized/s@v1"):
+        build(prefix, experiment, key)
+    assert main(["verify", *args]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "raw/s@v1: all 1 file(s) present at their recorded sizes",
+        "tokenizers/bpe@v1: all 1 file(s) present at their recorded sizes",
+        "tokenized/s@v1: all 1 file(s) present at their recorded sizes",
+        "verified 3 artifact(s): all whole; 2 not built, not checked",
+    ]
+
+    raw = artifact_location(prefix, experiment["raw/s@v1"].id)
+    with open(f"{raw}/.artifact.json", "w") as f:
+        f.write("{")
+    os.remove(artifact_location(prefix, experiment["tokenized/s@v1"].id) + "/data.bin")
+    assert main(["verify", *args]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [
+        "tokenizers/bpe@v1: all 1 file(s) present at their recorded sizes",
+        "tokenized/s@v1: missing data.bin",
+        "verified 3 artifact(s): 2 with problems; 2 not built, not checked",
+    ]
+    err = captured.err.splitlines()
+    assert err[0].startswith(f"marin: {raw}/.artifact.json: not valid JSON") and f"snakemake -f {raw}/.artifact.json" in err[0]
+    assert err[1].startswith("tokenized/s@v1: 1 problem(s); rebuild it with: snakemake -f ")
+
+    assert main(["verify", "tokenizers/bpe@v1", experiment_file, "tokenized/s@v1", "--prefix", prefix]) == 1  # keys, file anywhere
+    assert capsys.readouterr().out.splitlines()[-1] == "verified 2 artifact(s): 1 with problems"
+    assert main(["verify", "tokenizers/bpe@v1", "tokenized/s@v2", *args]) == 1  # a typo: one line, nothing checked
+    captured = capsys.readouterr()
+    assert captured.out == "" and "tokenized/s@v2: not an artifact of" in captured.err
+
+
 def test_show_and_verify_give_the_corrupt_record_line_and_fail(experiment_file, tmp_path, capsys):  # noqa: F811
     prefix = str(tmp_path / "artifacts")
     experiment = load_experiment(experiment_file)
