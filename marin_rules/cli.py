@@ -9,6 +9,7 @@
   marin plan [EXPERIMENT] [--mfu 0.4]          params, tokens, FLOPs and hours of the training to run
   marin diff [EXPERIMENT] A@V B@V [--only-changed]
                                                recipe fields and results of two builds side by side
+                                               (one not built yet: the experiment's recipe for it)
   marin history KEY                            every attempt and forced rebuild of one artifact
   marin dag [EXPERIMENT] [-o dag.svg]          a picture of the experiment, coloured by state
 
@@ -182,22 +183,25 @@ def _recorded_key(text: str, experiment: Experiment, prefix: str, dev_user: str 
     return experiment[text].id
 
 
-def _prefix_key(text: str, experiment: Experiment | None, prefix: str, dev_user: str | None) -> tuple[ArtifactId, dict]:
-    """An artifact found on the prefix (in the experiment or not) and its success record.
-    One of the experiment without one is "not built yet" (and why: its status reason);
-    another key gets the nearest known one."""
+def _diff_side(text: str, experiment: Experiment | None, prefix: str, dev_user: str | None) -> tuple[ArtifactId, dict, str | None]:
+    """One side of `marin diff`: an artifact found on the prefix (in the experiment or
+    not), its success record, and None; for one of the experiment without a record, its
+    recipe now in a record's shape (`diff.recipe_record`, no results) and the line saying
+    so (its status and reason). Another key gets the nearest known one."""
+    from marin_rules.inspect.diff import recipe_record
     from marin_rules.inspect.status import location_status
 
     artifact = _stored_id(text, experiment, prefix, dev_user)
     location = artifact_location(prefix, artifact)
     record = reading.record_dict(location, artifact)
     if record is not None:
-        return artifact, record
+        return artifact, record, None
     if experiment is not None and artifact.key in experiment.artifacts:
         status = location_status(artifact.key, location, expected=artifact)[0]
         other = "; --dev-user NAME reads another user's" if artifact.is_dev else ""
         why = printable(f"{status.state}: {status.reason}")  # a failure record's error, shown: escaped
-        raise MarinError(f"{artifact.key}: not built yet{_whose(artifact)}, nothing to compare ({why}){other}")
+        note = f"{artifact.key}: not built yet{_whose(artifact)} ({why}){other}: its recipe in {experiment.path}, no results"
+        return artifact, recipe_record(experiment[artifact.key]), note
     others = [k for k in _known_keys(experiment, prefix, artifact.name) if k != artifact.key]
     hint = reading.suggestion(artifact.key, others)
     raise MarinError(f"{artifact.key}: no success record under {prefix}{_whose(artifact)}{hint}")
@@ -326,9 +330,12 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
             return 0
         from marin_rules.inspect.diff import format_diff
 
-        a, record_a = _prefix_key(args.a, experiment, prefix, args.dev_user)
-        b, record_b = _prefix_key(args.b, experiment, prefix, args.dev_user)
+        a, record_a, unbuilt_a = _diff_side(args.a, experiment, prefix, args.dev_user)
+        b, record_b, unbuilt_b = _diff_side(args.b, experiment, prefix, args.dev_user)
         print(format_diff(a.key, record_a, b.key, record_b, args.only_changed))
+        for note in (unbuilt_a, unbuilt_b):
+            if note:
+                print(f"marin: {note}", file=sys.stderr)
         return 0
     if args.command == "status":
         rows = _only(st.experiment_status(experiment, prefix, every_version=args.all, hint_flags=flags),

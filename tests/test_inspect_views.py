@@ -88,6 +88,26 @@ def test_diff_shows_the_value_of_a_field_added_or_removed(two_versions, capsys):
     ]
 
 
+def test_diff_against_a_version_not_built_yet_compares_with_its_recipe_in_the_experiment(two_versions, capsys):
+    """What bumping to v3 would change, before building it: the recipe lines a built v3
+    would give (the test above), results of v3 all "-", and one stderr line saying so."""
+    experiment_file, prefix = two_versions
+    with open(experiment_file, "a") as f:
+        f.write(V3)
+    assert main(["diff", "checkpoints/nano@v2", "checkpoints/nano@v3", "--prefix", prefix, "--configfile", experiment_file]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[:3] == [
+        "recipe: checkpoints/nano@v2 -> checkpoints/nano@v3: 2 field(s) differ",
+        "  model.router_gate (added: sigmoid)",
+        "  optimizer.learning_rate (removed: 0.001)",
+    ]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[3:]}
+    assert rows["final_val_loss"] == ["3.25", "-"]
+    assert err == (f"marin: checkpoints/nano@v3: not built yet (missing: never built): its recipe in {experiment_file}, "
+                   "no results\n")  # fmt: skip
+
+
 def test_diff_shows_control_and_bidi_characters_of_records_escaped(experiment_file, tmp_path, capsys):  # noqa: F811
     with open(experiment_file, "a") as f:
         f.write(V2)

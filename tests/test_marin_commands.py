@@ -69,13 +69,16 @@ def test_a_deleted_record_whose_data_stays_is_not_never_built_and_an_unbuilt_key
                "(snakemake --delete-all-output?); the next run builds it")  # fmt: skip
     assert rows["feat/a@v1"] == {**rows["feat/a@v1"], "state": "missing", "reason": deleted}
     assert marin(run, capsys, "history", "feat/a@v1")[1] == f"feat/a@v1: no attempts recorded ({deleted})\n"
-    code, _, err = marin(run, capsys, "diff", "feat/a@v1", "feat/bad@v1")
-    assert code == 1 and err == f"marin: feat/a@v1: not built yet, nothing to compare (missing: {deleted})\n"
+    code, out, err = marin(run, capsys, "diff", "feat/a@v1", "feat/bad@v1")  # neither built: their recipes
+    assert code == 0 and out.startswith("recipe: feat/a@v1 -> feat/bad@v1: ")
+    recipe = f"its recipe in {run.root / 'exp.yaml'}, no results"
+    assert err.splitlines()[0] == f"marin: feat/a@v1: not built yet (missing: {deleted}): {recipe}"
 
     run()
-    code, _, err = marin(run, capsys, "diff", "feat/a@v1", "feat/bad@v1")  # a valid key: no "did you mean"
-    assert code == 1 and err.startswith("marin: feat/bad@v1: not built yet, nothing to compare (failed: last attempt")
-    assert err.endswith("RuntimeError: boom\\x1b[31m)\n")  # escaped, not a colour change
+    code, out, err = marin(run, capsys, "diff", "feat/a@v1", "feat/bad@v1")  # a valid key: no "did you mean"
+    assert code == 0 and out.startswith("recipe: feat/a@v1 -> feat/bad@v1: ")
+    assert err.startswith("marin: feat/bad@v1: not built yet (failed: last attempt")
+    assert err.endswith(f"RuntimeError: boom\\x1b[31m): {recipe}\n")  # escaped, not a colour change
     code, _, err = marin(run, capsys, "diff", "feat/a@v1", "feat/bd@v1")
     assert code == 1 and err == "marin: feat/bd@v1: no success record under art (did you mean feat/bad@v1?)\n"
 

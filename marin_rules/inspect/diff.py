@@ -1,7 +1,8 @@
 """Two builds side by side: what recipe fields differ, and how their results moved.
 
 Model: `A` and `B` are success records (any two artifacts, usually two versions of
-one name). The recipe part is the drift warning's field diff (`recipe_diff` of the
+one name), or, for an artifact of the experiment not built yet, its recipe there
+(`recipe_record`: no results). The recipe part is the drift warning's field diff (`recipe_diff` of the
 two fingerprint payloads, lines `field: a -> b`, `field (added: b)`, `field (removed: a)`).
 The result part flattens both `result` mappings to dotted keys (`final_val_loss`,
 `marin_shakespeare_cloze.acc`; a train run's checkpoint digests as one row, `N files
@@ -21,6 +22,7 @@ import xxhash
 from marin_rules.artifacts.drift import printable, recipe_diff
 from marin_rules.artifacts.files import RECORDED_DIGESTS
 from marin_rules.artifacts.records import recorded_payload
+from marin_rules.experiment import Artifact
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,19 @@ def _show(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.6g}"
     return printable(str(v))
+
+
+def recipe_record(artifact: Artifact) -> dict[str, Any]:
+    """An artifact's recipe in the experiment, shaped as the fields of a success record
+    that `recorded_payload` reads (deps as name and version, a mixture's with their
+    weights), with no result: the side of a diff that is not built yet."""
+
+    def dep(key: str, weight: Any = None) -> dict[str, Any]:
+        name, _, version = key.rpartition("@")
+        return {"name": name, "version": version, **({} if weight is None else {"weight": weight})}
+
+    deps = {role: dep(d) if isinstance(d, str) else [dep(k, w) for k, w in d.items()] for role, d in artifact.deps.items()}
+    return {"step": artifact.step, "config": dict(artifact.config), "deps": deps, "result": {}}
 
 
 def format_diff(key_a: str, a: Mapping[str, Any], key_b: str, b: Mapping[str, Any], only_changed: bool) -> str:
