@@ -16,10 +16,10 @@ The real records and all data live on the prefix, written by the steps.
 
 from __future__ import annotations
 
-import json
 import os
 
 from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import decode_json
 from marin_rules.artifacts.files import HISTORY_DIR, REBUILDING
 from marin_rules.artifacts.identity import RECORD_FILE
 from marin_rules.artifacts.records import snakemake_path
@@ -44,7 +44,7 @@ def _signature(info: dict) -> str:
 def _read_index(mirror: str) -> dict[str, str]:
     try:
         with open(os.path.join(mirror, INDEX_FILE), encoding="utf-8") as f:
-            index = json.load(f)
+            index = decode_json(f.read())
         return index if isinstance(index, dict) else {}
     except (FileNotFoundError, ValueError):
         return {}

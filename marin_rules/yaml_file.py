@@ -15,6 +15,7 @@ Every problem is one `ExperimentError` line, `experiments/x.yaml:9:3: duplicate 
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import yaml
@@ -169,6 +170,21 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _UniqueKeyLoader.construct_mapping)
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """An integer, or a ConstructorError at its place for one of more digits than Python
+    converts (`sys.get_int_max_str_digits`), which PyYAML lets escape as a ValueError."""
+    try:
+        return yaml.SafeLoader.construct_yaml_int(loader, node)
+    except ValueError:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"an integer of {len(node.value)} characters, more than Python reads "
+            f"({sys.get_int_max_str_digits()} digits); no setting needs one", node.start_mark,
+        ) from None  # fmt: skip
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def load_yaml_text(text: str, path: str) -> Any:

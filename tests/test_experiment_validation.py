@@ -518,6 +518,18 @@ def test_a_value_nested_too_deeply_is_one_line(depth, message):
     assert load_yaml_text(text.replace("[" * depth + "]" * depth, "[" * 90 + "]" * 90), "exp.yaml")
 
 
+def test_an_integer_of_more_digits_than_python_reads_is_one_line_at_its_place():
+    """PyYAML lets int()'s ValueError escape for more than sys.get_int_max_str_digits()."""
+    from marin_rules.yaml_file import load_yaml_text
+
+    text = "artifacts:\n  f/a@v1:\n    step: download\n    config: {sample_count: 1" + "0" * 5000 + "}\n"
+    with pytest.raises(MarinError) as e:
+        load_yaml_text(text, "exp.yaml")
+    assert str(e.value) == ("exp.yaml:4:28: not valid YAML: an integer of 5001 characters, more than Python reads "
+                            "(4300 digits); no setting needs one")  # fmt: skip
+    assert load_yaml_text(text.replace("0" * 5000, "0" * 400), "exp.yaml")  # a long one that reads: the checks judge it
+
+
 @pytest.fixture
 def steps_module(tmp_path, monkeypatch):
     (tmp_path / "badsteps_zz.py").write_text(

@@ -567,3 +567,30 @@ def test_a_stopped_forced_cascade_owes_its_rebuilds_all_the_way_down_in_status_a
         "consumers): the next run rebuilds it after tokenized/s@v1")  # fmt: skip
     assert rows["evals/nano@v1"]["reason"].endswith("): the next run rebuilds it after checkpoints/nano@v1")
     assert jobs_to_run(experiment, prefix) == ["checkpoints/nano@v1"]  # `marin plan` prices its training
+
+
+DEEP = b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # past Python's recursion limit
+HUGE = b'{"x": 1' + b"0" * 5000 + b"}"  # more digits than Python converts
+
+
+@pytest.mark.parametrize("raw, why", [(DEEP, "nested too deeply"), (HUGE, "an integer of more than 4300 digits")])
+def test_a_record_failure_or_lease_of_hostile_json_is_one_line_not_a_crash(experiment_file, tmp_path, capsys, raw, why):
+    """JSON that json.loads refuses with a RecursionError or a plain ValueError (not a
+    JSONDecodeError) reads as any other unreadable file: a corrupt record, an unreadable
+    failure record, a lease that is not one; every other row still shows."""
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    build(prefix, experiment, "tokenizers/bpe@v1")
+    record = artifact_location(prefix, experiment["raw/s@v1"].id) + "/.artifact.json"
+    storage.write_bytes_atomic(record, raw)
+    failure = artifact_location(prefix, experiment["tokenizers/bpe@v1"].id) + "/.failures/20261205T000000Z.json"
+    storage.write_bytes_atomic(failure, raw)
+    lease = artifact_location(prefix, experiment["tokenized/s@v1"].id) + "/.lease.json"
+    storage.write_bytes_atomic(lease, raw)
+
+    rows = status_json(experiment_file, prefix, capsys)
+
+    assert rows["raw/s@v1"]["state"] == "corrupt" and rows["raw/s@v1"]["reason"].startswith(f"{record}: not valid JSON ({why})")
+    assert f"{failure}: unreadable record (not valid JSON ({why}))" in rows["tokenizers/bpe@v1"]["reason"]
+    assert "its lease file is unreadable (not a lease (ValueError))" in rows["tokenized/s@v1"]["reason"]
+    assert rows["checkpoints/nano@v1"]["state"] == "missing"

@@ -8,6 +8,7 @@ nothing is moved. Saving logs none of orbax's warnings about OCDBT, which we do 
 from __future__ import annotations
 
 import logging
+import pickle
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -110,6 +111,10 @@ def test_when_no_checkpoint_restores_the_run_stops_in_one_line_and_moves_nothing
     assert message.endswith(f"delete {folder} to train from scratch, or rebuild it with: "
                             f"snakemake -f {output / '.artifact.json'}")  # fmt: skip
     assert sorted(p.name for p in folder.iterdir()) == before
+    # the job completes the command with the run's flags (`run.hint_flags`), as for a corrupt record
+    flags = "-s /w/Snakefile --configfile /w/exp.yaml --config prefix=/p"
+    assert str(e.value.with_flags(flags)) == f"{message} {flags}"
+    assert str(pickle.loads(pickle.dumps(e.value.with_flags(flags)))) == f"{message} {flags}"  # (a pod's processes)
 
 
 def test_a_run_without_checkpoints_starts_at_step_zero(tmp_path):

@@ -8,8 +8,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import sys
 from typing import Any
 
 
@@ -48,6 +50,22 @@ class DriftError(MarinError):
 
 class StepError(MarinError):
     """A step failed for a reason the user can fix (empty corpus, missing source)."""
+
+
+def decode_json(raw: bytes | str) -> Any:
+    """`json.loads` of text from a file anyone may have written (a record, a lease, a
+    document), where the two ways hostile JSON gets past `json.JSONDecodeError` become
+    ValueErrors that say what they are (`json_problem` shows them): nesting deeper than
+    Python's recursion limit (a RecursionError) and an integer of more digits than
+    Python converts (`sys.get_int_max_str_digits`)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except ValueError as e:
+        if type(e) is not ValueError or "integer string conversion" not in str(e):
+            raise  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"an integer of more than {sys.get_int_max_str_digits()} digits") from None
 
 
 def json_problem(e: ValueError) -> str:

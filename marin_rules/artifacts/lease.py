@@ -60,7 +60,7 @@ from typing import Any, Callable, Iterable
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.drift import printable
-from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.errors import MarinError, decode_json
 from marin_rules.artifacts.lease_stores import LeaseStore, store_for
 from marin_rules.artifacts.provenance import iso, user, utc_now
 
@@ -163,7 +163,7 @@ def _unreadable(data: bytes | None) -> str | None:
     if data is None:
         return None
     try:
-        fields = json.loads(data)
+        fields = decode_json(data)
         holder = _holder(fields)
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         return f"not a lease ({type(e).__name__})"
@@ -175,7 +175,7 @@ def decode_holder(data: bytes | None) -> LeaseHolder | None:
     (`_unreadable`: garbled, bad times, renewed in the future)."""
     if data is None or _unreadable(data) is not None:
         return None
-    return _holder(json.loads(data))
+    return _holder(decode_json(data))
 
 
 _OPTIONAL_FIELDS = ("pid_namespace", "submitted_by", "stale_s")  # older leases lack them

@@ -46,7 +46,7 @@ from marin_rules.artifacts.canonical import fingerprint
 from marin_rules.artifacts.drift import (
     EDITED_FIX, DefaultLookup, drift_notice, only_respelled, printable, recipe_diff,
 )
-from marin_rules.artifacts.errors import ConfigError, MarinError, StepError, json_problem
+from marin_rules.artifacts.errors import ConfigError, MarinError, StepError, decode_json, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, ArtifactId
 from marin_rules.artifacts.files import (
     content_problems, history_stamp, is_inside, list_data_files, recorded_digests, size_problems,
@@ -223,10 +223,10 @@ def read_record_file(record_file: str, expected: ArtifactId | None = None) -> Re
     except NotADirectoryError:  # a file where the artifact's folder (or a folder above it) should be
         raise CorruptRecord(record_file, f"{_file_on_path(record_file)} is a file where a folder should be") from None
     try:
-        data = json.loads(raw)
+        data = decode_json(raw)
     except UnicodeDecodeError:
         raise CorruptRecord(record_file, "not UTF-8 text") from None
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # json.JSONDecodeError, nested too deeply, a huge integer
         raise CorruptRecord(record_file, json_problem(e)) from None
     return record_from_json(data, record_file, expected)
 

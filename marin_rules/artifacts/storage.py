@@ -23,6 +23,8 @@ from typing import Any, Iterator
 import fsspec
 from fsspec.core import url_to_fs
 
+from marin_rules.artifacts.errors import decode_json
+
 # gcsfs logs each failed request with its traceback through Python's last-resort
 # handler when nothing is configured; what fails reaches the caller as an exception,
 # which says it in one line (`storage_problem`). An application configuring logging
@@ -107,7 +109,8 @@ def read_text(location: str) -> str:
 
 
 def read_json(location: str) -> Any:
-    return json.loads(read_bytes(location))
+    """The JSON in a file; ValueError when it holds none (`errors.decode_json`)."""
+    return decode_json(read_bytes(location))
 
 
 # the temporary file an atomic local write renames into place (`temporary_sibling`): one

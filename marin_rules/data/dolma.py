@@ -23,7 +23,7 @@ import zlib
 from typing import Any, Iterable, Iterator
 
 from marin_rules.artifacts import storage
-from marin_rules.artifacts.errors import StepError, json_problem
+from marin_rules.artifacts.errors import StepError, decode_json, json_problem
 from marin_rules.artifacts.files import bytes_digest
 from marin_rules.artifacts.records import unreadable_file
 
@@ -230,7 +230,7 @@ def _documents(path: str, lines: Iterable[bytes], field: str, first: int = 0) ->
     index = first - 1
     try:
         for index, line in enumerate(lines, first):
-            doc = json.loads(line)
+            doc = decode_json(line)
             if type(doc) is not dict or type(doc.get("text")) is not str:
                 what = "has no string `text` field" if type(doc) is dict else f"is {json_kind(doc)}, not a JSON object"
                 raise shard_error(field, path, f"document {index + 1} {what}", NO_TEXT)

@@ -59,7 +59,7 @@ from marin_rules.artifacts import storage
 from marin_rules.artifacts.canonical import canonical_value
 from marin_rules.artifacts.context import StepContext
 from marin_rules.artifacts.drift import printable
-from marin_rules.artifacts.errors import ConfigError, StepError
+from marin_rules.artifacts.errors import ConfigError, StepError, decode_json
 from marin_rules.artifacts.files import FILE_DIGESTS, named_digests
 from marin_rules.data import dolma
 from marin_rules.data.checks import DEFAULT_SOURCE, check_download, shakespeare_keys, shakespeare_texts
@@ -411,8 +411,8 @@ def _jsonl_records(location: str) -> Iterator[tuple[int, Any]]:
         if not line.strip():
             continue
         try:
-            yield number, json.loads(line)
-        except json.JSONDecodeError as e:
+            yield number, decode_json(line)
+        except ValueError as e:  # json.JSONDecodeError, nested too deeply, a huge integer
             raise StepError(f"config.source: {location} line {number} is not JSON: {e}") from e
 
 

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping
 
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.drift import printable
-from marin_rules.artifacts.errors import ConfigError, MarinError, json_problem
+from marin_rules.artifacts.errors import ConfigError, MarinError, decode_json, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, VERSION, ArtifactId, parse_key
 from marin_rules.artifacts.files import ATTEMPT_FILE, FORCED_MARKER, HISTORY_DIR, REBUILDING
 from marin_rules.artifacts.lease import LEASE_FILE
@@ -180,12 +180,12 @@ def read_json_file(location: str) -> dict[str, Any] | None:
     a mapping)."""
     try:
         raw = storage.read_bytes(location)
-        data = json.loads(raw)
+        data = decode_json(raw)
     except FileNotFoundError:
         return None
     except UnicodeDecodeError:
         raise UnreadableRecord(location, "not UTF-8 text") from None
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # json.JSONDecodeError, nested too deeply, a huge integer
         problem = "empty file" if not raw.strip() else json_problem(e)
         raise UnreadableRecord(location, problem) from None
     except OSError as e:

@@ -242,10 +242,24 @@ def restore_latest(
         return 0, None, None
     step, reason = failed[0]
     earlier = f", nor does any of the {len(failed) - 1} before it" if len(failed) > 1 else ""
-    raise StepError(
-        f"{storage.join(folder, str(step))}: checkpoint {step} does not restore ({reason}){earlier}; "
-        f"delete {folder} to train from scratch, or {rebuild_hint(output)}"
-    )
+    raise NoCheckpointRestores(f"{storage.join(folder, str(step))}: checkpoint {step} does not restore ({reason}){earlier}", output)
+
+
+class NoCheckpointRestores(StepError):
+    """`restore_latest` found checkpoints and none restores: `what` (the newest, its
+    cause), then the two fixes; the job completes the rebuild command with `with_flags`
+    (as `records.CorruptRecord`'s), so that it runs as printed."""
+
+    def __init__(self, what: str, output: str, flags: str = ""):
+        self.what, self.output, self.flags = what, output, flags
+        folder = storage.join(output, "checkpoints")
+        super().__init__(f"{what}; delete {folder} to train from scratch, or {rebuild_hint(output, flags)}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (NoCheckpointRestores, (self.what, self.output, self.flags))
+
+    def with_flags(self, flags: str) -> NoCheckpointRestores:
+        return NoCheckpointRestores(self.what, self.output, flags)
 
 
 DIGESTS_KEY = FINAL_CHECKPOINT_DIGESTS  # in a train record's result

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marin_rules.artifacts import storage
+from marin_rules.artifacts.errors import decode_json
 
 
 def _clean(value: Any) -> Any:
@@ -50,7 +51,7 @@ class MetricsLog:
             unreadable = 0
             for line in storage.read_bytes(location).decode("utf-8", errors="replace").splitlines():
                 try:
-                    record = json.loads(line) if line.strip() else None
+                    record = decode_json(line) if line.strip() else None
                 except ValueError:
                     record = None
                     unreadable += 1

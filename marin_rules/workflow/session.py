@@ -66,7 +66,6 @@ gets a warning when its source's files changed since.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shutil
 import sys
@@ -76,7 +75,7 @@ from typing import Any
 
 from marin_rules.adopt import STEP as ADOPT_STEP, check_layout, served_source, source_changed, source_problems
 from marin_rules.artifacts import storage
-from marin_rules.artifacts.errors import MarinError
+from marin_rules.artifacts.errors import MarinError, decode_json
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.lease import LeaseHolder, new_holder
 from marin_rules.artifacts.provenance import iso, utc_now
@@ -472,7 +471,7 @@ class Session:
         path = f"{self.records_root}/{artifact.id.path}/{SHARDS_DIR}/{shard}/{SHARD_RECORD}"
         try:
             with open(path, encoding="utf-8") as f:
-                record = json.load(f)
+                record = decode_json(f.read())
         except (OSError, ValueError):
             return False
         if not isinstance(record, dict):
