@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -75,15 +76,13 @@ def test_worker_command_unpacks_sets_up_learns_its_place_runs_the_job_then_worke
         "python3 -m snakemake --mode remote", "wf", "pip install -e .", archives=["src.tar.gz", "in.tar.gz"],
         outputs=["out/a b.txt"], logs=["logs/x.log"], outputs_archive="back.tar.gz",
     )  # fmt: skip
-    parts = cmd.split(" && ")
-    assert parts[:3] == ["mkdir -p wf", "tar -xzf src.tar.gz -C wf", "tar -xzf in.tar.gz -C wf"]
-    assert parts[3:5] == ["cd wf", "( pip install -e . )"]
-    assert parts[5] == "export SNAKEMAKE_TPU_COORDINATOR=auto"
-    assert parts[6].startswith("export SNAKEMAKE_TPU_PROCESS_ID=$(curl -sf -H 'Metadata-Flavor: Google' ")
-    assert parts[6].endswith("/instance/attributes/agent-worker-number)")
-    assert "worker-network-endpoints" in parts[7] and parts[7].startswith("export SNAKEMAKE_TPU_NUM_PROCESSES=")
+    exports = gcloud.pod_env_exports()  # its place in the slice: the test below runs these lines
+    assert exports.startswith("export SNAKEMAKE_TPU_COORDINATOR=auto && { SNAKEMAKE_TPU_PROCESS_ID=$(curl -sSf ")
+    head = "mkdir -p wf && tar -xzf src.tar.gz -C wf && tar -xzf in.tar.gz -C wf && cd wf && ( pip install -e . ) && "
+    assert cmd.startswith(head + exports + " && ")
+    parts = cmd[len(head + exports + " && "):].split(" && ")
     pack = 'tar -czf "$HOME"/back.tar.gz --ignore-failed-read -- '
-    assert parts[8] == (  # worker 0 packs outputs and logs after a success, the logs alone after a failure
+    assert parts[0] == (  # worker 0 packs outputs and logs after a success, the logs alone after a failure
         '{ ( python3 -m snakemake --mode remote ); code=$?; if [ "$SNAKEMAKE_TPU_PROCESS_ID" = 0 ]; then '
         "if [ \"$code\" = 0 ]; then [ -e 'out/a b.txt' ] || { echo 'tpu executor: the job ended without its output "
         "out/a b.txt' >&2; code=1; }; fi; "
@@ -450,3 +449,42 @@ def test_jobs_can_be_checked_before_post_init_as_the_polling_thread_may(monkeypa
     monkeypatch.setattr(RemoteExecutor, "__init__", polls_at_once)
     executor = Executor(SimpleNamespace(resource_settings=SimpleNamespace(local_cores=3)), None)
     assert rounds == [[]] and executor.host_cores == 3
+
+
+def test_host_jobs_count_the_cores_this_process_may_run_on_not_the_machines():
+    """Under `taskset -c 0` (a Slurm allocation, a container's cpuset) host jobs share one
+    core, as `snakemake --cores all` would; `--local-cores` still decides when given."""
+    code = (
+        "import os, types; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
+        "from snakemake_executor_plugin_tpu.placement import host_cores;"
+        "print(host_cores(types.SimpleNamespace(resource_settings=types.SimpleNamespace(local_cores=None))),"
+        " host_cores(types.SimpleNamespace(resource_settings=types.SimpleNamespace(local_cores=4))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
+    assert out.split() == ["1", "4"]
+
+
+@pytest.mark.parametrize("answer, place", [
+    ("0", "SNAKEMAKE_TPU_PROCESS_ID=0 SNAKEMAKE_TPU_NUM_PROCESSES=2"),
+    ("exit 7", "agent-worker-number"),  # the metadata server does not answer (curl's status 7)
+    ("echo oops", "agent-worker-number"),  # an answer that is no worker number
+])  # fmt: skip
+def test_a_worker_that_cannot_learn_its_place_stops_at_once_naming_the_lookup(tmp_path, answer, place):
+    """The metadata lookups run by bash as a worker runs them, with a stand-in `curl`
+    (no metadata server here): the job runs with its place, or never, the worker
+    exiting 1 with one line naming the lookup (the job would otherwise run with an empty
+    process id, no process 0, and fail on a missing outputs archive)."""
+    curl = tmp_path / "curl"
+    reply = answer if answer.startswith("exit") else f"echo {answer.split()[-1]}"
+    curl.write_text(f'#!/usr/bin/env bash\ncase "$*" in *agent-worker-number*) {reply} ;; *) echo 10.0.0.1,10.0.0.2 ;; esac\n')
+    curl.chmod(0o755)
+    job = 'echo "SNAKEMAKE_TPU_PROCESS_ID=$SNAKEMAKE_TPU_PROCESS_ID SNAKEMAKE_TPU_NUM_PROCESSES=$SNAKEMAKE_TPU_NUM_PROCESSES"'
+    (tmp_path / "wf").mkdir()
+    cmd = gcloud.worker_command(job, str(tmp_path / "wf"))
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=env, timeout=60)
+    if place.startswith("SNAKEMAKE"):
+        assert done.returncode == 0 and done.stdout.strip() == place
+    else:
+        assert done.returncode == 1 and done.stdout == ""
+        assert done.stderr.splitlines()[-1].startswith(f"tpu executor: cannot read {place} from the TPU metadata server")

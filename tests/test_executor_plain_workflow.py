@@ -232,3 +232,42 @@ def test_the_local_pod_refuses_the_tpu_types_and_zones_the_gcloud_backend_refuse
     assert "TPU type (resource tpu / --tpu-type) 'v5p-8; touch HACK' is not valid" in proc.stderr
     assert "no default TPU runtime version for 'v99-8'" in proc.stderr
     assert "zone (resource tpu_zone / --tpu-zone) 'us-east5-a$(touch HACK)' is not valid" in proc.stderr
+
+
+def test_a_pod_job_gets_snakefiles_of_a_nested_clone_and_refuses_what_workers_would_not_get(tmp_path):
+    """What the workers' Snakemake reads travels in the workflow archive: an included
+    Snakefile inside a git clone nested in the working directory (marin-rules used as a
+    module lives so) travels with its files; an include or a --configfile outside the
+    working directory, or one git ignores, is refused before any gcloud call (the pod
+    was made, then every worker failed on the missing file)."""
+    wf = tmp_path / "wf"
+    shared = wf / "vendor" / "shared"  # a clone of its own inside the workflow's checkout
+    shared.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(shared)], check=True, timeout=30)
+    rule = "rule pod:\n    output: 'out/pod.txt'\n    resources: tpu='v5p-8'\n    shell: 'echo {config[word]} > {output}'\n"
+    (shared / "common.smk").write_text(rule)
+    (tmp_path / "outside.smk").write_text(rule.replace("pod", "far"))
+    subprocess.run(["git", "init", "-q", str(wf)], check=True, timeout=30)
+    (wf / ".gitignore").write_text(".snakemake/\nbin/\ncloud/\nscratch/\n")
+    (wf / "config.yaml").write_text("word: hello\n")
+    (wf / "scratch").mkdir()
+    (wf / "scratch" / "config.yaml").write_text("word: ignored\n")
+    (tmp_path / "outside.yaml").write_text("word: far\n")
+    (wf / "Snakefile").write_text("include: 'vendor/shared/common.smk'\nrule all:\n    input: 'out/pod.txt'\n")
+    (wf / "far.smk").write_text("include: '../outside.smk'\nrule all:\n    input: 'out/far.txt'\n")
+    cloud = tmp_path / "cloud"
+    env = {**os.environ, **install_fake_cloud(wf / "bin", cloud, workers=2)}
+    zone = ["--tpu-zone", "us-east5-a", "--tpu-workdir", "wfd"]
+
+    for args, refused in [
+        (["-s", "far.smk", "--configfile", "config.yaml"], f"the workflow file '{tmp_path / 'outside.smk'}' lies outside"),
+        (["--configfile", str(tmp_path / "outside.yaml")], f"the workflow file '{tmp_path / 'outside.yaml'}' lies outside"),
+        (["--configfile", "scratch/config.yaml"], f"the workflow file '{wf / 'scratch' / 'config.yaml'}' is not among the files sent"),
+    ]:
+        proc = _snakemake(wf, *zone, *args, env=env)
+        assert proc.returncode != 0 and refused in proc.stderr, proc.stderr[-2000:]
+        assert gcloud_calls(cloud) == []
+
+    proc = _snakemake(wf, *zone, "--configfile", "config.yaml", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (wf / "out" / "pod.txt").read_text() == "hello\n"

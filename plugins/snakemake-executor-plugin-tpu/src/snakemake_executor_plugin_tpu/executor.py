@@ -243,14 +243,16 @@ class Executor(RemoteExecutor):
         self, job, jobid: int | None, wildcards: dict, tpu_type: str, job_dir: Path, description: str
     ) -> ProcessGroup:
         workdir = os.getcwd()
-        transfer.local_paths([self.get_snakefile()], "Snakefile", workdir)  # the workers run it from the workdir
+        # what the workers' Snakemake reads must travel: refused before any pod is made
+        read_there = transfer.workflow_files(self.workflow)
+        transfer.refuse_untravelled(read_there, workdir, None)
         zone = placement.resource(job.resources, placement.ZONE_RESOURCE)
         name = placement.node_name(job.name, wildcards, workdir, self.settings.node, [str(f) for f in job.output])
         node = placement.tpu_node(self.settings, name, tpu_type, zone)
         uploads = []
         if not self.settings.expect_workflow:
             if self._workflow_archive is None:
-                archive = transfer.workflow_archive(workdir, LOG_ROOT / "workflow.tar.gz")
+                archive = transfer.workflow_archive(workdir, LOG_ROOT / "workflow.tar.gz", read_there)
                 self._workflow_archive = (archive, transfer.archive_name(archive, "workflow"))
             uploads.append((str(self._workflow_archive[0]), self._workflow_archive[1]))
         inputs = transfer.local_paths(job.input, "input", workdir)

@@ -175,13 +175,24 @@ def _exports(names: Sequence[str]) -> list[str]:
 
 
 def pod_env_exports() -> str:
-    """Shell lines that tell a TPU worker its place in the slice (from the metadata server)."""
-    get = f"curl -sf -H 'Metadata-Flavor: Google' {METADATA_URL}"
+    """Shell lines that tell a TPU worker its place in the slice (from the metadata
+    server). A lookup that fails, or a worker number that is not a number, stops the
+    worker at once with a line naming the lookup (status 1): a job run without its place
+    would have no process 0 and fail later for a reason that points elsewhere."""
+    get = f"curl -sSf -H 'Metadata-Flavor: Google' {METADATA_URL}"
+
+    def failed(attribute: str) -> str:
+        line = (f"tpu executor: cannot read {attribute} from the TPU metadata server ({METADATA_URL}/{attribute}); "
+                "a pod job runs on a TPU VM, which answers it")  # fmt: skip
+        return f"{{ echo {shlex.quote(line)} >&2; exit 1; }}"
+
     return " && ".join(
         [
             f"export {ENV_COORDINATOR}=auto",
-            f"export {ENV_PROCESS_ID}=$({get}/agent-worker-number)",
-            f"export {ENV_NUM_PROCESSES}=$({get}/worker-network-endpoints | tr , '\\n' | grep -c .)",
+            f"{{ {ENV_PROCESS_ID}=$({get}/agent-worker-number) && case \"${ENV_PROCESS_ID}\" in ''|*[!0-9]*) false ;; esac "
+            f"|| {failed('agent-worker-number')}; }}",
+            f"{{ endpoints=$({get}/worker-network-endpoints) && [ -n \"$endpoints\" ] || {failed('worker-network-endpoints')}; }}",
+            f"export {ENV_PROCESS_ID} {ENV_NUM_PROCESSES}=$(printf '%s' \"$endpoints\" | tr , '\\n' | grep -c .)",
         ]
     )
 

@@ -97,10 +97,21 @@ def check_target_wildcards(rule: str, wildcards: Mapping[str, Any]) -> None:
 
 def host_cores(workflow: Any) -> int:
     """Cores for jobs run on this host: `--local-cores` (Snakemake's setting for the
-    submitting machine in cluster mode; defaults to every core), else every core."""
+    submitting machine in cluster mode), else every core this process may run on (its
+    CPU affinity: `taskset`, a Slurm allocation or a container's cpuset count, as
+    Snakemake's own `--cores all` counts them), not every core of the machine."""
     settings = getattr(workflow, "resource_settings", None)  # Snakemake's Workflow; not in the plugin interface
     cores = getattr(settings, "local_cores", None)
-    return max(1, int(cores)) if cores else max(1, os.cpu_count() or 1)
+    return max(1, int(cores)) if cores else usable_cores()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (`os.sched_getaffinity`; every core where the
+    platform has no affinity)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no sched_getaffinity (macOS)
+        return max(1, os.cpu_count() or 1)
 
 
 def host_mem_mb(workflow: Any) -> int | None:

@@ -5,8 +5,11 @@ things, all relative to the working directory Snakemake runs in (the job command
 paths are relative to it):
 
   - the workflow's sources: the git-tracked and untracked-but-not-ignored files, so
-    uncommitted edits travel; ignored files (data, venvs) and Snakemake's own
-    `.snakemake/` do not (skipped with `--tpu-expect-workflow`);
+    uncommitted edits travel (those of a git repository inside it too: a submodule, a
+    clone used as a module); ignored files (data, venvs) and Snakemake's own
+    `.snakemake/` do not (skipped with `--tpu-expect-workflow`). Every file the workers'
+    Snakemake reads (`workflow_files`: Snakefiles, included ones, config files) must lie
+    inside the working directory: one outside is refused before a pod is made;
   - the job's declared local input files (or directories), before the job;
   - the job's declared output and log files, from worker 0 back here, after it.
 
@@ -23,7 +26,7 @@ import os
 import subprocess
 import tarfile
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from snakemake_interface_common.exceptions import WorkflowError
 
@@ -46,23 +49,80 @@ def local_paths(files: Iterable, what: str, workdir: str) -> list[str]:
     return sorted(set(paths))
 
 
-def workflow_archive(workdir: str, dest: Path) -> Path:
-    """A tarball of the workflow's sources in `workdir` (see the module docstring)."""
+def workflow_files(workflow: Any) -> list[str]:
+    """The files the workers' Snakemake reads besides the job's inputs: the main
+    Snakefile, every local Snakefile it includes or uses as a module (`include:`,
+    `module ... snakefile:`; one fetched from a URL is fetched there too), and the
+    `--configfile` files. Read from Snakemake's Workflow (`included`,
+    `overwrite_configfiles`), which the plugin interface does not list."""
+    files = [str(workflow.main_snakefile)]
+    for source in getattr(workflow, "included", ()):
+        where = str(source.get_path_or_uri(secret_free=True)) if hasattr(source, "get_path_or_uri") else str(source)
+        if "://" not in where or where.startswith("file://"):
+            files.append(where.removeprefix("file://"))
+    files += [str(f) for f in getattr(workflow, "overwrite_configfiles", None) or ()]
+    return files
+
+
+def refuse_untravelled(files: Iterable[str], workdir: str, archived: Iterable[str] | None) -> None:
+    """WorkflowError in one line for the first of `files` (`workflow_files`) that the
+    workers would not get: outside `workdir`, or (with `archived`, the names
+    `workflow_archive` packs) left out of the archive, as a file git ignores is."""
+    packed = None if archived is None else set(archived)
+    for f in map(os.path.normpath, files):
+        rel = os.path.relpath(os.path.abspath(f), workdir)
+        if rel == ".." or rel.startswith(".." + os.sep):
+            raise WorkflowError(
+                f"tpu executor: the workflow file {f!r} lies outside the working directory {workdir}, which is all a "
+                "TPU worker gets; put it inside (a git submodule or clone there travels with its files), or put the "
+                "workflow on the workers yourself and pass --tpu-expect-workflow"
+            )
+        if packed is not None and rel not in packed:
+            raise WorkflowError(
+                f"tpu executor: the workflow file {f!r} is not among the files sent to TPU workers (git ignores it, "
+                "or it is not a plain file); stop ignoring it (.gitignore), or put the workflow on the workers "
+                "yourself and pass --tpu-expect-workflow"
+            )
+
+
+MAX_NESTED_DEPTH = 8  # repositories inside repositories: as deep as the archive follows them
+
+
+def workflow_archive(workdir: str, dest: Path, must_hold: Iterable[str] = ()) -> Path:
+    """A tarball of the workflow's sources in `workdir` (see the module docstring); a
+    git repository inside it (a submodule, or a clone such as marin-rules used as a
+    module) contributes its own files by the same rule. `must_hold`: files it must
+    pack (`refuse_untravelled`), checked before anything is written."""
+    names = _git_files(workdir, "")
+    refuse_untravelled(must_hold, workdir, names)
+    return files_archive(workdir, names, dest)
+
+
+def _git_files(workdir: str, under: str, depth: int = 0) -> list[str]:
+    """The tracked and untracked-but-not-ignored files of the repository at
+    `workdir/under`, relative to `workdir`, nested repositories followed."""
+    folder = os.path.join(workdir, under) if under else workdir
     try:
         listed = subprocess.run(
-            ["git", "-C", workdir, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            ["git", "-C", folder, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
             capture_output=True, check=True, timeout=60,
         ).stdout  # fmt: skip
     except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
         raise WorkflowError(
-            f"tpu executor: cannot list the workflow's files with git in {workdir} ({e}); copying the workflow "
+            f"tpu executor: cannot list the workflow's files with git in {folder} ({e}); copying the workflow "
             "to TPU workers needs a git checkout. Or put it there yourself and pass --tpu-expect-workflow"
         ) from None
-    names = sorted(
-        n for n in listed.decode().split("\0")
-        if n and not n.startswith(".snakemake/") and os.path.isfile(os.path.join(workdir, n))
-    )  # fmt: skip
-    return files_archive(workdir, names, dest)
+    names = []
+    for name in listed.decode().split("\0"):
+        rel = os.path.join(under, name.rstrip("/")) if under else name.rstrip("/")
+        if not name or rel.startswith(".snakemake/"):
+            continue
+        path = os.path.join(workdir, rel)
+        if os.path.isfile(path):
+            names.append(rel)
+        elif os.path.isdir(path) and depth < MAX_NESTED_DEPTH:  # a submodule or a nested clone: git lists the folder
+            names += _git_files(workdir, rel, depth + 1)
+    return sorted(names)
 
 
 def files_archive(workdir: str, names: Iterable[str], dest: Path) -> Path:
