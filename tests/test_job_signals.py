@@ -224,3 +224,46 @@ def test_sigint_sent_twice_as_timeout_sends_it_stops_the_run_once_without_traceb
     assert "Traceback" not in out and "event loop" not in out, out[-4000:]
     (failure,) = [json.loads(f.read_text()) for f in failures.glob("*.json")]
     assert failure["error"]["exit_status"] == "SIGINT"
+
+
+SELF_STOPPING = '''
+import gc, os, signal, threading
+from marin_rules.artifacts import storage
+
+def during_import(ctx):
+    import stopsonimport  # sends SIGTERM to this process from its module code, then goes on
+    storage.write_text_atomic(storage.join(ctx.output, "reached.txt"), str(stopsonimport.DONE))
+    threading.Event().wait(60)  # the stop arrives here (a lock wait: signals interrupt it)
+    return {"finished": True}
+
+def in_gc_callback(ctx):
+    def once(phase, info):  # what JAX registers: a callback the collector calls
+        gc.callbacks.remove(once)
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs in here: Python drops what it raises
+    gc.callbacks.append(once)
+    gc.collect()
+    storage.write_text_atomic(storage.join(ctx.output, "reached.txt"), "collected")
+    threading.Event().wait(60)
+    return {"finished": True}
+'''
+
+
+@pytest.mark.parametrize("step, reached", [("during_import", "499500"), ("in_gc_callback", "collected")])
+def test_a_stop_arriving_inside_an_import_or_a_gc_callback_is_raised_just_after_not_lost(tmp_path, step, reached):
+    """A signal that finds the main thread importing (raising there crashed the
+    interpreter with SIGSEGV mid C-extension import: no failure record) or in a gc
+    callback (Python drops an exception raised there: the step ran on, then failed as
+    "caught the stop") stops the step 50 ms later, once it is out: the step got past
+    that point, the record says SIGTERM, and nothing was caught."""
+    (tmp_path / "stopsonimport.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\nDONE = sum(range(1000))\n")
+    (tmp_path / "selfstop.py").write_text(SELF_STOPPING)
+    (tmp_path / "exp.yaml").write_text(f'artifacts:\n  ck/s@v1: {{step: "selfstop:{step}"}}\n')
+    command = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--configfile", "exp.yaml", "--config", f"prefix={tmp_path / 'art'}"]
+    started = time.monotonic()
+    proc = subprocess.run(command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                          capture_output=True, text=True, timeout=50)  # fmt: skip
+    assert proc.returncode != 0 and time.monotonic() - started < 50
+    folder = tmp_path / "art/ck/s/v1"
+    assert (folder / "reached.txt").read_text() == reached and not (folder / ".artifact.json").exists()
+    (failure,) = [json.loads(f.read_text()) for f in (folder / ".failures").glob("*.json")]
+    assert failure["error"]["message"] == "terminated by signal SIGTERM" and failure["error"]["exit_status"] == "SIGTERM"

@@ -2,7 +2,9 @@
 
 Model: the step runs in the job process's main thread, which owns the signals. The
 first SIGTERM or SIGINT raises `JobTerminated` inside the step (wherever it is in
-Python code), named as the signal Snakemake received when that is known (a SIGTERM
+Python code, but for an import, or a place where Python drops what is raised, a gc
+callback or a `__del__`: there it is raised again 50 ms later, `_raise_stop`), named as
+the signal Snakemake received when that is known (a SIGTERM
 from an executor cancelling after a Ctrl-C is the Ctrl-C's); later ones are ignored
 (the step's cleanup, committing a checkpoint say, and the failure record run to their
 end). Once the record is written, a signal no longer fails the job (the build is
@@ -39,7 +41,11 @@ from marin_rules.artifacts.records import Provenance, Record, error_message, utc
 # it is ignored (`nohup`: the user asked the run to outlive its terminal).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # stopping: the stop's name ("SIGTERM", "lease lost"); recorded: the step's record is written
-_state: dict[str, Any] = {"stopping": None, "lost": None, "cause": None, "recorded": False, "late_signal": None}
+# pending: a stop not yet raised (`_raise_stop`)
+_state: dict[str, Any] = {
+    "stopping": None, "lost": None, "cause": None, "recorded": False, "late_signal": None, "pending": None,
+    "previous_unraisablehook": None,
+}  # fmt: skip
 
 
 class JobTerminated(BaseException):
@@ -70,11 +76,55 @@ def _on_signal(signum: int, frame: Any) -> None:
         return
     if _state["lost"] is not None:
         _state["stopping"] = "lease lost"
-        raise JobTerminated(None, _state["lost"])
+        _raise_stop(JobTerminated(None, _state["lost"]), frame)
     if signum == signal.SIGTERM:
         signum = _snakemakes_signal() or signum
     _state["stopping"] = signal.Signals(signum).name
-    raise JobTerminated(signum)
+    _raise_stop(JobTerminated(signum), frame)
+
+
+RETRY_S = 0.05  # how soon a stop that could not be raised where the signal found the step is raised again
+
+
+def _raise_stop(stop: JobTerminated, frame: Any) -> None:
+    """Raise `stop` where the signal found the main thread, unless that is inside an
+    import (an exception there can leave a C extension half-initialised and crash the
+    interpreter: a SIGSEGV, no failure record): then it stays pending and is raised
+    RETRY_S later (SIGALRM, `_on_retry`), once the import is done."""
+    if _importing(frame):
+        _state["pending"] = stop
+        signal.setitimer(signal.ITIMER_REAL, RETRY_S)
+        return
+    _state["pending"] = None
+    raise stop
+
+
+def _importing(frame: Any) -> bool:
+    """Is `frame`, or a frame that called it, the import machinery's?"""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _on_retry(signum: int, frame: Any) -> None:
+    """SIGALRM: raise the pending stop (`_raise_stop`), unless the record is written."""
+    stop = _state["pending"]
+    if stop is not None and not _state["recorded"]:
+        _raise_stop(JobTerminated(stop.signum, stop.reason), frame)
+
+
+def _on_unraisable(unraisable: Any) -> None:
+    """`sys.unraisablehook`: a stop raised where Python cannot raise (the signal found the
+    main thread in a garbage-collector callback, a `__del__`, a weakref callback: JAX
+    registers a gc callback) was dropped there; it is raised again RETRY_S later.
+    Everything else goes to the hook that was there before."""
+    if isinstance(unraisable.exc_value, JobTerminated) and not _state["recorded"]:
+        _state["pending"] = unraisable.exc_value
+        signal.setitimer(signal.ITIMER_REAL, RETRY_S)
+        return
+    _state["previous_unraisablehook"](unraisable)
 
 
 def _snakemakes_signal() -> int | None:
@@ -111,6 +161,10 @@ def install_stop_handlers() -> None:
             current = signal.getsignal(signum)
             if current is not _on_signal and not (signum == signal.SIGHUP and current == signal.SIG_IGN):
                 signal.signal(signum, _on_signal)
+        signal.signal(signal.SIGALRM, _on_retry)
+        if _state["previous_unraisablehook"] is None:  # once: a hook installed since may chain to this one
+            _state["previous_unraisablehook"] = sys.unraisablehook
+            sys.unraisablehook = _on_unraisable
 
 
 def stop_for_lost_lease(reason: str) -> None:
@@ -118,6 +172,15 @@ def stop_for_lost_lease(reason: str) -> None:
     print(f"{reason}; stopping the step", file=sys.stderr, flush=True)
     _state["lost"] = reason
     _thread.interrupt_main(signal.SIGTERM)
+
+
+def _raise_pending() -> None:
+    """Raise the stop still pending (`_raise_stop`) here, now."""
+    stop = _state["pending"]
+    if stop is not None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        _state["pending"] = None
+        raise JobTerminated(stop.signum, stop.reason)
 
 
 def _caught_stop(what: str) -> JobTerminated:
@@ -129,8 +192,8 @@ def _caught_stop(what: str) -> JobTerminated:
     why = _state["lost"] if signum is None else f"terminated by signal {stopping}"
     return JobTerminated(
         signum,
-        f"{why}; {what} (an `except BaseException:` or a bare `except:`): no success is recorded for a "
-        "stopped step (let marin_rules.job.run.JobTerminated through)",
+        f"{why}; {what} (an `except BaseException:` or a bare `except:`, in the step or a library it calls): no "
+        "success is recorded for a stopped step (let marin_rules.job.run.JobTerminated through)",
     )
 
 
@@ -181,9 +244,11 @@ def run_step(
     started = utc_now()
     storage.makedirs(ctx.output)
     try:
+        _raise_pending()
         if _state["stopping"] is not None:
             raise _caught_stop("it was caught before the step began")
         result = function(ctx)
+        _raise_pending()  # the step returned before its stop could be raised: stopped all the same
         if _state["stopping"] is not None:
             raise _caught_stop("the step caught the stop and returned")
         if result is not None and not isinstance(result, dict):
