@@ -152,6 +152,13 @@ class Artifact:
         return value if found else NO_DEFAULT
 
 
+    def progress_setting(self, path: tuple[str, ...]) -> bool:
+        """Does the config setting at `path` only decide when this artifact's built-in step
+        writes its progress (`BuiltinStep.progress`: train's `log_every`, ...)?"""
+        builtin = BUILTIN_STEPS.get(self.step)
+        return builtin is not None and len(path) == 1 and path[0] in builtin.progress
+
+
 @dataclass(frozen=True)
 class Experiment:
     path: str

@@ -57,6 +57,10 @@ class BuiltinStep:
     # compares its checkpoints' recipe.json: marin_rules/train/recipe.py), so the job
     # sets such leftovers aside only when made from other upstream builds (job/attempt.py)
     own_recipe: bool = False
+    # top-level config keys that only decide when the step writes its progress (metrics,
+    # checkpoints, validation losses), never what it builds: drift in them alone needs
+    # no version bump (`drift.no_bump_needed`), and train resumes across them
+    progress: tuple[str, ...] = ()
 
     def kinds(self, role: str) -> tuple[str, ...]:
         expected = self.deps.get(role, ())
@@ -98,6 +102,7 @@ BUILTIN_STEPS: dict[str, BuiltinStep] = {
         {"data": "tokenize"},
         check_upstream="marin_rules.train.config:check_train_upstream",
         own_recipe=True,
+        progress=("log_every", "checkpoint_every", "eval_every"),
     ),
     "evaluate": BuiltinStep(
         "marin_rules.eval.step:evaluate",

@@ -594,3 +594,37 @@ def test_a_record_failure_or_lease_of_hostile_json_is_one_line_not_a_crash(exper
     assert f"{failure}: unreadable record (not valid JSON ({why}))" in rows["tokenizers/bpe@v1"]["reason"]
     assert "its lease file is unreadable (not a lease (ValueError))" in rows["tokenized/s@v1"]["reason"]
     assert rows["checkpoints/nano@v1"]["state"] == "missing"
+
+
+def test_drift_in_when_training_logs_and_checkpoints_needs_no_version_bump_but_other_drift_does(experiment_file, tmp_path, capsys):
+    """log_every, checkpoint_every and eval_every decide when progress is written, not the
+    weights (train resumes across them): drift in them alone says so, in status and in
+    the planning warning; beside a real change, the usual advice stands."""
+    from marin_rules.artifacts.drift import SAME_RESULT
+    from marin_rules.artifacts.records import drift_warning, read_record
+
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    artifact = experiment["checkpoints/nano@v1"]
+    location = artifact_location(prefix, artifact.id)
+    from marin_rules.artifacts.canonical import fingerprint
+
+    def build_with(config):  # as a run of that recipe recorded it
+        build(prefix, experiment, "checkpoints/nano@v1", config=config, fingerprint=fingerprint("train", config, dict(artifact.deps)))
+
+    build_with({**artifact.config, "log_every": 7, "checkpoint_every": 50})
+    row = status_json(experiment_file, prefix, capsys)["checkpoints/nano@v1"]
+    assert row["state"] == "drifted"
+    assert row["reason"] == ("2 fields differ from the recipe (checkpoint_every (removed: 50, when progress is written, "
+                             f"not what is built), ...); served as built: {SAME_RESULT}")  # fmt: skip
+    warning = drift_warning(read_record(location), artifact).splitlines()
+    assert warning[2:] == [
+        "  checkpoint_every (removed: 50, when progress is written, not what is built)",
+        "  log_every (removed: 7, when progress is written, not what is built)",
+        f"  ({SAME_RESULT})",
+    ]
+
+    build_with({**artifact.config, "log_every": 7, "seq_len": 32})
+    row = status_json(experiment_file, prefix, capsys)["checkpoints/nano@v1"]
+    assert row["reason"].endswith("; served as built, bump the version to build the new recipe")
+    assert drift_warning(read_record(location), artifact).splitlines()[-1] == "  seq_len: 32 -> 64"

@@ -36,6 +36,12 @@ SAME_SETTINGS = (
     "every difference is a setting written out or left out at its default now: the same settings, "
     "unless the step's defaults changed since this was built; serving it needs no version bump"
 )
+PROGRESS_ONLY = "when progress is written, not what is built"
+SAME_RESULT = (
+    "every difference is a setting of when the step writes its progress (metrics, checkpoints, validation "
+    "losses: not what it builds), or a setting written out or left out at its default now; serving it needs "
+    "no version bump (rebuild it, -f, for those files at the new settings)"
+)
 EDITED_FIX = "restore it, or force a rebuild"  # a record edited by hand (`records.edited_note`)
 
 
@@ -59,37 +65,44 @@ def _show(value: Any) -> str:
 NO_DEFAULT = object()  # what a `default` lookup gives for a field without one
 
 DefaultLookup = Callable[[tuple[str, ...]], Any]  # config field path -> its default, or NO_DEFAULT
+ProgressLookup = Callable[[tuple[str, ...]], bool]  # config field path -> does it only decide when progress is written
 
 
 def diff_values(
     old: Any, new: Any, path: str = "", default: DefaultLookup | None = None, keys: tuple[str, ...] = (),
-    values: bool = False,
+    values: bool = False, progress: ProgressLookup | None = None,
 ) -> list[str]:
     """Lines describing how `new` differs from `old`. With `default` (the step's
     settings: `experiment.Artifact.config_default`), a field added or removed at the
     value that is its default now says so: `seed (added: 0, the default now)`. With
     `values` (`marin diff`), every added or removed field shows its value:
     `model.router_gate (added: sigmoid)`; the drift warning keeps the contract's
-    bare `(added)`."""
+    bare `(added)`. With `progress` (`experiment.Artifact.progress_setting`), a field
+    that only decides when the step writes its progress says so:
+    `log_every: 5 -> 7 (when progress is written, not what is built)`."""
     if isinstance(old, Mapping) and isinstance(new, Mapping):
         lines: list[str] = []
         for key in sorted(set(old) | set(new)):
             sub = f"{path}.{key}" if path else key
             if key in old and key in new:
-                lines.extend(diff_values(old[key], new[key], sub, default, (*keys, key), values))
+                lines.extend(diff_values(old[key], new[key], sub, default, (*keys, key), values, progress))
                 continue
             change, value = ("added", new[key]) if key not in old else ("removed", old[key])
             known = NO_DEFAULT if default is None else default((*keys, key))
             at_default = known is not NO_DEFAULT and known == value and type(known) is type(value)
             if at_default:
                 lines.append(AtDefault(f"{sub} ({change}: {_show(value)}, {AT_DEFAULT})"))
+            elif progress is not None and progress((*keys, key)):
+                lines.append(ProgressOnly(f"{sub} ({change}: {_show(value)}, {PROGRESS_ONLY})"))
             else:
                 lines.append(f"{sub} ({change}: {_show(value)})" if values else f"{sub} ({change})")
         return lines
     if _equal(old, new, numbers_by_value=False):
         return []
     line = f"{path or '(value)'}: {_show(old)} -> {_show(new)}"
-    return [SameNumber(f"{line} ({SAME_NUMBER})") if _equal(old, new, numbers_by_value=True) else line]
+    if _equal(old, new, numbers_by_value=True):
+        return [SameNumber(f"{line} ({SAME_NUMBER})")]
+    return [ProgressOnly(f"{line} ({PROGRESS_ONLY})") if progress is not None and progress(keys) else line]
 
 
 def _equal(old: Any, new: Any, numbers_by_value: bool) -> bool:
@@ -110,6 +123,11 @@ class AtDefault(str):
     type, not a text pattern, so no config value can pass for one."""
 
 
+class ProgressOnly(str):
+    """A diff line of a setting that only decides when the step writes its progress
+    (train's `log_every`, `checkpoint_every`, `eval_every`: `diff_values`)."""
+
+
 class SameNumber(str):
     """A diff line of a number spelled another way (`0 -> 0.0`, `1.0 -> 1`): the
     fingerprint hashes JSON's spelling, but the setting is the same (`diff_values`)."""
@@ -128,17 +146,33 @@ def only_defaults(lines: list[str]) -> bool:
     )
 
 
+def no_bump_needed(lines: list[str]) -> str | None:
+    """Why a recipe diff needs no version bump, or None: every line a default written
+    out (`SAME_SETTINGS`), or, with at least one setting of when progress is written,
+    those and numbers respelled (`SAME_RESULT`)."""
+    if only_defaults(lines):
+        return SAME_SETTINGS
+    if any(isinstance(line, ProgressOnly) for line in lines) and all(
+        isinstance(line, (AtDefault, SameNumber, ProgressOnly)) for line in lines
+    ):
+        return SAME_RESULT
+    return None
+
+
 def recipe_diff(
-    recorded: Mapping[str, Any], current: Mapping[str, Any], default: DefaultLookup | None = None, values: bool = False
+    recorded: Mapping[str, Any], current: Mapping[str, Any], default: DefaultLookup | None = None, values: bool = False,
+    progress: ProgressLookup | None = None,
 ) -> list[str]:
     """Diff two fingerprint payloads: config fields bare (with `default`, the config
-    defaults of the current step, and `values`: `diff_values`), step and deps by name.
+    defaults of the current step, `progress`, its settings of when progress is written,
+    and `values`: `diff_values`), step and deps by name.
     Each line is `printable`: one line, whatever the record holds."""
     lines: list[str] = []
     if recorded.get("step") != current.get("step"):
         lines.append(f"step: {recorded.get('step')} -> {current.get('step')}")
-        default = None  # another step's settings say nothing about the recorded config
-    lines.extend(diff_values(recorded.get("config", {}), current.get("config", {}), default=default, values=values))
+        default = progress = None  # another step's settings say nothing about the recorded config
+    lines.extend(diff_values(recorded.get("config", {}), current.get("config", {}), default=default, values=values,
+                             progress=progress))  # fmt: skip
     lines.extend(diff_values(recorded.get("deps", {}), current.get("deps", {}), "deps", values=values))
     return [printable(line) for line in lines]
 
@@ -157,7 +191,8 @@ def drift_message(key: str, recorded_fp: str, current_fp: str, lines: list[str])
             f"{key}: recipe drift: recorded fingerprint {printable(recorded_fp)}, now {current_fp};\n"
             "serving the cached output. Bump the version to build the new recipe."
         )
-    tail = [f"  ({SAME_SETTINGS})"] if only_defaults(lines) else []
+    why = no_bump_needed(lines)
+    tail = [f"  ({why})"] if why else []
     return "\n".join([head, *truncated(lines, "  "), *tail])
 
 

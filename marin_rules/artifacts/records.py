@@ -44,7 +44,7 @@ from typing import Any, Mapping
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.canonical import fingerprint
 from marin_rules.artifacts.drift import (
-    EDITED_FIX, DefaultLookup, drift_notice, only_respelled, printable, recipe_diff,
+    EDITED_FIX, DefaultLookup, ProgressLookup, drift_notice, only_respelled, printable, recipe_diff,
 )
 from marin_rules.artifacts.errors import ConfigError, MarinError, StepError, decode_json, json_problem
 from marin_rules.artifacts.identity import FAILURES_DIR, RECORD_FILE, ArtifactId
@@ -277,18 +277,19 @@ def edited_note(record: Mapping[str, Any]) -> str | None:
 
 def recipe_drift(
     record: Mapping[str, Any], payload: Mapping[str, Any], fingerprint_now: str, default: DefaultLookup | None = None,
-    typed_numbers: bool = False,
+    typed_numbers: bool = False, progress: ProgressLookup | None = None,
 ) -> list[str] | None:
     """How a success record's recipe differs from the recipe now (`payload`, whose
     fingerprint is `fingerprint_now`): None when its fingerprint and its own recipe
     fields both match, or when (`typed_numbers`: a built-in step, whose settings read
     `0` and `0.0` as one number; a user step's function sees the spelling) its recipe
     differs only in numbers spelled another way and its fingerprint is its own recipe's; else the
-    field lines (`recipe_diff`, with the step's config `default`s when given) of its
+    field lines (`recipe_diff`, with the step's config `default`s and `progress`
+    settings when given) of its
     recorded recipe against `payload`, [] when only its fingerprint differs. So a record
     whose `step`, `config` or `deps` were edited is drift, as one whose fingerprint was
     edited is."""
-    lines = recipe_diff(recorded_payload(record), payload, default)
+    lines = recipe_diff(recorded_payload(record), payload, default, progress=progress)
     if record.get("fingerprint") == fingerprint_now and not lines:
         return None
     if typed_numbers and only_respelled(lines) and edited_note(record) is None:
@@ -304,7 +305,7 @@ def drift_warning(record: Record, artifact: Any) -> str | None:
     wording for planning and for a job serving another run's build."""
     data = record.to_json()
     lines = recipe_drift(data, artifact.payload(), artifact.fingerprint, getattr(artifact, "config_default", None),
-                         getattr(artifact, "typed_numbers", False))  # fmt: skip
+                         getattr(artifact, "typed_numbers", False), getattr(artifact, "progress_setting", None))  # fmt: skip
     if lines is None:
         return None
     note = edited_note(data)

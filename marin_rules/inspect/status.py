@@ -79,7 +79,7 @@ from marin_rules.adopt import recorded_source, recorded_source_problems, source_
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.code import built_with, code_change, code_hash
 from marin_rules.artifacts.builds import build_of, rebuilt_upstreams, upstream_builds
-from marin_rules.artifacts.drift import EDITED_FIX, SAME_SETTINGS, drift_notice, edited_record, only_defaults, printable
+from marin_rules.artifacts.drift import EDITED_FIX, drift_notice, edited_record, no_bump_needed, printable
 from marin_rules.artifacts.errors import ConfigError, DriftError, MarinError
 from marin_rules.artifacts.files import list_data_files, size_problems
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
@@ -503,7 +503,8 @@ def location_status(
     state, reason = "built", "matches the recipe" if artifact is not None else NOT_IN_EXPERIMENT
     rebuilt = _rebuilt_upstreams(record, upstream_records) if artifact is not None and upstream_records else []
     drift = None if artifact is None else recipe_drift(
-        record, artifact.payload(), artifact.fingerprint, artifact.config_default, artifact.typed_numbers
+        record, artifact.payload(), artifact.fingerprint, artifact.config_default, artifact.typed_numbers,
+        artifact.progress_setting,
     )
     if drift is not None:
         edited = edited_record(str(record.get("fingerprint")), artifact.fingerprint)
@@ -596,8 +597,9 @@ def _drift_reason(lines: list[str], edited: str | None, dev: bool = False, same_
         return f"{differ}{f'; {edited}' if edited else ''}; a dev version: the next run rebuilds it"
     if same_fingerprint:
         return f"{differ}; served as built; {edited or f'the record was edited: {EDITED_FIX}'}"
-    if only_defaults(lines) and not edited:
-        return f"{differ}; served as built: {SAME_SETTINGS}"
+    why = no_bump_needed(lines)
+    if why and not edited:
+        return f"{differ}; served as built: {why}"
     return f"{differ}{f'; {edited}' if edited else ''}; served as built, bump the version to build the new recipe"
 
 

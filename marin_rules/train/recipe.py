@@ -36,9 +36,10 @@ from marin_rules.artifacts.canonical import canonical_value
 from marin_rules.artifacts.drift import MAX_DIFF_LINES, SameNumber, recipe_diff
 from marin_rules.artifacts.errors import StepError
 from marin_rules.data.relative import relative_location
+from marin_rules.steps import BUILTIN_STEPS
 
 RECIPE_FILE = "recipe.json"
-FREE_KEYS = ("log_every", "checkpoint_every", "eval_every")
+FREE_KEYS = BUILTIN_STEPS["train"].progress  # ("log_every", "checkpoint_every", "eval_every")
 
 
 def _checkpoints(output: str) -> str:
