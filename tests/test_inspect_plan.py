@@ -44,6 +44,21 @@ def test_price_matches_the_hand_computed_figures(experiment_file):  # noqa: F811
     assert price.cpu_s is None
 
 
+def test_an_untied_head_prices_the_matmul_params_its_flops_count_and_says_so(experiment_file):  # noqa: F811
+    """With its own head matrix the input table is a lookup: `active` counts it, the 6N
+    of the FLOPs does not; the plan shows both, so C = 6ND can be checked by hand."""
+    with open(experiment_file) as f:
+        text = f.read().replace("max_seq_len: 64}", "max_seq_len: 64, tie_embeddings: false}")
+    with open(experiment_file, "w") as f:
+        f.write(text)
+    experiment = load_experiment(experiment_file)
+    price = price_job(experiment, "checkpoints/nano@v1")
+    assert (price.active_params, price.matmul_params) == (82_752 + 512 * 64, 82_752)  # + the head; the table left out
+    assert price.flops == FLOPS  # the same matmuls as tied
+    line = plan_lines(experiment, "nowhere", mfu=0.4)[1]
+    assert line.startswith("  checkpoints/nano@v1: params 140.10k total, 115.52k active (82.75k in matmuls); tokens 51.20k;")
+
+
 def test_price_takes_the_vocabulary_the_built_tokenized_data_recorded_over_the_one_asked(experiment_file, tmp_path):  # noqa: F811
     """A trained tokenizer may end below the vocab_size asked (the corpus ran out of
     merges); once built, the plan prices the model the run will train."""

@@ -30,7 +30,7 @@ from marin_rules.artifacts.errors import MarinError
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.experiment import Artifact, Experiment
 from marin_rules.inspect import reading
-from marin_rules.model.flops import active_params, flops_per_token, total_params
+from marin_rules.model.flops import active_params, flops_per_token, matmul_params, total_params
 
 DEFAULT_MFU = 0.4
 # Peak dense bf16 FLOP/s per chip, and how many units of the name's count make a chip.
@@ -81,6 +81,7 @@ class JobPrice:
     key: str
     total_params: int
     active_params: int
+    matmul_params: int  # the N of the FLOPs' 6N (`flops.matmul_params`)
     tokens: int
     flops: float
     accelerator: Accelerator | None
@@ -149,7 +150,7 @@ def price_job(
     accelerator = parse_accelerator(named)
     accelerator_s = flops / (accelerator.peak * mfu) if accelerator else None
     cpu_s = flops / cpu.flops_per_s + cpu.overhead_s if cpu else None
-    params = total_params(model), active_params(model)
+    params = total_params(model), active_params(model), matmul_params(model)
     refusal = device_refusal(train, accelerator) if accelerator else ""
     return JobPrice(key, *params, tokens, flops, accelerator, accelerator_s, cpu_s, "; ".join(notes), str(named or ""),
                     refusal)  # fmt: skip
@@ -342,7 +343,8 @@ def plan_lines(
     ]
     for p in prices:
         lines.append(
-            f"  {p.key}: params {count(p.total_params)} total, {count(p.active_params)} active; "
+            f"  {p.key}: params {count(p.total_params)} total, {count(p.active_params)} active"
+            + (f" ({count(p.matmul_params)} in matmuls)" if p.matmul_params != p.active_params else "") + "; "
             f"tokens {count(p.tokens)}; FLOPs {p.flops:.3g}; {p.accelerator_text()}; this CPU: {human(p.cpu_s)}"
             + (f" ({p.note})" if p.note else "")
         )

@@ -46,5 +46,11 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> int:
     (it is the tied table, or its own matrix)."""
     c = config
     t = c.max_seq_len if seq_len is None else seq_len
-    matmul_params = active_params(c) - c.vocab_size * c.d_model * (0 if c.tie_embeddings else 1)
-    return 6 * matmul_params + 12 * c.n_layers * c.n_heads * c.head_dim * t
+    return 6 * matmul_params(c) + 12 * c.n_layers * c.n_heads * c.head_dim * t
+
+
+def matmul_params(config: ModelConfig) -> int:
+    """The N of `flops_per_token`'s 6N: `active_params` without the input embedding
+    table when the head is a matrix of its own (a lookup, no matmul); the same as
+    `active_params` when they are tied (the table is the head's matmul)."""
+    return active_params(config) - config.vocab_size * config.d_model * (0 if config.tie_embeddings else 1)
