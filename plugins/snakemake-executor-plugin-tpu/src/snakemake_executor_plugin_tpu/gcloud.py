@@ -86,10 +86,10 @@ class TpuNode:
             ("runtime version (--tpu-runtime-version)", self.runtime_version, VERSION_PATTERN, "v2-alpha-tpuv5"),
         ):
             if value and not re.fullmatch(pattern, value):
-                raise ValueError(
-                    f"tpu executor: {field} {value!r} is not valid (like {example!r}); an empty setting in a "
-                    "profile's config.yaml becomes the profile's folder: leave the key out instead"
-                )
+                # a path: Snakemake makes an empty profile setting the profile's folder
+                hint = ("; an empty setting in a profile's config.yaml becomes the profile's folder: leave the "
+                        "key out instead") if "/" in value else ""  # fmt: skip
+                raise ValueError(f"tpu executor: {field} {value!r} is not valid (like {example!r}){hint}")
 
     @property
     def version(self) -> str:
