@@ -297,7 +297,9 @@ def driver_script(
         remote, local, directory = download
         # -m: outputs get this host's time of arrival, so they are newer than their inputs
         fetch = f"{scp_back_command(node, remote, local)} && {shlex.join(['tar', '-xmzf', local, '-C', directory])}"
-        lines.append(f'if ! {{ {fetch}; }} && [ "$code" = 0 ]; then exit 1; fi  # a failed job may have no logs to fetch')
+        # a failed job may have no logs to fetch (it failed before packing them): no scp error beside its cause
+        gone = shlex.quote("tpu executor: no log files came back from worker 0 (the job failed before packing them)")
+        lines.append(f'if [ "$code" = 0 ]; then {{ {fetch}; }} || exit 1; else {{ {fetch}; }} 2>/dev/null || echo {gone} >&2; fi')
     lines.append("exit $code")
     return "\n".join(lines) + "\n"
 
