@@ -175,6 +175,26 @@ def test_resume_after_kill_ends_bitwise_identical_to_the_uninterrupted_run(basel
     assert_same_run(resumed, output, result, baseline[1])  # bitwise; one log, as if never interrupted
 
 
+def test_a_stop_while_a_checkpoint_is_written_finishes_it_and_the_run_resumes_from_it(baseline, tokens, cache, tmp_path):
+    """SIGTERM right after checkpoint 10's save began (asynchronous: still being written)
+    stops the step as a job's stop does; the save is finished before the process ends,
+    and the next run resumes from it, bitwise the uninterrupted run."""
+    result, _ = baseline
+    output = tmp_path / "artifact"
+    spec = runs.write_spec(tmp_path / "spec.json", output=str(output), config=runs.tiny_config(), data=tokens,
+                           compile_cache=cache, stop_after_save=10)  # fmt: skip
+    env = runs.train_env(1)
+    proc = runs.start(spec, env, tmp_path / "stopped")
+    assert proc.wait(timeout=300) != 0
+    assert "JobTerminated: terminated by signal SIGTERM" in runs.tail(tmp_path / "stopped")
+    assert sorted(p.name for p in (output / "checkpoints").iterdir()) == ["10", "recipe.json"]  # committed, no tmp
+    again = runs.write_spec(tmp_path / "again.json", output=str(output), config=runs.tiny_config(), data=tokens,
+                            compile_cache=cache)  # fmt: skip
+    resumed = runs.run(again, env, tmp_path / "resumed")
+    assert resumed["resumed_from_step"] == 10
+    assert_same_run(resumed, output, result, baseline[1])
+
+
 def killed_at_10(baseline_output: Path, dest: Path) -> Path:
     """A copy of the reference run as a run killed after checkpoint 10 leaves it."""
     shutil.copytree(baseline_output, dest)

@@ -2,8 +2,10 @@
 
 SPEC holds `output`, `config`, `deps`, `runtime` (a StepContext's fields) and
 optionally `compile_cache` (a JAX persistent compilation cache directory, so the
-test's processes compile each program once) and `save_looks_s` (each checkpoint save
-moves `time.perf_counter` on by that many seconds: a slow save, without waiting). Prints the result as the last line
+test's processes compile each program once), `save_looks_s` (each checkpoint save
+moves `time.perf_counter` on by that many seconds: a slow save, without waiting) and
+`stop_after_save` (a step: the job's stop handlers are installed, and SIGTERM comes
+right after that step's save began). Prints the result as the last line
 of stdout (JSON). The tests kill it, rerun it, and run several at once as the
 processes of one multi-host run.
 """
@@ -36,6 +38,22 @@ def main(spec_path: str) -> None:
             return real_save(*args, **kwargs)
 
         checkpoint.save = save
+    if spec.get("stop_after_save"):  # as a job is stopped: SIGTERM just after that save began
+        import os
+        import signal
+
+        from marin_rules.job.run import install_stop_handlers
+        from marin_rules.train import checkpoint
+
+        install_stop_handlers()
+        started_save = checkpoint.save
+
+        def save_then_stop(manager, step, *args, **kwargs):
+            started_save(manager, step, *args, **kwargs)
+            if step == spec["stop_after_save"]:
+                os.kill(os.getpid(), signal.SIGTERM)  # JobTerminated is raised here, the save in flight
+
+        checkpoint.save = save_then_stop
     from marin_rules.artifacts.context import StepContext
     from marin_rules.train.step import train
 

@@ -46,7 +46,7 @@ def tiny_config(**overrides) -> dict:
 
 
 def write_spec(path: Path, *, output: str, config: dict, data: str, runtime: dict | None = None,
-               compile_cache: str | None = None, save_looks_s: float = 0) -> Path:  # fmt: skip
+               compile_cache: str | None = None, save_looks_s: float = 0, stop_after_save: int = 0) -> Path:  # fmt: skip
     spec = {
         "output": output,
         "config": config,
@@ -54,6 +54,7 @@ def write_spec(path: Path, *, output: str, config: dict, data: str, runtime: dic
         "runtime": {"peak_flops": PEAK_FLOPS, **(runtime or {})},
         "compile_cache": compile_cache,
         "save_looks_s": save_looks_s,  # run_train.py: each checkpoint save looks that long to the clocks
+        "stop_after_save": stop_after_save,  # run_train.py: SIGTERM right after that step's save began
     }
     path.write_text(json.dumps(spec))
     return path
