@@ -190,3 +190,46 @@ def test_a_failing_steps_line_escapes_control_characters_its_message_holds(tmp_p
     assert proc.returncode != 0 and error["message"] == "kaboom \x1b[2J\x1b[31mred"
     (line,) = [x for x in proc.stderr.splitlines() if "step failed" in x]
     assert line.endswith("RuntimeError: kaboom \\x1b[2J\\x1b[31mred") and "\x1b" not in line
+
+
+SIGNALS_ON_IMPORT = """
+    import pathlib, sys
+    folder = pathlib.Path(ctx.output).parent
+    (folder / "stopper_mod.py").write_text("import os, signal\\nos.kill(os.getpid(), signal.SIGTERM)\\n")
+    sys.path.insert(0, str(folder))
+    import marin_rules.job.run as run
+"""
+
+
+def test_a_lost_lease_arriving_inside_an_import_is_recorded_as_the_lost_lease(tmp_path):
+    """Set aside until the import is done (`_raise_stop`), it stays the lease's stop, not SIGTERM."""
+    out = str(tmp_path / "x/y/v1")
+    proc, error = _run_step_in_a_process(out, textwrap.dedent(SIGNALS_ON_IMPORT) + textwrap.dedent("""
+        run._state["lost"] = "lease of x/y taken over by bob"
+        import stopper_mod
+        import threading
+        threading.Event().wait(30)
+        raise AssertionError("not stopped")
+    """))  # fmt: skip
+    assert proc.returncode != 0
+    assert (error["type"], error["exit_status"], error["message"]) == (
+        "JobTerminated", "lease lost", "lease of x/y taken over by bob")
+
+
+def test_a_stop_set_aside_is_not_raised_into_the_recording_of_another_failure(tmp_path):
+    """A stop pending (it came inside an import) when the step fails another way within
+    the 50 ms: the failure is recorded whole (the retry used to land in write_failure:
+    no record at all), with the signal as its exit status."""
+    out = str(tmp_path / "x/y/v1")
+    proc, error = _run_step_in_a_process(out, textwrap.dedent(SIGNALS_ON_IMPORT) + textwrap.dedent("""
+        import time
+        recorded = run.write_failure
+        def slow_storage(*args, **kwargs):
+            time.sleep(0.3)  # longer than the retry's 50 ms
+            return recorded(*args, **kwargs)
+        run.write_failure = slow_storage
+        import stopper_mod
+        raise ValueError("boom")
+    """))  # fmt: skip
+    assert proc.returncode != 0 and "JobTerminated" not in proc.stderr
+    assert (error["type"], error["exit_status"], error["message"]) == ("ValueError", "SIGTERM", "boom")

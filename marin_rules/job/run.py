@@ -41,10 +41,10 @@ from marin_rules.artifacts.records import Provenance, Record, error_message, utc
 # it is ignored (`nohup`: the user asked the run to outlive its terminal).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # stopping: the stop's name ("SIGTERM", "lease lost"); recorded: the step's record is written
-# pending: a stop not yet raised (`_raise_stop`)
+# pending: a stop not yet raised (`_raise_stop`), timer: what raises it (`_retry_later`)
 _state: dict[str, Any] = {
     "stopping": None, "lost": None, "cause": None, "recorded": False, "late_signal": None, "pending": None,
-    "previous_unraisablehook": None,
+    "timer": None, "retry_due": False, "previous_unraisablehook": None,
 }  # fmt: skip
 
 
@@ -64,6 +64,12 @@ class JobTerminated(BaseException):
 
 
 def _on_signal(signum: int, frame: Any) -> None:
+    if _state["retry_due"]:  # `_retry_later`'s own SIGTERM, not a signal sent to the job
+        _state["retry_due"] = False
+        stop = _state["pending"]
+        if stop is not None and not _state["recorded"]:
+            _raise_stop(JobTerminated(stop.signum, stop.reason), frame)
+        return
     if _state["recorded"]:
         # the step finished and its record is written: a signal that comes while the job
         # exits (Snakemake stopping at the same moment) does not turn a finished build into a
@@ -77,6 +83,7 @@ def _on_signal(signum: int, frame: Any) -> None:
     if _state["lost"] is not None:
         _state["stopping"] = "lease lost"
         _raise_stop(JobTerminated(None, _state["lost"]), frame)
+        return
     if signum == signal.SIGTERM:
         signum = _snakemakes_signal() or signum
     _state["stopping"] = signal.Signals(signum).name
@@ -90,12 +97,11 @@ def _raise_stop(stop: JobTerminated, frame: Any) -> None:
     """Raise `stop` where the signal found the main thread, unless that is inside an
     import (an exception there can leave a C extension half-initialised and crash the
     interpreter: a SIGSEGV, no failure record): then it stays pending and is raised
-    RETRY_S later (SIGALRM, `_on_retry`), once the import is done."""
+    RETRY_S later (`_retry_later`), once the import is done."""
     if _importing(frame):
-        _state["pending"] = stop
-        signal.setitimer(signal.ITIMER_REAL, RETRY_S)
+        _retry_later(stop)
         return
-    _state["pending"] = None
+    _cancel_pending()
     raise stop
 
 
@@ -108,11 +114,31 @@ def _importing(frame: Any) -> bool:
     return False
 
 
-def _on_retry(signum: int, frame: Any) -> None:
-    """SIGALRM: raise the pending stop (`_raise_stop`), unless the record is written."""
-    stop = _state["pending"]
-    if stop is not None and not _state["recorded"]:
-        _raise_stop(JobTerminated(stop.signum, stop.reason), frame)
+def _retry_later(stop: JobTerminated) -> None:
+    """Keep `stop` pending and signal the main thread again RETRY_S later: a timer
+    thread sends it SIGTERM (`signal.pthread_kill`: a real signal interrupts a blocking
+    wait, as the first did), which `_on_signal` knows for the retry; no signal of its own
+    is taken from the step or its libraries (SIGALRM stays theirs)."""
+    _cancel_pending()
+    _state["pending"] = stop
+    main = threading.main_thread().ident
+
+    def due() -> None:
+        if _state["pending"] is stop and main is not None:
+            _state["retry_due"] = True
+            signal.pthread_kill(main, signal.SIGTERM)
+
+    timer = threading.Timer(RETRY_S, due)
+    timer.daemon = True
+    _state["timer"] = timer
+    timer.start()
+
+
+def _cancel_pending() -> None:
+    """No stop pending any more (raised, or the step's failure is being recorded)."""
+    if _state["timer"] is not None:
+        _state["timer"].cancel()
+    _state["pending"] = _state["timer"] = None
 
 
 def _on_unraisable(unraisable: Any) -> None:
@@ -121,8 +147,7 @@ def _on_unraisable(unraisable: Any) -> None:
     registers a gc callback) was dropped there; it is raised again RETRY_S later.
     Everything else goes to the hook that was there before."""
     if isinstance(unraisable.exc_value, JobTerminated) and not _state["recorded"]:
-        _state["pending"] = unraisable.exc_value
-        signal.setitimer(signal.ITIMER_REAL, RETRY_S)
+        _retry_later(unraisable.exc_value)
         return
     _state["previous_unraisablehook"](unraisable)
 
@@ -161,7 +186,6 @@ def install_stop_handlers() -> None:
             current = signal.getsignal(signum)
             if current is not _on_signal and not (signum == signal.SIGHUP and current == signal.SIG_IGN):
                 signal.signal(signum, _on_signal)
-        signal.signal(signal.SIGALRM, _on_retry)
         if _state["previous_unraisablehook"] is None:  # once: a hook installed since may chain to this one
             _state["previous_unraisablehook"] = sys.unraisablehook
             sys.unraisablehook = _on_unraisable
@@ -178,8 +202,7 @@ def _raise_pending() -> None:
     """Raise the stop still pending (`_raise_stop`) here, now."""
     stop = _state["pending"]
     if stop is not None:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        _state["pending"] = None
+        _cancel_pending()
         raise JobTerminated(stop.signum, stop.reason)
 
 
@@ -260,6 +283,7 @@ def run_step(
         if not process and still_held is not None and not still_held():
             raise LeaseLost(f"{ctx.output}: lease lost before the success record was written; not recording success")
     except BaseException as caught:  # noqa: BLE001 - every failure leaves a record
+        _cancel_pending()  # a stop set aside is not raised into the recording of this failure
         error = _explained(_completed(caught, hint_flags), why_stopped)
         ended = utc_now()
         status: int | str | None = None
