@@ -381,6 +381,23 @@ def test_driver_brings_a_failed_jobs_log_back_and_exits_with_its_status(tmp_path
     assert calls[-1][2:4] == ["tpu-vm", "delete"]
 
 
+@pytest.mark.parametrize("logs", [[], ["logs/x.log"]])
+def test_a_failed_job_whose_logs_never_came_back_says_so_in_one_line_or_fetches_nothing(tmp_path, logs):
+    """A job that fails before worker 0 packs (here: at once) has nothing to fetch: a
+    rule without `log:` fetches nothing after a failure; one with logs says in one line
+    that they did not come back, not with scp's error beside the cause."""
+    here = tmp_path / "here"
+    here.mkdir()
+    download = ("back.tar.gz", str(tmp_path / "back.tar.gz"), str(here))
+    code, calls = _run_driver(tmp_path, VM, "exit 3", download=download, logs_back=bool(logs))
+    assert code == 3
+    scp_back = [c for c in calls if c[2:4] == ["tpu-vm", "scp"]]
+    log = (tmp_path / "job" / "driver.log").read_text()
+    line = "tpu executor: the job's log files did not come back from worker 0"
+    assert (len(scp_back), line in log) == ((1, True) if logs else (0, False))
+    assert "scp" not in log.replace(line, "")  # no copy error of its own
+
+
 def test_driver_exports_envvars_quoted_at_run_time_and_runs_no_text_of_a_title(tmp_path):
     pwned = tmp_path / "pwned"
     hostile = f"it's $(touch {pwned}) `touch {pwned}` \"q\" $HOME\nline2"
@@ -490,3 +507,25 @@ def test_a_worker_that_cannot_learn_its_place_stops_at_once_naming_the_lookup(tm
     else:
         assert done.returncode == 1 and done.stdout == ""
         assert done.stderr.splitlines()[-1].startswith(f"tpu executor: cannot read {place} from the TPU metadata server")
+
+
+def test_the_workflow_files_are_its_snakefiles_and_every_config_file_it_loaded_once_each():
+    """`--configfile` files and those of `configfile:` directives (Snakemake's `configfiles`
+    holds both); an included Snakefile fetched from a URL is fetched on the worker too."""
+    from snakemake_executor_plugin_tpu import transfer
+
+    class Source:
+        def __init__(self, where):
+            self.where = where
+
+        def get_path_or_uri(self, secret_free):
+            return self.where
+
+    workflow = SimpleNamespace(
+        main_snakefile="/w/Snakefile", included=[Source("/w/Snakefile"), Source("/w/rules/a.smk"),
+                                                 Source("https://github.com/x/y/raw/main/b.smk")],
+        overwrite_configfiles=["/w/exp.yaml"], configfiles=["/w/exp.yaml", "/w/directive.yaml"],
+    )  # fmt: skip
+    assert transfer.workflow_files(workflow) == [
+        "/w/Snakefile", "/w/rules/a.smk", "/w/exp.yaml", "/w/directive.yaml",
+    ]  # fmt: skip

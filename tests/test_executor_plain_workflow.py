@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tarfile
 from pathlib import Path
 
 from conftest import SNAKEMAKE
@@ -268,6 +269,10 @@ def test_a_pod_job_gets_snakefiles_of_a_nested_clone_and_refuses_what_workers_wo
         assert proc.returncode != 0 and refused in proc.stderr, proc.stderr[-2000:]
         assert gcloud_calls(cloud) == []
 
+    (wf / "elsewhere").symlink_to(tmp_path)  # a link to a folder (no repository there): not followed
     proc = _snakemake(wf, *zone, "--configfile", "config.yaml", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (wf / "out" / "pod.txt").read_text() == "hello\n"
+    with tarfile.open(wf / ".snakemake" / "tpu" / "workflow.tar.gz") as archive:
+        names = archive.getnames()
+    assert "vendor/shared/common.smk" in names and not any(n.startswith("elsewhere") for n in names)

@@ -243,9 +243,11 @@ class Executor(RemoteExecutor):
         self, job, jobid: int | None, wildcards: dict, tpu_type: str, job_dir: Path, description: str
     ) -> ProcessGroup:
         workdir = os.getcwd()
-        # what the workers' Snakemake reads must travel: refused before any pod is made
+        # what the workers' Snakemake reads must travel: refused before any pod is made (with
+        # --tpu-expect-workflow the user put the workflow there, wherever its files lie)
         read_there = transfer.workflow_files(self.workflow)
-        transfer.refuse_untravelled(read_there, workdir, None)
+        if not self.settings.expect_workflow:
+            transfer.refuse_untravelled(read_there, workdir, None)
         zone = placement.resource(job.resources, placement.ZONE_RESOURCE)
         name = placement.node_name(job.name, wildcards, workdir, self.settings.node, [str(f) for f in job.output])
         node = placement.tpu_node(self.settings, name, tpu_type, zone)
@@ -274,7 +276,7 @@ class Executor(RemoteExecutor):
         download = (returned, str((job_dir / "outputs.tar.gz").resolve()), workdir) if outputs or logs else None
         script = gcloud.driver_script(
             node, worker, uploads=uploads, download=download, delete=not self.settings.keep_node,
-            title=f"{description}, job {job.jobid}", env_names=sorted(self.envvars()),
+            title=f"{description}, job {job.jobid}", env_names=sorted(self.envvars()), logs_back=bool(logs),
         )  # fmt: skip
         return gcloud.start_driver(script, job_dir)
 

@@ -243,14 +243,15 @@ def _safe_comment(text: str) -> str:
 def driver_script(
     node: TpuNode, worker_cmd: str, *, uploads: Sequence[tuple[str, str]] = (),
     download: tuple[str, str, str] | None = None, delete: bool = True, title: str = "",
-    env_names: Sequence[str] = (),
+    env_names: Sequence[str] = (), logs_back: bool = True,
 ) -> str:  # fmt: skip
     """The bash script that creates (or reuses) the node, waits for it, copies each
     `(local file, remote name)` of `uploads` to every worker, runs `worker_cmd` on all
     workers (after exporting the variables `env_names` from the driver's environment),
     fetches `download = (remote name, local file, directory)` from worker 0 and unpacks
-    it into that directory (required after a success, tried after a failure), and
-    deletes the node on exit in a process group of its own."""
+    it into that directory (required after a success; after a failure tried when the job
+    has log files, `logs_back`, which worker 0 then packs alone), and deletes the node on
+    exit in a process group of its own."""
     ready = "|".join(READY_STATES)
     failed = "|".join(FAILED_STATES)
     kind = "queued resource" if node.queued else "TPU VM"
@@ -297,9 +298,13 @@ def driver_script(
         remote, local, directory = download
         # -m: outputs get this host's time of arrival, so they are newer than their inputs
         fetch = f"{scp_back_command(node, remote, local)} && {shlex.join(['tar', '-xmzf', local, '-C', directory])}"
-        # a failed job may have no logs to fetch (it failed before packing them): no scp error beside its cause
-        gone = shlex.quote("tpu executor: no log files came back from worker 0 (the job failed before packing them)")
-        lines.append(f'if [ "$code" = 0 ]; then {{ {fetch}; }} || exit 1; else {{ {fetch}; }} 2>/dev/null || echo {gone} >&2; fi')
+        if logs_back:  # a failed job may have packed no logs (it failed before): one line, not scp's error
+            gone = shlex.quote("tpu executor: the job's log files did not come back from worker 0 (it failed before "
+                               "packing them, or the copy failed)")  # fmt: skip
+            after_failure = f"{{ {fetch}; }} 2>/dev/null || echo {gone} >&2"
+        else:
+            after_failure = ":"  # no logs: worker 0 packed nothing after a failure
+        lines.append(f'if [ "$code" = 0 ]; then {{ {fetch}; }} || exit 1; else {after_failure}; fi')
     lines.append("exit $code")
     return "\n".join(lines) + "\n"
 

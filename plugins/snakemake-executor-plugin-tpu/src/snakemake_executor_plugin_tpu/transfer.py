@@ -60,8 +60,11 @@ def workflow_files(workflow: Any) -> list[str]:
         where = str(source.get_path_or_uri(secret_free=True)) if hasattr(source, "get_path_or_uri") else str(source)
         if "://" not in where or where.startswith("file://"):
             files.append(where.removeprefix("file://"))
-    files += [str(f) for f in getattr(workflow, "overwrite_configfiles", None) or ()]
-    return files
+    # the --configfile files, then those `configfile:` directives loaded (Snakemake's `configfiles`
+    # holds both); a directive's file missing on a worker is skipped there without a word
+    files += [str(f) for f in [*(getattr(workflow, "overwrite_configfiles", None) or ()),
+                               *(getattr(workflow, "configfiles", None) or ())]]  # fmt: skip
+    return list(dict.fromkeys(files))  # each once
 
 
 def refuse_untravelled(files: Iterable[str], workdir: str, archived: Iterable[str] | None) -> None:
@@ -83,6 +86,12 @@ def refuse_untravelled(files: Iterable[str], workdir: str, archived: Iterable[st
                 "or it is not a plain file); stop ignoring it (.gitignore), or put the workflow on the workers "
                 "yourself and pass --tpu-expect-workflow"
             )
+
+
+def _nested_repository(path: str) -> bool:
+    """Is `path` a git repository's folder of its own (a submodule's or a clone's, with its
+    `.git`), not a link to a folder (elsewhere, or inside this tree: its files once)?"""
+    return os.path.isdir(path) and not os.path.islink(path) and os.path.exists(os.path.join(path, ".git"))
 
 
 MAX_NESTED_DEPTH = 8  # repositories inside repositories: as deep as the archive follows them
@@ -120,7 +129,7 @@ def _git_files(workdir: str, under: str, depth: int = 0) -> list[str]:
         path = os.path.join(workdir, rel)
         if os.path.isfile(path):
             names.append(rel)
-        elif os.path.isdir(path) and depth < MAX_NESTED_DEPTH:  # a submodule or a nested clone: git lists the folder
+        elif _nested_repository(path) and depth < MAX_NESTED_DEPTH:  # a submodule or a clone: git lists its folder
             names += _git_files(workdir, rel, depth + 1)
     return sorted(names)
 
