@@ -564,3 +564,88 @@ def test_allowed_rules_leave_the_consumers_of_a_rebuild_owed_not_stale(tmp_path,
     assert "a forced run stopped before rebuilding it: the next run rebuilds it" in _status(ws)["ck/t@v1"]
     ws.snakemake()
     assert ws.record("ck/t@v1")["provenance"]["started"] > ws.record("raw/d@v1")["provenance"]["started"]
+
+
+def _old_build(location: str) -> dict[str, bytes]:
+    """An old build of several entries (a record, data, checkpoints), marked forced."""
+    from marin_rules.artifacts import storage
+
+    files = {".artifact.json": b'{"old": "record"}', "data.bin": b"x" * 100, "model.json": b"{}",
+             "checkpoints/10/a": b"a10", "checkpoints/10/b": b"b10", "checkpoints/20/a": b"a20"}  # fmt: skip
+    for rel, data in files.items():
+        storage.write_bytes_atomic(storage.join(location, rel), data)
+    forcing.mark_forced(location)
+    return files
+
+
+def _files_in_place(location: str) -> dict[str, bytes]:
+    """The files under `location`, but those under its `.history/`."""
+    from marin_rules.artifacts import storage
+
+    root = storage.filesystem(location)[1].rstrip("/")
+    found = {p[len(root) + 1:] for p in storage.filesystem(location)[0].find(root)}
+    return {rel: storage.read_bytes(storage.join(location, rel)) for rel in found if not rel.startswith(".history/")}
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_move_of_the_old_build_stopped_part_way_puts_it_back_still_forced(tmp_path, where, request):
+    """Stopped (SIGINT, SIGTERM) while setting the old build aside: on a bucket, a move
+    is a copy then a delete, so an entry may be in both places; every file goes back,
+    the history folder and the pointer go, and the marker stays: the rebuild is still to do."""
+    from marin_rules.artifacts import storage
+
+    location = (request.getfixturevalue("gcs_prefix") if where == "gcs" else str(tmp_path)) + "/ck/v1"
+    files = _old_build(location)
+    real_move, moves = storage.move, []
+
+    def move_then_stop(source, target):
+        moves.append(source)
+        if len(moves) == 3:  # the third entry copied, not yet deleted, then the stop
+            fs, path = storage.filesystem(source)
+            if storage.is_remote(source):
+                fs.copy(path, storage.filesystem(target)[1], recursive=True)
+            raise KeyboardInterrupt
+        real_move(source, target)
+
+    storage.move = move_then_stop
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            forcing.move_old_build(location)
+    finally:
+        storage.move = real_move
+    assert _files_in_place(location) == files
+    assert storage.list_files(storage.join(location, ".history"), "*") == [forcing.marker_of(location)]
+    moved = forcing.move_old_build(location)  # the next attempt sets it aside whole
+    assert forcing.holds_build(moved) and _files_in_place(location) == {}
+    assert _files_in_place(moved) == files
+
+
+def test_a_move_of_the_old_build_killed_part_way_is_put_back_by_whoever_takes_the_lease_next(tmp_path):
+    """Killed outright (no handler runs) mid-move: the pointer written before anything
+    moved tells the next holder (`recover_interrupted`) to put the old build back."""
+    from marin_rules.artifacts import storage
+
+    location = str(tmp_path / "ck/v1")
+    files = _old_build(location)
+    real_move, moves = storage.move, []
+
+    class Killed(BaseException):
+        pass
+
+    def move_then_die(source, target):
+        moves.append(source)
+        if len(moves) == 2:
+            raise Killed
+        real_move(source, target)
+
+    storage.move, put_back = move_then_die, forcing._put_back
+    forcing._put_back = lambda location, moved: None  # as SIGKILL: no handler, nothing put back
+    try:
+        with pytest.raises(Killed):
+            forcing.move_old_build(location)
+    finally:
+        storage.move, forcing._put_back = real_move, put_back
+    assert _files_in_place(location) != files  # split between its place and .history/
+    assert forcing.recover_interrupted(location) is None  # no attempt began: nothing of one to keep
+    assert _files_in_place(location) == files
+    assert not storage.exists(forcing.rebuilding_pointer(location)) and storage.exists(forcing.marker_of(location))

@@ -346,7 +346,11 @@ def retire_forced_build(
     from marin_rules.workflow.forcing import begin_rebuild, forced_by_upstream, holds_build, move_old_build, moved_note
 
     owed = forced_by_upstream(location)  # read before the move clears it
-    moved = move_old_build(location)
+    try:
+        moved = move_old_build(location)  # stopped part-way, it puts the old build back (still forced)
+    except BaseException as error:
+        record_stopped_move(artifact, experiment, location, args, error)
+        raise
     if not moved:
         return None, owed
     finished, note = holds_build(moved), moved_note(moved)
@@ -360,6 +364,23 @@ def retire_forced_build(
     pod = {} if attempt is None else {"pod_attempt": attempt}  # (`attempt`: a pod's, as its records name it)
     begin_rebuild(location, moved, owed, entry, {**provenance.as_dict(now, now), **pod})
     return moved, owed
+
+
+def record_stopped_move(artifact: Any, experiment: Any, location: str, args: argparse.Namespace, error: BaseException) -> None:
+    """The failure record of a forced attempt stopped (or failed) while the old build was
+    being set aside, before its step began (`run.run_step` writes it for one that began):
+    the old build is back in place, the rebuild still to do."""
+    from marin_rules.artifacts.records import write_failure
+    from marin_rules.job.context import job_context
+
+    status: int | str = error.exit_status if isinstance(error, JobTerminated) else (
+        "SIGINT" if isinstance(error, KeyboardInterrupt) else 1)  # fmt: skip
+    try:
+        _, entry, provenance, _ = job_context(artifact, experiment, location, args)
+        now = utc_now()
+        write_failure(location, entry, error, provenance.as_dict(now, now), status)
+    except Exception as e:  # noqa: BLE001 - the storage that stopped the move may refuse this too: the error stands
+        print(f"{artifact.key}: no failure record for the stopped attempt ({type(e).__name__}: {e})", file=sys.stderr)
 
 
 def kept_or_discarded(artifact: Any, moved: str) -> str:

@@ -10,7 +10,10 @@ before any job runs: `session.Session.start`), which tells the job to rebuild al
 a record is there. The job process, once it holds the lease, sees the marker and moves everything
 the old build left (data, checkpoints, the saved record) into `.history/<UTC time>/`
 (`move_old_build`): the new build starts from an empty folder with the current recipe,
-and nothing is lost. If the rebuild fails (or is stopped), the old build goes back in
+and nothing is lost (the old record is copied there first, with `.history/.rebuilding`
+naming the folder: a move stopped or killed part-way, which on a bucket copies and deletes
+object by object, is put back, `_put_back`, and the build stays marked forced). If the
+rebuild fails (or is stopped), the old build goes back in
 place and what the attempt left moves to `.history/<UTC time>-failed/`
 (`restore_old_build`): Snakemake declares records `update()` outputs, so it never
 deletes one before a job (another run may have just written it) and puts a failed
@@ -189,9 +192,19 @@ def move_old_build(location: str) -> str | None:
         saved = storage.read_bytes(marker)
     except FileNotFoundError:
         return None
-    target = set_aside(location)
-    if saved.strip() not in (b"", b"null"):
+    target = storage.join(location, HISTORY_DIR, history_stamp())
+    storage.makedirs(target)
+    finished = saved.strip() not in (b"", b"null")
+    if finished:  # the record first, and the pointer: a move cut short is put back (`_put_back`)
         storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
+        _write_pointer(location, {"moved": _name(target), "moving": True})
+    try:
+        _move_entries(location, target)  # on a bucket a copy and a delete per object: it can take a while
+    except BaseException:
+        if finished:  # stopped part-way: the old build goes back in place, still marked forced
+            _put_back(location, target)
+        raise
+    end_rebuild(location)  # moved whole (the job notes its rebuild next: `begin_rebuild`)
     _remove(marker)
     _remove_companions(location)
     if not holds_build(target) and not list_data_files(target):  # an unfinished attempt that left no data
@@ -245,8 +258,31 @@ def begin_rebuild(
     rebuild is owed (a cascade), until `end_rebuild` or `restore_old_build`; with the
     record entry and provenance (as of its start) of the attempt, for the failure record
     of a killed one."""
-    pointer = {"moved": moved.rstrip("/").rsplit("/", 1)[-1], "owed": owed, "entry": entry, "provenance": provenance}
+    _write_pointer(location, {"moved": _name(moved), "owed": owed, "entry": entry, "provenance": provenance})
+
+
+def _name(folder: str) -> str:
+    return folder.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _write_pointer(location: str, pointer: dict[str, Any]) -> None:
+    """`.history/.rebuilding`: while `moving` (`move_old_build` under way), the old build
+    is split between its place and the folder named; after it, a rebuild is under way."""
     storage.write_json_atomic(rebuilding_pointer(location), pointer)
+
+
+def _put_back(location: str, moved: str) -> None:
+    """A move of the old build into `moved` cut short: every file there goes back to its
+    place (replacing the copy a bucket's move left behind, the same file), `moved` and
+    the pointer go; the marker stays, so the forced rebuild is still to do."""
+    root = moved.rstrip("/")
+    fs_root = storage.filesystem(root)[1].rstrip("/")
+    for path in storage.walk_files(root):
+        target = storage.join(location, storage.filesystem(path)[1][len(fs_root) + 1:])
+        storage.makedirs(storage.parent(target))  # (a folder moved whole is gone from its place)
+        storage.move(path, target)
+    discard(moved)
+    end_rebuild(location)
 
 
 def end_rebuild(location: str) -> None:
@@ -289,6 +325,9 @@ def recover_interrupted(location: str) -> str | None:
     if found is None:
         return None
     moved, pointer = found
+    if pointer.get("moving"):  # killed while the old build was being set aside: put it back, still forced
+        _put_back(location, moved)
+        return None
     record = storage.join(location, RECORD_FILE)
     try:
         if storage.read_bytes(record) == storage.read_bytes(storage.join(moved, RECORD_FILE)):
