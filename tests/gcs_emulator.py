@@ -32,10 +32,17 @@ def emulator_env(port: int) -> dict[str, str]:
     }
 
 
+# the emulator serves one request at a time from a listen queue of socketserver's default 5:
+# a bucket move of a checkpoint (many concurrent copies) overflowed it and connections hung
+# for the kernel's retries; `request_queue_size` is socketserver's documented setting for it
+SERVE = ("import socketserver, sys; socketserver.TCPServer.request_queue_size = 256; "
+         "from gcp_storage_emulator.__main__ import main; main(sys.argv[1:])")  # fmt: skip
+
+
 def start_emulator(timeout_s: float = 30.0) -> tuple[subprocess.Popen, int]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+        [sys.executable, "-c", SERVE, "start", "--host", "127.0.0.1",
          "--port", str(port), "--in-memory", "--default-bucket", BUCKET],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
