@@ -340,7 +340,7 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
     if args.command == "status":
         rows = _only(st.experiment_status(experiment, prefix, every_version=args.all, hint_flags=flags),
                      args.keys, experiment)  # fmt: skip
-        _note_missing_prefix(prefix)
+        _note_missing_prefix(prefix, args.snakefile, bool(args.directory))
         if args.json:
             print(json.dumps([r.to_json() for r in rows], indent=2))
         else:
@@ -350,7 +350,7 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
         from marin_rules.inspect.plan import plan_lines
 
         keys = [_experiment_key(k, experiment, "plan") for k in args.keys] if args.keys else None
-        _note_missing_prefix(prefix)
+        _note_missing_prefix(prefix, args.snakefile, bool(args.directory))
         print("\n".join(plan_lines(experiment, prefix, keys, mfu=args.mfu)))
         return 0
     if args.command == "dag":
@@ -359,7 +359,7 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
         if args.output != "-" and not args.output.endswith(".svg"):
             raise MarinError(f"-o {args.output}: marin dag writes SVG; give a name ending in .svg, or - for stdout")
         rows = st.experiment_status(experiment, prefix)
-        _note_missing_prefix(prefix)
+        _note_missing_prefix(prefix, args.snakefile, bool(args.directory))
         svg = render_svg(experiment, {r.key: r.state for r in rows})
         if args.output == "-":
             sys.stdout.write(svg)
@@ -394,14 +394,18 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
     return 0
 
 
-def _note_missing_prefix(prefix: str) -> None:
-    """Say on stderr, once, when a prefix other than the default does not exist
-    (`status.missing_prefix_note`): status, plan and dag show every artifact as never
-    built there (the default `artifacts/` is missing until a first run: nothing to say);
-    and when Snakemake's lock is left in the working directory (`status.lock_note`)."""
+def _note_missing_prefix(prefix: str, snakefile: str, directory_given: bool) -> None:
+    """Say on stderr, once, when the prefix does not exist (`status.missing_prefix_note`):
+    status, plan and dag show every artifact as never built there. The default
+    `artifacts/` beside the run's Snakefile is missing until a first run: nothing to say;
+    read from a folder without that Snakefile (`marin` run elsewhere, the project's
+    Snakefile found, no `-d`), it is. Also when Snakemake's lock is left in the working
+    directory (`status.lock_note`)."""
     from marin_rules.inspect.status import lock_note, missing_prefix_note
 
-    for note in ("" if prefix == DEFAULT_PREFIX else missing_prefix_note(prefix), lock_note()):
+    run_here = directory_given or (bool(snakefile) and os.path.dirname(snakefile) == os.getcwd())
+    missing = "" if prefix == DEFAULT_PREFIX and run_here else missing_prefix_note(prefix)
+    for note in (missing, lock_note()):
         if note:
             print(f"marin: {note}", file=sys.stderr)
 

@@ -379,6 +379,22 @@ def test_a_prefix_that_does_not_exist_is_said_once_on_stderr_and_status_still_li
     assert capsys.readouterr().err == ""
 
 
+def test_the_default_prefix_missing_is_said_away_from_the_snakefile_not_beside_it(tmp_path, capsys):
+    """Beside the run's Snakefile a missing `artifacts/` means nothing was built yet; in
+    a folder without it (marin found the project's Snakefile), it means the wrong folder."""
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "Snakefile").write_text("")  # a project of its own: its experiment beside it
+    shutil.copy(REPO / "experiments" / "default.yaml", tmp_path / "project" / "exp.yaml")
+    with contextlib.chdir(tmp_path / "project"):
+        assert main(["status", "exp.yaml"]) == 0
+    assert capsys.readouterr().err == ""
+    (tmp_path / "elsewhere").mkdir()
+    with contextlib.chdir(tmp_path / "elsewhere"):
+        assert main(["status", str(tmp_path / "project" / "exp.yaml")]) == 0
+    assert capsys.readouterr().err == ("marin: artifacts: no such folder, so every artifact reads as never built; "
+                                       "check --prefix (and -d, the folder a relative prefix is read in)\n")  # fmt: skip
+
+
 def test_verify_escapes_a_hostile_file_name_a_shared_prefixs_record_lists(tmp_path):
     import json as _json
 

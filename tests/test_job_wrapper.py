@@ -233,3 +233,25 @@ def test_a_stop_set_aside_is_not_raised_into_the_recording_of_another_failure(tm
     """))  # fmt: skip
     assert proc.returncode != 0 and "JobTerminated" not in proc.stderr
     assert (error["type"], error["exit_status"], error["message"]) == ("ValueError", "SIGTERM", "boom")
+
+
+def test_a_bug_in_a_step_prints_where_it_happened_before_the_one_line_a_marin_error_does_not(tmp_path):
+    """The job's log (shown by --show-failed-logs) gets the traceback of an unexpected
+    error, escaped, then the one line; an error meant for the user is the line alone."""
+    out = str(tmp_path / "x/y/v1")
+    proc, error = _run_step_in_a_process(out, """
+        def count_words():
+            raise RuntimeError("boom \\x1b[31m")
+        count_words()
+    """)  # fmt: skip
+    ours = proc.stderr[: proc.stderr.index("step failed")]  # (the script re-raises: Python prints it again after)
+    assert "Traceback (most recent call last):" in ours and ", in count_words" in ours
+    assert "RuntimeError: boom \\x1b[31m" in ours and "\x1b" not in ours  # escaped
+    assert error["type"] == "RuntimeError"
+
+    out = str(tmp_path / "x/z/v1")
+    proc, error = _run_step_in_a_process(out, """
+        from marin_rules.artifacts.errors import StepError
+        raise StepError("config.source: no such file; give a path")
+    """)  # fmt: skip
+    assert "Traceback" not in proc.stderr[: proc.stderr.index("step failed")]

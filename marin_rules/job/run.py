@@ -28,6 +28,7 @@ import _thread
 import signal
 import sys
 import threading
+import traceback
 from typing import Any, Callable
 
 from marin_rules.artifacts.canonical import canonical_value
@@ -296,6 +297,11 @@ def run_step(
         elif _state["stopping"] is not None:  # the step caught the stop and raised another error
             status = _state["stopping"]
         where = write_failure(ctx.output, entry, error, provenance.as_dict(started, ended), status, process)
+        if not isinstance(error, (MarinError, JobTerminated, KeyboardInterrupt, SystemExit)):
+            # a bug, in a user's step or ours: where it happened, in the job's log (which
+            # --show-failed-logs prints) as in the failure record; escaped: it reaches the terminal
+            trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            print("\n".join(printable(line) for line in trace.rstrip("\n").split("\n")), file=sys.stderr)
         # the error last: a command it ends with can be copied to the end of the line
         print(f"{ctx.key}: step failed, failure record {where}: {type(error).__name__}: "
               f"{printable(error_message(error))}", file=sys.stderr)  # fmt: skip (escaped: it reaches the terminal)
