@@ -59,6 +59,15 @@ def test_an_untied_head_prices_the_matmul_params_its_flops_count_and_says_so(exp
     assert line.startswith("  checkpoints/nano@v1: params 140.10k total, 115.52k active (82.75k in matmuls); tokens 51.20k;")
 
 
+def test_a_built_train_artifact_named_to_plan_is_priced_as_a_rebuild_and_says_so(experiment_file, tmp_path):  # noqa: F811
+    experiment, prefix = load_experiment(experiment_file), str(tmp_path / "artifacts")
+    assert price_job(experiment, "checkpoints/nano@v1", prefix=prefix).note == ""
+    build(prefix, experiment, "checkpoints/nano@v1", result={"final_val_loss": 3.0})
+    price = price_job(experiment, "checkpoints/nano@v1", prefix=prefix)
+    assert price.note == "built: a run serves it; priced as a rebuild (-f)" and price.flops == FLOPS
+    assert price_job(experiment, "checkpoints/nano@v1", prefix=prefix, fresh=True).note == ""  # forced: a rebuild indeed
+
+
 def test_price_takes_the_vocabulary_the_built_tokenized_data_recorded_over_the_one_asked(experiment_file, tmp_path):  # noqa: F811
     """A trained tokenizer may end below the vocab_size asked (the corpus ran out of
     merges); once built, the plan prices the model the run will train."""

@@ -106,6 +106,9 @@ def test_diff_against_a_version_not_built_yet_compares_with_its_recipe_in_the_ex
     assert rows["final_val_loss"] == ["3.25", "-"]
     assert err == (f"marin: checkpoints/nano@v3: not built yet (missing: never built): its recipe in {experiment_file}, "
                    "no results\n")  # fmt: skip
+    assert main(["diff", "checkpoints/nano@v2", "checkpoints/nano@v3", "--prefix", prefix, "--configfile", experiment_file,
+                 "--only-changed"]) == 0  # fmt: skip
+    assert capsys.readouterr().out.splitlines()[3:] == ["results: checkpoints/nano@v3 has none"]
 
 
 def test_diff_shows_control_and_bidi_characters_of_records_escaped(experiment_file, tmp_path, capsys):  # noqa: F811

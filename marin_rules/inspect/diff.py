@@ -100,6 +100,8 @@ def format_diff(key_a: str, a: Mapping[str, Any], key_b: str, b: Mapping[str, An
     recipe = recipe_diff(recorded_payload(a), recorded_payload(b), values=True)
     lines = [f"recipe: {key_a} -> {key_b}: " + (f"{len(recipe)} field(s) differ" if recipe else "same recipe")]
     lines += [f"  {line}" for line in recipe]
+    if only_changed and not (a.get("result") and b.get("result")):  # one side not built: every row would differ
+        return "\n".join([*lines, f"results: {key_a if not a.get('result') else key_b} has none"])
     rows = result_rows(a, b, only_changed)
     table = [("RESULT", key_a, key_b, "DELTA (B - A)")]
     for r in rows:

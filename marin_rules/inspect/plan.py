@@ -137,6 +137,8 @@ def price_job(
     building = None if prefix is None else _building(artifact_location(prefix, artifact.id))
     if building:  # a run that needs it waits for that build instead
         notes.append(f"building now ({building}): a run waits for that build")
+    elif prefix is not None and not fresh and _built(artifact_location(prefix, artifact.id), artifact):
+        notes.append("built: a run serves it; priced as a rebuild (-f)")
     kept = None if prefix is None or fresh or building else _kept_by_killed_rebuild(experiment, prefix, artifact)
     if kept:  # its job restores that build and serves it (job/main.py, forcing.recover_interrupted)
         notes.append(f"a forced rebuild of it was killed: the next run puts the previous build back from {kept} "
@@ -154,6 +156,14 @@ def price_job(
     refusal = device_refusal(train, accelerator) if accelerator else ""
     return JobPrice(key, *params, tokens, flops, accelerator, accelerator_s, cpu_s, "; ".join(notes), str(named or ""),
                     refusal)  # fmt: skip
+
+
+def _built(location: str, artifact: Artifact) -> bool:
+    """Does `location` hold a success record (named, not asked for: a corrupt one counts)?"""
+    try:
+        return reading.record_dict(location, artifact.id) is not None
+    except MarinError:
+        return True
 
 
 def _building(location: str) -> str | None:
