@@ -225,8 +225,8 @@ def _verify_keys(keys: list[str], experiment: Experiment, prefix: str, dev_user:
         try:
             status = _verify(artifact.key, artifact_location(prefix, artifact), prefix, artifact,
                              flags if artifact.key in experiment.artifacts else None)  # fmt: skip
-        except MarinError as e:
-            print(f"marin: {e.with_flags(flags)}", file=sys.stderr)
+        except MarinError as e:  # (an older version's: no command of this experiment rebuilds it)
+            print(f"marin: {e.with_flags(flags) if artifact.key in experiment.artifacts else e}", file=sys.stderr)
             status = 1
         failed += status != 0
     if len(artifacts) > 1 or not keys:
@@ -423,7 +423,7 @@ def _only(rows: list, keys: list[str], experiment: Experiment) -> list:
 
 
 def _split_targets(args) -> str | None:
-    """`marin plan|status|diff [EXPERIMENT] [KEY ...]`: the experiment file among the
+    """`marin plan|status|diff|verify [EXPERIMENT] [KEY ...]`: the experiment file among the
     positionals (a YAML file, or any other that is no key) into `args.experiment`, the
     rest into `args.keys`; one line when two experiments are given, else None."""
     if args.command in ("plan", "diff"):

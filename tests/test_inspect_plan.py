@@ -56,7 +56,7 @@ def test_an_untied_head_prices_the_matmul_params_its_flops_count_and_says_so(exp
     assert (price.active_params, price.matmul_params) == (82_752 + 512 * 64, 82_752)  # + the head; the table left out
     assert price.flops == FLOPS  # the same matmuls as tied
     line = plan_lines(experiment, "nowhere", mfu=0.4)[1]
-    assert line.startswith("  checkpoints/nano@v1: params 140.10k total, 115.52k active (82.75k in matmuls); tokens 51.20k;")
+    assert line.startswith("  checkpoints/nano@v1: params 140.10k total, 115.52k active (82.75k in the FLOPs); tokens 51.20k;")
 
 
 def test_a_built_train_artifact_named_to_plan_is_priced_as_a_rebuild_and_says_so(experiment_file, tmp_path):  # noqa: F811

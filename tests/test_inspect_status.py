@@ -570,10 +570,12 @@ def test_a_stopped_forced_cascade_owes_its_rebuilds_all_the_way_down_in_status_a
 
 
 DEEP = b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # past Python's recursion limit
+DEEPISH = b'{"x": ' + b"[" * 700 + b"]" * 700 + b"}"  # parsed, but copying or printing it recursed too deep
 HUGE = b'{"x": 1' + b"0" * 5000 + b"}"  # more digits than Python converts
 
 
-@pytest.mark.parametrize("raw, why", [(DEEP, "nested too deeply"), (HUGE, "an integer of more than 4300 digits")])
+@pytest.mark.parametrize("raw, why", [(DEEP, "nested too deeply"), (DEEPISH, "nested more than 200 levels deep"),
+                                      (HUGE, "an integer of more than 4300 digits")])  # fmt: skip
 def test_a_record_failure_or_lease_of_hostile_json_is_one_line_not_a_crash(experiment_file, tmp_path, capsys, raw, why):
     """JSON that json.loads refuses with a RecursionError or a plain ValueError (not a
     JSONDecodeError) reads as any other unreadable file: a corrupt record, an unreadable

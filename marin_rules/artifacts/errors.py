@@ -52,20 +52,42 @@ class StepError(MarinError):
     """A step failed for a reason the user can fix (empty corpus, missing source)."""
 
 
-def decode_json(raw: bytes | str) -> Any:
+MAX_JSON_DEPTH = 200  # experiment values nest at most 100 levels (yaml_file.MAX_DEPTH); a record adds a few
+
+
+def decode_json(raw: bytes | str, max_depth: int | None = MAX_JSON_DEPTH) -> Any:
     """`json.loads` of text from a file anyone may have written (a record, a lease, a
-    document), where the two ways hostile JSON gets past `json.JSONDecodeError` become
+    document), where the ways hostile JSON gets past `json.JSONDecodeError` become
     ValueErrors that say what they are (`json_problem` shows them): nesting deeper than
-    Python's recursion limit (a RecursionError) and an integer of more digits than
-    Python converts (`sys.get_int_max_str_digits`)."""
+    MAX_JSON_DEPTH (past Python's recursion limit a RecursionError in the parser; below
+    it, one in whatever walks the value later: copying a record, printing it) and an
+    integer of more digits than Python converts (`sys.get_int_max_str_digits`).
+    `max_depth` None: no walk (a corpus's documents, of which only `text` is read)."""
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     except ValueError as e:
         if type(e) is not ValueError or "integer string conversion" not in str(e):
             raise  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"an integer of more than {sys.get_int_max_str_digits()} digits") from None
+    if max_depth is not None and _deeper_than(value, max_depth):
+        raise ValueError(f"nested more than {max_depth} levels deep")
+    return value
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Does `value` nest lists and objects more than `limit` levels (walked without recursion)?"""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def json_problem(e: ValueError) -> str:

@@ -230,7 +230,7 @@ def _documents(path: str, lines: Iterable[bytes], field: str, first: int = 0) ->
     index = first - 1
     try:
         for index, line in enumerate(lines, first):
-            doc = decode_json(line)
+            doc = decode_json(line, max_depth=None)  # only `text` is read
             if type(doc) is not dict or type(doc.get("text")) is not str:
                 what = "has no string `text` field" if type(doc) is dict else f"is {json_kind(doc)}, not a JSON object"
                 raise shard_error(field, path, f"document {index + 1} {what}", NO_TEXT)

@@ -411,7 +411,7 @@ def _jsonl_records(location: str) -> Iterator[tuple[int, Any]]:
         if not line.strip():
             continue
         try:
-            yield number, decode_json(line)
+            yield number, decode_json(line, max_depth=None)  # a document: its `text` is what counts
         except ValueError as e:  # json.JSONDecodeError, nested too deeply, a huge integer
             raise StepError(f"config.source: {location} line {number} is not JSON: {e}") from e
 

@@ -354,7 +354,7 @@ def plan_lines(
     for p in prices:
         lines.append(
             f"  {p.key}: params {count(p.total_params)} total, {count(p.active_params)} active"
-            + (f" ({count(p.matmul_params)} in matmuls)" if p.matmul_params != p.active_params else "") + "; "
+            + (f" ({count(p.matmul_params)} in the FLOPs)" if p.matmul_params != p.active_params else "") + "; "
             f"tokens {count(p.tokens)}; FLOPs {p.flops:.3g}; {p.accelerator_text()}; this CPU: {human(p.cpu_s)}"
             + (f" ({p.note})" if p.note else "")
         )

@@ -52,5 +52,6 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> int:
 def matmul_params(config: ModelConfig) -> int:
     """The N of `flops_per_token`'s 6N: `active_params` without the input embedding
     table when the head is a matrix of its own (a lookup, no matmul); the same as
-    `active_params` when they are tied (the table is the head's matmul)."""
+    `active_params` when they are tied (the table is the head's matmul). The norm
+    scales stay in, as nanoGPT counts them."""
     return active_params(config) - config.vocab_size * config.d_model * (0 if config.tie_embeddings else 1)

@@ -252,7 +252,7 @@ class NoCheckpointRestores(StepError):
 
     def __init__(self, what: str, output: str, flags: str = ""):
         self.what, self.output, self.flags = what, output, flags
-        folder = storage.join(output, "checkpoints")
+        folder = checkpoint_dir(output)
         super().__init__(f"{what}; delete {folder} to train from scratch, or {rebuild_hint(output, flags)}")
 
     def __reduce__(self) -> tuple[Any, ...]:
