@@ -60,12 +60,17 @@ def test_an_untied_head_prices_the_matmul_params_its_flops_count_and_says_so(exp
 
 
 def test_a_built_train_artifact_named_to_plan_is_priced_as_a_rebuild_and_says_so(experiment_file, tmp_path):  # noqa: F811
+    """Named, a built artifact no run would build is priced as its rebuild, saying so;
+    one a run would build (not built, or forced) is not."""
+    from marin_rules.inspect.plan import BUILT_NOTE
+
     experiment, prefix = load_experiment(experiment_file), str(tmp_path / "artifacts")
-    assert price_job(experiment, "checkpoints/nano@v1", prefix=prefix).note == ""
-    build(prefix, experiment, "checkpoints/nano@v1", result={"final_val_loss": 3.0})
-    price = price_job(experiment, "checkpoints/nano@v1", prefix=prefix)
-    assert price.note == "built: a run serves it; priced as a rebuild (-f)" and price.flops == FLOPS
-    assert price_job(experiment, "checkpoints/nano@v1", prefix=prefix, fresh=True).note == ""  # forced: a rebuild indeed
+    key = "checkpoints/nano@v1"
+    assert BUILT_NOTE not in plan_lines(experiment, prefix, [key])[1]
+    build(prefix, experiment, key, result={"final_val_loss": 3.0})
+    line = plan_lines(experiment, prefix, [key])[1]
+    assert line.endswith(f"({BUILT_NOTE})") and "FLOPs 3.05e+10" in line
+    assert BUILT_NOTE not in plan_lines(experiment, prefix, [key], forced=[key])[1]  # forced: a rebuild indeed
 
 
 def test_price_takes_the_vocabulary_the_built_tokenized_data_recorded_over_the_one_asked(experiment_file, tmp_path):  # noqa: F811

@@ -649,3 +649,16 @@ def test_a_move_of_the_old_build_killed_part_way_is_put_back_by_whoever_takes_th
     assert forcing.recover_interrupted(location) is None  # no attempt began: nothing of one to keep
     assert _files_in_place(location) == files
     assert not storage.exists(forcing.rebuilding_pointer(location)) and storage.exists(forcing.marker_of(location))
+
+
+def test_the_moving_pointer_stays_until_the_job_notes_its_rebuild_so_a_stop_in_between_puts_the_build_back(tmp_path):
+    """`keep_pointer` (the job's move): moved whole, the pointer still says "moving" until
+    `begin_rebuild` replaces it; a stop or kill before that puts the old build back."""
+    from marin_rules.artifacts import storage
+
+    location = str(tmp_path / "ck/v1")
+    files = _old_build(location)
+    moved = forcing.move_old_build(location, keep_pointer=True)
+    assert _files_in_place(location) == {} and _files_in_place(moved) == files
+    assert forcing.recover_interrupted(location) is None
+    assert _files_in_place(location) == files and not storage.exists(forcing.rebuilding_pointer(location))

@@ -71,12 +71,12 @@ def decode_json(raw: bytes | str, max_depth: int | None = MAX_JSON_DEPTH) -> Any
         if type(e) is not ValueError or "integer string conversion" not in str(e):
             raise  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"an integer of more than {sys.get_int_max_str_digits()} digits") from None
-    if max_depth is not None and _deeper_than(value, max_depth):
+    if max_depth is not None and deeper_than(value, max_depth):
         raise ValueError(f"nested more than {max_depth} levels deep")
     return value
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
+def deeper_than(value: Any, limit: int) -> bool:
     """Does `value` nest lists and objects more than `limit` levels (walked without recursion)?"""
     stack = [(value, 1)]
     while stack:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import socket
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 from marin_rules.artifacts import storage
@@ -137,8 +137,6 @@ def price_job(
     building = None if prefix is None else _building(artifact_location(prefix, artifact.id))
     if building:  # a run that needs it waits for that build instead
         notes.append(f"building now ({building}): a run waits for that build")
-    elif prefix is not None and not fresh and _built(artifact_location(prefix, artifact.id), artifact):
-        notes.append("built: a run serves it; priced as a rebuild (-f)")
     kept = None if prefix is None or fresh or building else _kept_by_killed_rebuild(experiment, prefix, artifact)
     if kept:  # its job restores that build and serves it (job/main.py, forcing.recover_interrupted)
         notes.append(f"a forced rebuild of it was killed: the next run puts the previous build back from {kept} "
@@ -158,12 +156,7 @@ def price_job(
                     refusal)  # fmt: skip
 
 
-def _built(location: str, artifact: Artifact) -> bool:
-    """Does `location` hold a success record (named, not asked for: a corrupt one counts)?"""
-    try:
-        return reading.record_dict(location, artifact.id) is not None
-    except MarinError:
-        return True
+BUILT_NOTE = "built: a run serves it; priced as a rebuild (-f)"
 
 
 def _building(location: str) -> str | None:
@@ -184,8 +177,8 @@ def _kept_by_killed_rebuild(experiment: Experiment, prefix: str, artifact: Artif
 
     location = artifact_location(prefix, artifact.id)
     moved = reading.unended_rebuild(location)
-    if moved is None or reading.unended_rebuild_owed(location):
-        return None
+    if moved is None or reading.unended_rebuild_owed(location) or reading.unended_move(location):
+        return None  # its job puts the old build back, then rebuilds
     try:
         record = storage.read_json(storage.join(location, moved, RECORD_FILE))
         now = _upstream_builds_now(experiment, prefix, artifact)
@@ -333,12 +326,16 @@ def plan_lines(
     """The priced plan as lines (for `marin plan`, and for stderr during `snakemake -n`).
     `keys`: the train artifacts that would run (default: those with no success record);
     `forced`: those of them that start over."""
-    keys = [k for k in (jobs_to_run(experiment, prefix) if keys is None else keys) if experiment[k].step == "train"]
+    to_run = jobs_to_run(experiment, prefix)
+    keys = [k for k in (to_run if keys is None else keys) if experiment[k].step == "train"]
     if not keys:
         return ["plan: no training job to run"]
     cpu = cpu_speed(past_train_records(experiment, prefix))
     forced = set(forced)
     prices = [price_job(experiment, k, mfu, cpu, prefix, fresh=k in forced) for k in keys]
+    served = BUILT_NOTE  # a key named that no run would build (it is served): priced as its rebuild
+    prices = [p if p.key in to_run or p.key in forced else replace(p, note="; ".join(filter(None, [served, p.note])))
+              for p in prices]  # fmt: skip
     if cpu:
         where = "records built on this host" if cpu.this_host else "records built on other hosts"
         cpu_text = (

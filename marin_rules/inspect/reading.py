@@ -131,6 +131,15 @@ def unended_rebuild(location: str) -> str | None:
     return f"{HISTORY_DIR}/{name}" if isinstance(name, str) and name and "/" not in name else None
 
 
+def unended_move(location: str) -> bool:
+    """Was the unended forced rebuild (`unended_rebuild`) stopped while its old build was
+    being set aside (`forcing.move_old_build`): the next job puts it back, then rebuilds?"""
+    try:
+        return storage.read_json(storage.join(location, HISTORY_DIR, REBUILDING)).get("moving") is True
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def unended_rebuild_owed(location: str) -> bool:
     """Was the unended forced rebuild (`unended_rebuild`) owed by a cascade, so that the
     job restoring its old build rebuilds it after all (`forcing.restore_old_build`)?"""

@@ -189,6 +189,9 @@ def _killed_rebuild(location: str) -> str | None:
     holder = read_holder(location)
     if held_live(holder):
         return None  # being rebuilt now
+    if reading.unended_move(location):
+        return (f"a forced rebuild was stopped while it set the previous build aside: part of that build is in "
+                f"{unended}, part still in place; the next run puts it back whole, then rebuilds it")  # fmt: skip
     return (f"a forced rebuild was killed before it ended: the files there are its partial output; the "
             f"previous build is kept in {unended}, and the next run puts it back")  # fmt: skip
 

@@ -343,26 +343,31 @@ def retire_forced_build(
     unfinished attempt left is not put back if this one fails: it stays there (a dev
     version's is deleted: `kept_or_discarded`)."""
     from marin_rules.job.context import job_context
-    from marin_rules.workflow.forcing import begin_rebuild, forced_by_upstream, holds_build, move_old_build, moved_note
+    from marin_rules.workflow.forcing import (
+        begin_rebuild, forced_by_upstream, holds_build, mark_forced, marker_of, move_old_build, moved_note,
+        recover_interrupted,
+    )  # fmt: skip
 
     owed = forced_by_upstream(location)  # read before the move clears it
     try:
-        moved = move_old_build(location)  # stopped part-way, it puts the old build back (still forced)
-    except BaseException as error:
+        moved = move_old_build(location, keep_pointer=True)  # stopped part-way, it puts the old build back
+        if not moved:
+            return None, owed
+        finished, note = holds_build(moved), moved_note(moved)
+        if not finished and kept_or_discarded(artifact, moved) == DISCARDED:
+            note = f"what an unfinished attempt left was {DISCARDED}"
+        print(f"{artifact.key}: forced: {note}", file=sys.stderr, flush=True)
+        if not finished:
+            return None, owed
+        _, entry, provenance, _ = job_context(artifact, experiment, location, args)
+        now = utc_now()
+        pod = {} if attempt is None else {"pod_attempt": attempt}  # (`attempt`: a pod's, as its records name it)
+        begin_rebuild(location, moved, owed, entry, {**provenance.as_dict(now, now), **pod})  # replaces "moving"
+    except BaseException as error:  # before the rebuild began: the old build back in place, the force still to do
+        if recover_interrupted(location) is None and not storage.exists(marker_of(location)):
+            mark_forced(location, by_upstream=owed)  # put back after the marker went: still forced
         record_stopped_move(artifact, experiment, location, args, error)
         raise
-    if not moved:
-        return None, owed
-    finished, note = holds_build(moved), moved_note(moved)
-    if not finished and kept_or_discarded(artifact, moved) == DISCARDED:
-        note = f"what an unfinished attempt left was {DISCARDED}"
-    print(f"{artifact.key}: forced: {note}", file=sys.stderr, flush=True)
-    if not finished:
-        return None, owed
-    _, entry, provenance, _ = job_context(artifact, experiment, location, args)
-    now = utc_now()
-    pod = {} if attempt is None else {"pod_attempt": attempt}  # (`attempt`: a pod's, as its records name it)
-    begin_rebuild(location, moved, owed, entry, {**provenance.as_dict(now, now), **pod})
     return moved, owed
 
 

@@ -34,7 +34,7 @@ from typing import Any, Callable
 from marin_rules.artifacts.canonical import canonical_value
 from marin_rules.artifacts.drift import printable
 from marin_rules.artifacts.context import StepContext
-from marin_rules.artifacts.errors import MarinError, StepError
+from marin_rules.artifacts.errors import MAX_JSON_DEPTH, MarinError, StepError, deeper_than
 from marin_rules.artifacts.lease import LeaseLost
 from marin_rules.artifacts.records import Provenance, Record, error_message, utc_now, write_failure, write_success
 
@@ -102,7 +102,7 @@ def _raise_stop(stop: JobTerminated, frame: Any) -> None:
     if _importing(frame):
         _retry_later(stop)
         return
-    _cancel_pending()
+    _state["pending"] = None  # (its timer, if any, finds nothing pending: not cancelled from a handler)
     raise stop
 
 
@@ -137,9 +137,9 @@ def _retry_later(stop: JobTerminated) -> None:
 
 def _cancel_pending() -> None:
     """No stop pending any more (raised, or the step's failure is being recorded)."""
-    if _state["timer"] is not None:
-        _state["timer"].cancel()
-    _state["pending"] = _state["timer"] = None
+    timer, _state["pending"], _state["timer"] = _state["timer"], None, None  # nothing pending first
+    if timer is not None:
+        timer.cancel()
 
 
 def _on_unraisable(unraisable: Any) -> None:
@@ -281,6 +281,9 @@ def run_step(
                 "(or None), which becomes its record's result"
             )
         result = canonical_value({} if result is None else result, "result", "the record of the step's result")
+        if deeper_than(result, MAX_JSON_DEPTH - 10):  # the record around it must read back (`decode_json`)
+            raise StepError(f"result: nested more than {MAX_JSON_DEPTH - 10} levels deep; a record holds a "
+                            "flatter result")  # fmt: skip
         if not process and still_held is not None and not still_held():
             raise LeaseLost(f"{ctx.output}: lease lost before the success record was written; not recording success")
     except BaseException as caught:  # noqa: BLE001 - every failure leaves a record

@@ -182,11 +182,13 @@ def forced_phrase(run: str | None) -> str:
     return "a forced run stopped before rebuilding it" if run is None else f"a forced run ({run}) has not rebuilt it yet"
 
 
-def move_old_build(location: str) -> str | None:
+def move_old_build(location: str, keep_pointer: bool = False) -> str | None:
     """In the job, under the lease: if the main process marked this build forced, move
     what the old build left into `.history/<UTC time>/`; returns that folder, or None
     when there was nothing to move. The folder holds the old record when a build had
-    finished (`holds_build`), else only what an unfinished attempt left."""
+    finished (`holds_build`), else only what an unfinished attempt left. `keep_pointer`:
+    the "moving" pointer stays until the caller's `begin_rebuild` replaces it (a stop in
+    between still puts the old build back: `recover_interrupted`)."""
     marker = marker_of(location)
     try:
         saved = storage.read_bytes(marker)
@@ -195,16 +197,17 @@ def move_old_build(location: str) -> str | None:
     target = storage.join(location, HISTORY_DIR, history_stamp())
     storage.makedirs(target)
     finished = saved.strip() not in (b"", b"null")
-    if finished:  # the record first, and the pointer: a move cut short is put back (`_put_back`)
-        storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
+    if finished:  # the pointer, then the record: a move cut short is put back (`_put_back`)
         _write_pointer(location, {"moved": _name(target), "moving": True})
+        storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
     try:
         _move_entries(location, target)  # on a bucket a copy and a delete per object: it can take a while
     except BaseException:
         if finished:  # stopped part-way: the old build goes back in place, still marked forced
             _put_back(location, target)
         raise
-    end_rebuild(location)  # moved whole (the job notes its rebuild next: `begin_rebuild`)
+    if not keep_pointer:
+        end_rebuild(location)  # moved whole
     _remove(marker)
     _remove_companions(location)
     if not holds_build(target) and not list_data_files(target):  # an unfinished attempt that left no data
