@@ -662,3 +662,23 @@ def test_the_moving_pointer_stays_until_the_job_notes_its_rebuild_so_a_stop_in_b
     assert _files_in_place(location) == {} and _files_in_place(moved) == files
     assert forcing.recover_interrupted(location) is None
     assert _files_in_place(location) == files and not storage.exists(forcing.rebuilding_pointer(location))
+
+
+def test_the_runs_exit_puts_back_a_build_whose_move_was_killed_and_says_so(tmp_path):
+    """`Session.recover_killed_rebuilds` (the main process at exit) finds the "moving"
+    pointer a killed job left: the old build back whole, one line saying it stays forced."""
+    from types import SimpleNamespace
+
+    from marin_rules.artifacts import storage
+    from marin_rules.workflow.session import Session
+
+    location = str(tmp_path / "ck/v1")
+    files = _old_build(location)
+    forcing.move_old_build(location, keep_pointer=True)  # killed before begin_rebuild: the pointer says moving
+    run = SimpleNamespace(_marked=["ck@v1"], location=lambda key: location)
+    assert Session.recover_killed_rebuilds(run) == [
+        "ck@v1: its forced rebuild was killed while it set the previous build aside; that build is back in place, "
+        "and the next run rebuilds it (still forced)"
+    ]
+    assert {k: v for k, v in _files_in_place(location).items() if not k.startswith(".lease")} == files
+    assert storage.exists(forcing.marker_of(location))  # moved whole, its marker had gone: marked again

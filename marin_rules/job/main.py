@@ -344,8 +344,7 @@ def retire_forced_build(
     version's is deleted: `kept_or_discarded`)."""
     from marin_rules.job.context import job_context
     from marin_rules.workflow.forcing import (
-        begin_rebuild, forced_by_upstream, holds_build, mark_forced, marker_of, move_old_build, moved_note,
-        recover_interrupted,
+        begin_rebuild, forced_by_upstream, holds_build, move_old_build, moved_note, recover_interrupted,
     )  # fmt: skip
 
     owed = forced_by_upstream(location)  # read before the move clears it
@@ -364,8 +363,7 @@ def retire_forced_build(
         pod = {} if attempt is None else {"pod_attempt": attempt}  # (`attempt`: a pod's, as its records name it)
         begin_rebuild(location, moved, owed, entry, {**provenance.as_dict(now, now), **pod})  # replaces "moving"
     except BaseException as error:  # before the rebuild began: the old build back in place, the force still to do
-        if recover_interrupted(location) is None and not storage.exists(marker_of(location)):
-            mark_forced(location, by_upstream=owed)  # put back after the marker went: still forced
+        recover_interrupted(location)  # a "moving" pointer: the old build back in place, still marked forced
         record_stopped_move(artifact, experiment, location, args, error)
         raise
     return moved, owed

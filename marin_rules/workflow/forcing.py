@@ -198,7 +198,7 @@ def move_old_build(location: str, keep_pointer: bool = False) -> str | None:
     storage.makedirs(target)
     finished = saved.strip() not in (b"", b"null")
     if finished:  # the pointer, then the record: a move cut short is put back (`_put_back`)
-        _write_pointer(location, {"moved": _name(target), "moving": True})
+        _write_pointer(location, {"moved": _name(target), "moving": True, "owed": forced_by_upstream(location)})
         storage.write_bytes_atomic(storage.join(target, RECORD_FILE), saved)
     try:
         _move_entries(location, target)  # on a bucket a copy and a delete per object: it can take a while
@@ -330,6 +330,8 @@ def recover_interrupted(location: str) -> str | None:
     moved, pointer = found
     if pointer.get("moving"):  # killed while the old build was being set aside: put it back, still forced
         _put_back(location, moved)
+        if not storage.exists(marker_of(location)):  # it had moved whole, its marker gone since
+            mark_forced(location, by_upstream=bool(pointer.get("owed")))
         return None
     record = storage.join(location, RECORD_FILE)
     try:

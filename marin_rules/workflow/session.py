@@ -636,12 +636,14 @@ class Session:
         not Snakemake's backup of its record on top of the attempt's partial data. A
         rebuild whose lease is still live (a pod job elsewhere) is left to its next job."""
         from marin_rules.artifacts import lease as leases
+        from marin_rules.inspect.reading import unended_move
 
         lines = []
         for key in self._marked:
             location = self.location(key)
             if forcing.interrupted_rebuild(location) is None:
                 continue
+            moving = unended_move(location)  # killed while it set the old build aside
             try:
                 held = leases.acquire(location, is_done=lambda: False, wait=False)
             except (leases.LeaseHeld, MarinError, OSError):
@@ -657,6 +659,9 @@ class Session:
             if failed:
                 lines.append(f"{key}: its forced rebuild was killed before it ended; the previous build is back "
                              f"in place (what the attempt left: {failed})")  # fmt: skip
+            elif moving:
+                lines.append(f"{key}: its forced rebuild was killed while it set the previous build aside; that "
+                             "build is back in place, and the next run rebuilds it (still forced)")  # fmt: skip
         return lines
 
     def drop_unbegun_cascades(self) -> None:
