@@ -351,7 +351,7 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
 
         keys = [_experiment_key(k, experiment, "plan") for k in args.keys] if args.keys else None
         _note_missing_prefix(prefix, args.snakefile, bool(args.directory))
-        print("\n".join(plan_lines(experiment, prefix, keys, mfu=args.mfu)))
+        print("\n".join(plan_lines(experiment, prefix, keys, mfu=args.mfu, named=keys is not None)))
         return 0
     if args.command == "dag":
         from marin_rules.inspect.dag import render_svg

@@ -66,11 +66,12 @@ def test_a_built_train_artifact_named_to_plan_is_priced_as_a_rebuild_and_says_so
 
     experiment, prefix = load_experiment(experiment_file), str(tmp_path / "artifacts")
     key = "checkpoints/nano@v1"
-    assert BUILT_NOTE not in plan_lines(experiment, prefix, [key])[1]
+    assert BUILT_NOTE not in plan_lines(experiment, prefix, [key], named=True)[1]
     build(prefix, experiment, key, result={"final_val_loss": 3.0})
-    line = plan_lines(experiment, prefix, [key])[1]
+    line = plan_lines(experiment, prefix, [key], named=True)[1]
     assert line.endswith(f"({BUILT_NOTE})") and "FLOPs 3.05e+10" in line
-    assert BUILT_NOTE not in plan_lines(experiment, prefix, [key], forced=[key])[1]  # forced: a rebuild indeed
+    assert BUILT_NOTE not in plan_lines(experiment, prefix, [key], forced=[key], named=True)[1]  # forced: a rebuild indeed
+    assert BUILT_NOTE not in plan_lines(experiment, prefix, [key])[1]  # planning's own keys: the jobs it will run
 
 
 def test_price_takes_the_vocabulary_the_built_tokenized_data_recorded_over_the_one_asked(experiment_file, tmp_path):  # noqa: F811

@@ -321,21 +321,23 @@ def count(n: float) -> str:
 
 def plan_lines(
     experiment: Experiment, prefix: str, keys: Iterable[str] | None = None, mfu: float = DEFAULT_MFU,
-    forced: Iterable[str] = (),
+    forced: Iterable[str] = (), named: bool = False,
 ) -> list[str]:
     """The priced plan as lines (for `marin plan`, and for stderr during `snakemake -n`).
     `keys`: the train artifacts that would run (default: those with no success record);
-    `forced`: those of them that start over."""
-    to_run = jobs_to_run(experiment, prefix)
+    `forced`: those of them that start over. `named`: `keys` are the ones a user named
+    (`marin plan KEY`): one no run would build (it is served) is priced as its rebuild,
+    saying so; planning passes the jobs Snakemake will run."""
+    to_run = jobs_to_run(experiment, prefix) if keys is None or named else None
     keys = [k for k in (to_run if keys is None else keys) if experiment[k].step == "train"]
     if not keys:
         return ["plan: no training job to run"]
     cpu = cpu_speed(past_train_records(experiment, prefix))
     forced = set(forced)
     prices = [price_job(experiment, k, mfu, cpu, prefix, fresh=k in forced) for k in keys]
-    served = BUILT_NOTE  # a key named that no run would build (it is served): priced as its rebuild
-    prices = [p if p.key in to_run or p.key in forced else replace(p, note="; ".join(filter(None, [served, p.note])))
-              for p in prices]  # fmt: skip
+    if named:  # a key no run would build (it is served; one a killed rebuild left trains nothing): its rebuild
+        prices = [replace(p, note="; ".join(filter(None, [BUILT_NOTE, p.note])))
+                  if p.tokens and p.key not in to_run and p.key not in forced else p for p in prices]  # fmt: skip
     if cpu:
         where = "records built on this host" if cpu.this_host else "records built on other hosts"
         cpu_text = (
