@@ -59,7 +59,9 @@ from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.provenance import iso, utc_now
 from marin_rules.artifacts.records import error_message, read_record
 from marin_rules.dev_versions import DISCARDED
-from marin_rules.job.run import JobTerminated, install_stop_handlers, note_stop_cause, run_step, stop_for_lost_lease
+from marin_rules.job.run import (
+    JobTerminated, exit_status, install_stop_handlers, note_stop_cause, run_step, stop_for_lost_lease,
+)  # fmt: skip
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -376,12 +378,10 @@ def record_stopped_move(artifact: Any, experiment: Any, location: str, args: arg
     from marin_rules.artifacts.records import write_failure
     from marin_rules.job.context import job_context
 
-    status: int | str = error.exit_status if isinstance(error, JobTerminated) else (
-        "SIGINT" if isinstance(error, KeyboardInterrupt) else 1)  # fmt: skip
     try:
         _, entry, provenance, _ = job_context(artifact, experiment, location, args)
         now = utc_now()
-        write_failure(location, entry, error, provenance.as_dict(now, now), status)
+        write_failure(location, entry, error, provenance.as_dict(now, now), exit_status(error))
     except Exception as e:  # noqa: BLE001 - the storage that stopped the move may refuse this too: the error stands
         print(f"{artifact.key}: no failure record for the stopped attempt ({type(e).__name__}: {e})", file=sys.stderr)
 

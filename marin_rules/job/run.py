@@ -207,6 +207,18 @@ def _raise_pending() -> None:
         raise JobTerminated(stop.signum, stop.reason)
 
 
+def exit_status(error: BaseException) -> int | str | None:
+    """The exit status a failure record gives for `error`: the stop's signal (or "lease
+    lost"), SystemExit's code, the stop a step turned into another error, else None."""
+    if isinstance(error, JobTerminated):
+        return error.exit_status
+    if isinstance(error, KeyboardInterrupt):
+        return "SIGINT"
+    if isinstance(error, SystemExit):
+        return error.code if isinstance(error.code, int) else 1
+    return _state["stopping"]  # the step caught the stop and raised another error; None when not stopping
+
+
 def _caught_stop(what: str) -> JobTerminated:
     """The stop that was caught (`except BaseException:`, a bare `except:`) by `what`
     ("the step caught the stop and returned"): work that may be cut short, so it fails as
@@ -290,16 +302,7 @@ def run_step(
         _cancel_pending()  # a stop set aside is not raised into the recording of this failure
         error = _explained(_completed(caught, hint_flags), why_stopped)
         ended = utc_now()
-        status: int | str | None = None
-        if isinstance(error, JobTerminated):
-            status = error.exit_status
-        elif isinstance(error, KeyboardInterrupt):
-            status = "SIGINT"
-        elif isinstance(error, SystemExit):
-            status = error.code if isinstance(error.code, int) else 1
-        elif _state["stopping"] is not None:  # the step caught the stop and raised another error
-            status = _state["stopping"]
-        where = write_failure(ctx.output, entry, error, provenance.as_dict(started, ended), status, process)
+        where = write_failure(ctx.output, entry, error, provenance.as_dict(started, ended), exit_status(error), process)
         if not isinstance(error, (MarinError, JobTerminated, KeyboardInterrupt, SystemExit)):
             # a bug, in a user's step or ours: where it happened, in the job's log (which
             # --show-failed-logs prints) as in the failure record; escaped: it reaches the terminal
