@@ -81,7 +81,7 @@ from marin_rules.artifacts.code import built_with, code_change, code_hash
 from marin_rules.artifacts.builds import build_of, rebuilt_upstreams, upstream_builds
 from marin_rules.artifacts.drift import EDITED_FIX, drift_notice, edited_record, no_bump_needed, printable
 from marin_rules.artifacts.errors import ConfigError, DriftError, MarinError
-from marin_rules.artifacts.files import list_data_files, size_problems
+from marin_rules.artifacts.files import file_problems, list_data_files
 from marin_rules.artifacts.identity import ArtifactId, artifact_location
 from marin_rules.artifacts.lease import LeaseHolder, held_live, holder_gone, lease_problem, read_lease
 from marin_rules.artifacts.records import edited_note, rebuild_hint, recipe_drift
@@ -574,7 +574,7 @@ def _damaged(location: str, record: Mapping[str, Any], hint_flags: str | None) -
     files = record.get("files")
     if not isinstance(files, Mapping) or not files:
         return None
-    problems = list(size_problems(location, dict(files)).values())
+    problems = file_problems(location, dict(files))
     if not problems:
         return None
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
