@@ -222,11 +222,11 @@ def _verify_keys(keys: list[str], experiment: Experiment, prefix: str, dev_user:
             return 1
     failed = 0
     for artifact in artifacts:
+        hint_flags = flags if artifact.key in experiment.artifacts else None  # an older version's: no command
         try:
-            status = _verify(artifact.key, artifact_location(prefix, artifact), prefix, artifact,
-                             flags if artifact.key in experiment.artifacts else None)  # fmt: skip
-        except MarinError as e:  # (an older version's: no command of this experiment rebuilds it)
-            print(f"marin: {e.with_flags(flags) if artifact.key in experiment.artifacts else e}", file=sys.stderr)
+            status = _verify(artifact.key, artifact_location(prefix, artifact), prefix, artifact, hint_flags)
+        except MarinError as e:
+            print(f"marin: {e.with_flags(hint_flags)}", file=sys.stderr)
             status = 1
         failed += status != 0
     if len(artifacts) > 1 or not keys:
@@ -260,10 +260,8 @@ def _verify(key: str, location: str, prefix: str, artifact: ArtifactId, flags: s
             print(f"{key}: {problem}")
         if changed:  # a rebuild would adopt the changed data under the same version
             hint = source_changed(source, changed)
-        elif flags is not None:
-            hint = rebuild_hint(location, flags)
         else:
-            hint = "it is not an artifact of this experiment: rebuild it with the experiment that defines it"
+            hint = rebuild_hint(location, flags)
         print(f"{key}: {len(problems)} problem(s); {hint}", file=sys.stderr)
         return 1
     adopted = "" if source is None else f"; its adopted source {source} holds its {len(record.result['listing'])} file(s)"
@@ -316,7 +314,8 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
 
             artifact = _stored_id(args.key, experiment, prefix, args.dev_user)
             location = artifact_location(prefix, artifact)
-            events = artifact_history(location, artifact, flags)
+            ours = experiment is not None and artifact.key in experiment.artifacts
+            events = artifact_history(location, artifact, flags if ours else None)  # an older version: no command
             if not events and (experiment is None or artifact.key not in experiment.artifacts):
                 others = [k for k in _known_keys(experiment, prefix, artifact.name) if k != artifact.key]
                 hint = reading.suggestion(artifact.key, others)

@@ -164,8 +164,17 @@ def test_show_and_verify_read_an_older_version_the_prefix_holds_outside_the_expe
     assert capsys.readouterr().out == "checkpoints/nano@v0: all 1 file(s) present at their recorded sizes\n"
     os.remove(f"{prefix}/checkpoints/nano/v0/data.bin")
     assert main(["verify", "checkpoints/nano@v0", *args]) == 1
-    assert capsys.readouterr().err == ("checkpoints/nano@v0: 1 problem(s); it is not an artifact of this experiment: "
-                                       "rebuild it with the experiment that defines it\n")  # fmt: skip
+    assert capsys.readouterr().err == ("checkpoints/nano@v0: 1 problem(s); "
+                                       "rebuild it with the experiment that defines it (this one does not)\n")  # fmt: skip
+    with open(f"{prefix}/checkpoints/nano/v0/.artifact.json", "w") as f:
+        f.write("{not json")  # corrupt: no `snakemake -f` of this experiment rebuilds it, so none is printed
+    assert main(["verify", "checkpoints/nano@v0", *args]) == 1
+    err = capsys.readouterr().err
+    assert err.endswith("; delete it and rebuild it with the experiment that defines it (this one does not)\n")
+    assert "snakemake" not in err
+    assert main(["history", "checkpoints/nano@v0", *args]) == 0
+    out = capsys.readouterr().out
+    assert "rebuild it with the experiment that defines it (this one does not)" in out and "snakemake -f" not in out
     assert main(["show", "checkpoints/nano@v9", *args]) == 1  # on neither: the nearest key of the experiment
     assert "checkpoints/nano@v9: not an artifact of" in capsys.readouterr().err
 

@@ -18,9 +18,10 @@ from typing import Any
 class MarinError(Exception):
     """Base class for errors meant to be shown to the user as one line."""
 
-    def with_flags(self, flags: str) -> "MarinError":
+    def with_flags(self, flags: str | None) -> "MarinError":
         """The error whose suggested snakemake command also carries `flags` (what the
-        run's experiment and prefix need: `workflow.options.rerun_flags`): itself, for
+        run's experiment and prefix need: `workflow.options.rerun_flags`; None: the
+        artifact is not the experiment's, so no command is suggested): itself, for
         errors that suggest none (`records.CorruptRecord` completes its own)."""
         return self
 

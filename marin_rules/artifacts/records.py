@@ -94,24 +94,23 @@ def rebuild_command(record_file: str, flags: str = "") -> str:
 class CorruptRecord(MarinError):
     """A success record that cannot be trusted; the message is one line:
     `<record file>: <what is wrong>; <how to fix>`. The layers that know the run's
-    experiment and prefix complete its command with `with_flags`."""
+    experiment and prefix complete its command with `with_flags`; `flags` None: the
+    artifact is not the experiment's (an older version), which no command of it rebuilds."""
 
-    def __init__(self, record_file: str, problem: str, flags: str = ""):
+    def __init__(self, record_file: str, problem: str, flags: str | None = ""):
         self.record_file = record_file
         self.problem = problem
         stored = stored_path(record_file)  # a mirror's copy is fetched again: the remote one is to delete
-        super().__init__(
-            f"{stored}: {printable(problem)}; delete it and rebuild the artifact with: "
-            f"{rebuild_command(record_file, flags)}"
-        )
+        fix = OTHER_EXPERIMENT_HINT if flags is None else f"rebuild the artifact with: {rebuild_command(record_file, flags)}"
+        super().__init__(f"{stored}: {printable(problem)}; delete it and {fix}")
         self.flags = flags
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable (a worker process may raise it), flags kept
         return (CorruptRecord, (self.record_file, self.problem, self.flags))
 
-    def with_flags(self, flags: str) -> CorruptRecord:
+    def with_flags(self, flags: str | None) -> CorruptRecord:
         """The same line, its `snakemake -f RECORD` followed by `flags`
-        (`workflow.options.rerun_flags`), so that it runs as printed."""
+        (`workflow.options.rerun_flags`), so that it runs as printed; None: no command."""
         return CorruptRecord(self.record_file, self.problem, flags)
 
 
@@ -348,10 +347,16 @@ def write_success(location: str, entry: Mapping[str, Any], result: Any, provenan
     return record
 
 
-def rebuild_hint(location: str, flags: str = "") -> str:
+OTHER_EXPERIMENT_HINT = "rebuild it with the experiment that defines it (this one does not)"
+
+
+def rebuild_hint(location: str, flags: str | None = "") -> str:
     """How to rebuild the artifact at `location` alone (its built consumers are served as
     they are): the end of a one-line error. `flags`: what else the command needs to plan
-    the same experiment on the same prefix (`workflow.options.rerun_flags`)."""
+    the same experiment on the same prefix (`workflow.options.rerun_flags`); None: the
+    artifact is not the experiment's (an older version), which no command of it rebuilds."""
+    if flags is None:
+        return OTHER_EXPERIMENT_HINT
     return f"rebuild it with: {rebuild_command(record_location(location), flags)}"
 
 
@@ -374,7 +379,7 @@ class UnreadableFile(StepError):
     def __reduce__(self) -> tuple[Any, ...]:  # picklable (a worker process may raise it), flags kept
         return (UnreadableFile, (self.field, self.path, self.location, self.reason, self.built, self.flags))
 
-    def with_flags(self, flags: str) -> UnreadableFile:
+    def with_flags(self, flags: str | None) -> UnreadableFile:
         """The same line, its `snakemake -f RECORD` followed by `flags`
         (`workflow.options.rerun_flags`), so that it runs as printed."""
         return UnreadableFile(self.field, self.path, self.location, self.reason, self.built, flags)

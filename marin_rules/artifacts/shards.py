@@ -162,7 +162,7 @@ class OtherRecipeShard(StepError):
     def __reduce__(self) -> tuple[Any, ...]:  # picklable, as every step error
         return (OtherRecipeShard, (self.shard, self.path, self.location, self.change, self.flags))
 
-    def with_flags(self, flags: str) -> OtherRecipeShard:
+    def with_flags(self, flags: str | None) -> OtherRecipeShard:
         """The same line, its `snakemake -f RECORD` followed by `flags`
         (`workflow.options.rerun_flags`), so that it runs as printed."""
         return OtherRecipeShard(self.shard, self.path, self.location, self.change, flags)

@@ -102,10 +102,11 @@ def _one_per_pod_attempt(events: list[Event]) -> list[Event]:
     return out
 
 
-def artifact_history(location: str, expected: ArtifactId | None = None, hint_flags: str = "") -> list[Event]:
+def artifact_history(location: str, expected: ArtifactId | None = None, hint_flags: str | None = "") -> list[Event]:
     """Every attempt at the artifact at `location`, oldest first; a record that cannot
     be read (the current one included) is listed last as unreadable, with its one line
-    (a corrupt current record's rebuild command followed by `hint_flags`: `CorruptRecord.with_flags`)."""
+    (a corrupt current record's rebuild command followed by `hint_flags`: `CorruptRecord.with_flags`;
+    None: the artifact is not the experiment's, no command of it rebuilds it)."""
     events: list[Event] = []
     try:
         current = reading.record_dict(location, expected)

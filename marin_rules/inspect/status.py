@@ -578,9 +578,7 @@ def _damaged(location: str, record: Mapping[str, Any], hint_flags: str | None) -
     if not problems:
         return None
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-    fix = "consumers refuse it; " + (
-        rebuild_hint(location, hint_flags) if hint_flags is not None else "rebuild it with the experiment that defines it"
-    )
+    fix = f"consumers refuse it; {rebuild_hint(location, hint_flags)}"
     return f"{problems[0]}{more}: {fix}"
 
 

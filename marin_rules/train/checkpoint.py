@@ -258,7 +258,7 @@ class NoCheckpointRestores(StepError):
     def __reduce__(self) -> tuple[Any, ...]:
         return (NoCheckpointRestores, (self.what, self.output, self.flags))
 
-    def with_flags(self, flags: str) -> NoCheckpointRestores:
+    def with_flags(self, flags: str | None) -> NoCheckpointRestores:
         return NoCheckpointRestores(self.what, self.output, flags)
 
 
