@@ -171,7 +171,7 @@ def test_status_gives_each_state_its_reason_and_the_headline_results(experiment_
     evals = rows["evals/nano@v1"]
     assert evals["state"] == "upstream rebuilt"
     assert evals["reason"].startswith("checkpoints/nano@v1 rebuilt since this was built (fingerprint 0123456789abcdef then, ")
-    assert evals["score"] == "marin_shakespeare_cloze acc 0.310"
+    assert evals["score"] == "marin_shakespeare_bpb bits_per_byte 2.500"  # the experiment's first task
 
     assert main(["status", "--configfile", experiment_file, "--prefix", prefix]) == 0
     table = capsys.readouterr().out.splitlines()
@@ -518,13 +518,25 @@ def test_a_bits_per_byte_score_of_a_lossy_tokenizer_is_marked_not_meaningful(exp
     assert main(["status", "--configfile", experiment_file, "--prefix", prefix]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("evals/nano@v1"))
     assert "bits_per_byte 2.500 (not meaningful: lossy tokenizer)" in row
-    # a lossless tokenizer's figure, and accuracy (no bytes counted), stand as they are
+    # a lossless tokenizer's figure stands as it is, first as the experiment lists it; a
+    # figure not meaningful gives way to another task's accuracy (no bytes counted)
     for result, score in [
         ({"marin_shakespeare_bpb": {**lossy, "lossless": True}}, "marin_shakespeare_bpb bits_per_byte 2.500"),
+        ({"marin_shakespeare_bpb": {**lossy, "lossless": True}, "marin_shakespeare_cloze": {"acc": 0.31}},
+         "marin_shakespeare_bpb bits_per_byte 2.500"),
         ({"marin_shakespeare_bpb": lossy, "marin_shakespeare_cloze": {"acc": 0.31}}, "marin_shakespeare_cloze acc 0.310"),
     ]:
         build(prefix, experiment, "evals/nano@v1", result=result)
         assert status_json(experiment_file, prefix, capsys)["evals/nano@v1"]["score"] == score
+
+
+def test_the_score_is_the_first_task_the_experiment_lists_not_the_first_by_name():
+    from marin_rules.inspect.status import headline
+
+    result = {"b_bpb": {"bits_per_byte": 2.25}, "a_cloze": {"acc": 0.5, "acc_norm": 0.25}, "final_val_loss": 3.0}
+    assert headline({"config": {"tasks": ["b_bpb", "a_cloze"]}, "result": result}) == (3.0, "b_bpb bits_per_byte 2.250")
+    assert headline({"config": {"tasks": ["a_cloze", "b_bpb"]}, "result": result}) == (3.0, "a_cloze acc 0.500")
+    assert headline({"result": result}) == (3.0, "a_cloze acc 0.500")  # no list (a hand-made record): by name
 
 
 def test_an_unbuilt_artifact_with_a_garbled_lease_file_says_so(experiment_file, tmp_path, capsys):

@@ -62,9 +62,10 @@ NAME)` (`reading.builds_on_prefix`), and a dev version's folder of the layout be
 per-user folders (`name/dev`, `dev_versions.is_unowned`) once, as `name@dev (no user:
 old layout)`, saying that no run reads it. A dev version never resumes what an
 attempt left (its next run rebuilds it from scratch). Headline columns: the final
-validation loss of a train result and the main score of an evaluate result (the
-first of SCORE_METRICS, in that order, that any task reports: accuracy before bits
-per byte). A bits per byte or perplexity figure of a task whose result records
+validation loss of a train result and the main score of an evaluate result (its
+first task, in the experiment's order, that reports one of SCORE_METRICS, and the
+first of those it reports: accuracy before bits per byte; a figure not meaningful, as
+below, only when no task has another). A bits per byte or perplexity figure of a task whose result records
 `lossless: false` (the model's tokenizer did not give the scored texts back:
 `eval/step.py`) is marked "(not meaningful: lossy tokenizer)", as results.md marks it.
 """
@@ -126,14 +127,22 @@ def headline(record: Mapping[str, Any] | None) -> tuple[float | None, str]:
     if not isinstance(result, Mapping):
         return None, ""
     val = next((result[k] for k in VAL_LOSS_KEYS if isinstance(result.get(k), (int, float))), None)
-    tasks = [t for t in sorted(result) if isinstance(result[t], Mapping)]
-    for metric in SCORE_METRICS:  # the first metric in this order that any task reports
-        for task in tasks:
-            value = result[task].get(metric)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                lossy = metric in RATIO_METRICS and result[task].get("lossless") is False
-                return val, f"{task} {metric} {value:.3f}{f' ({LOSSY_LABEL})' if lossy else ''}"
-    return val, ""
+    config = (record or {}).get("config")
+    listed = config.get("tasks") if isinstance(config, Mapping) else None
+    listed = [t for t in listed if isinstance(t, str)] if isinstance(listed, list) else []
+    named = [t for t in listed if t in result] + sorted(t for t in result if t not in listed)
+    scores = []  # (lossy, figure): each task's first metric in SCORE_METRICS' order, the experiment's first task first
+    for task in (t for t in named if isinstance(result[t], Mapping)):
+        metric = next((m for m in SCORE_METRICS if _is_number(result[task].get(m))), None)
+        if metric is not None:
+            lossy = metric in RATIO_METRICS and result[task].get("lossless") is False
+            scores.append((lossy, f"{task} {metric} {result[task][metric]:.3f}{f' ({LOSSY_LABEL})' if lossy else ''}"))
+    meaningful = [figure for lossy, figure in scores if not lossy]
+    return val, (meaningful or [figure for _, figure in scores] or [""])[0]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def read_holder(location: str) -> LeaseHolder | None:
