@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from marin_rules.artifacts import storage
 from test_job_forcing import _status
 from test_workflow import Workspace
 
@@ -157,3 +158,48 @@ def test_consumers_of_a_sharded_artifact_left_unbuilt_are_rebuilt_after_it_not_b
     for key in CONSUMERS:
         assert ws.record(key) == first[key]
     _assert_finished_in_one_run(ws, first)
+
+
+KILL_MID_RETIRE = """
+import os, sys
+from marin_rules.artifacts import storage
+from marin_rules.workflow import forcing
+moves, real_move = [], storage.move
+def move(source, target):  # the process dies here, as under kill -9, after this many moves
+    if len(moves) == int(sys.argv[2]):
+        os._exit(9)
+    moves.append(source)
+    return real_move(source, target)
+storage.move = move
+forcing.retire_now(sys.argv[1], stale_s=3600)
+"""
+
+
+@pytest.mark.parametrize("moved_before_kill", [0, 2])
+def test_a_forced_sharded_artifact_killed_while_its_old_build_moved_aside_is_put_back_whole_and_rebuilt(
+    built, moved_before_kill
+):
+    # `start` moves a forced sharded artifact's old build aside (forcing.retire_now) in the
+    # main process; on a bucket that is a copy and a delete per object. Snakemake killed
+    # part-way left it split between its place and .history/: the next plain run used to
+    # fail in the gather ("shard ... has no record") and drop the force
+    import subprocess
+    import sys
+
+    ws = built
+    location = Path(ws.prefix) / "dedup/s/v1"
+    old = ws.record("dedup/s@v1")
+    files = sorted(str(p.relative_to(location)) for p in location.rglob("*") if p.is_file() and ".lease" not in p.name)
+    killed = subprocess.run([sys.executable, "-c", KILL_MID_RETIRE, str(location), str(moved_before_kill)])
+    assert killed.returncode == 9 and (location / ".history/.rebuilding").exists()
+    said = "dedup/s@v1: a forced rebuild was killed while it set the previous build aside: "
+    dry = _out(ws.snakemake("-n"))
+    assert said + "a real run puts it back whole, then rebuilds it" in dry and dry.count("rule dedup_shard:") == 2
+    run = _out(ws.snakemake())
+    assert said + "putting it back whole, rebuilding it" in run and run.count("rule dedup_shard:") == 2, run[-3000:]
+    assert ws.record("dedup/s@v1")["provenance"]["started"] > old["provenance"]["ended"]  # rebuilt
+    (kept,) = [p for p in (location / ".history").iterdir() if p.is_dir()]  # the old build, whole, in one folder
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file() and ".lease" not in p.name) == files
+    assert storage.read_json(str(kept / ".artifact.json")) == old
+    assert not (location / ".history/.rebuilding").exists() and not (location / ".history/.forced-record").exists()
+    assert "Nothing to be done" in _out(ws.snakemake("-n"))

@@ -411,6 +411,7 @@ def retire_now(location: str, keep: bool = True, stale_s: float | None = None) -
                 unreadable = leases.fresh_unreadable_lease(shard, stale_s)
                 if unreadable is not None:  # a run may be building that shard under it
                     raise leases.LeaseHeld(folder, None, "; force it once that run has finished", unreadable=unreadable)
+        recover_interrupted(location)  # a retire killed part-way (its "moving" pointer): the old build back whole first
         mark_forced(location)
         moved = move_old_build(location)
         if moved and not keep:

@@ -55,7 +55,10 @@ and gives it the stamp too, so the cascade is finished, consumers after their up
 (`_left_pending`); each artifact this finishes gets one line saying so (`_owed_line`).
 A forced rebuild killed outright along with its Snakemake leaves `.history/.rebuilding`
 (`forcing.begin_rebuild`): that artifact gets the stamp, so its job restores the old
-build before anything is served (`_rebuild_unended`).
+build before anything is served (`_rebuild_unended`). A forced sharded artifact whose
+Snakemake was killed while `start` set its old build aside (the pointer says "moving")
+has that force finished by the next run: `start` puts the old build back whole and sets
+it aside again, and every shard job and the gather run (`_retire_unended`).
 An unbuilt, unforced train artifact whose checkpoints hold another recipe gets planning's
 line that its job will refuse to resume (`advisory.refusal_warning`).
 Adopted data (`adopt:`) has its source's layout checked while planning, unless it is
@@ -434,6 +437,8 @@ class Session:
             inputs["marin_run_stamp"] = self._run_stamp()  # its job sets the stale shard aside and builds it
         elif "shard" in wildcards.keys() and self.main_process and forced and not self.left_out(artifact.key):
             inputs["marin_run_stamp"] = self._run_stamp()  # planned (and listed by -n): `start` retires the old shards
+        elif "shard" in wildcards.keys() and self.main_process and self._retire_unended(artifact):
+            inputs["marin_run_stamp"] = self._run_stamp()  # `start` puts the old build back whole, then retires it
         elif "shard" not in wildcards.keys() and self.main_process and not forced and self._rebuild_unended(artifact):
             inputs["marin_run_stamp"] = self._run_stamp()  # its job restores the old build (or waits for the rebuild)
         for role, dep in artifact.deps.items():
@@ -444,7 +449,9 @@ class Session:
                 path = self.record_path(upstream)
                 name = role if isinstance(dep, str) else f"{role}_{i}"
                 inputs[name] = path if self.is_forced(upstream) else ancient(path)
-        if artifact.step in SHARDED_STEPS and "shard" not in wildcards.keys() and (forced or record is None):
+        if artifact.step in SHARDED_STEPS and "shard" not in wildcards.keys() and (
+            forced or record is None or self._retire_unended(artifact)
+        ):
             for i, path in enumerate(self.shard_records(artifact.key)):
                 inputs[f"shard_{i}"] = path
         return inputs
@@ -503,6 +510,19 @@ class Session:
                   "place serves; delete the file", file=sys.stderr)  # fmt: skip
         return False
 
+    def _retire_unended(self, artifact: Artifact) -> bool:
+        """Was this unforced sharded artifact's forced rebuild killed (with its Snakemake)
+        while `start` set its old build aside (`forcing.retire_now`: part of it moved, the
+        pointer says so)? Then this run finishes that force, as the job of any other step
+        does: `start` puts the old build back whole and sets it aside again, under the
+        lease, and every shard job and the gather run (`_plan` queues it; not with -n,
+        not when this run leaves its job out)."""
+        from marin_rules.inspect.reading import unended_move
+
+        if artifact.step not in SHARDED_STEPS or artifact.id.is_dev or self.left_out(artifact.key):
+            return False
+        return unended_move(f"{self.records_root}/{artifact.id.path}")  # the prefix, or its mirror
+
     def _run_stamp(self) -> str:
         """The run stamp, touched at the first dev or pending artifact of this invocation."""
         if not self._stamped:
@@ -529,9 +549,17 @@ class Session:
         if forced and self.left_out(artifact.key):
             self._mark_left_out(artifact)
             return
-        unended = not forced and record is not None and self._rebuild_unended(artifact)
-        if (forced or record is None or unended) and tpu_of(artifact) and not self.left_out(artifact.key):
+        retire = not forced and self._retire_unended(artifact)
+        unended = not forced and not retire and record is not None and self._rebuild_unended(artifact)
+        if (forced or record is None or unended or retire) and tpu_of(artifact) and not self.left_out(artifact.key):
             self._pod_jobs.append(artifact.key)
+        if retire:
+            how = "a real run puts it back whole, then rebuilds it" if self.dry else "putting it back whole, rebuilding it"
+            print(f"{artifact.key}: a forced rebuild was killed while it set the previous build aside: {how}",
+                  file=sys.stderr)  # fmt: skip
+            if not self.dry:
+                self._to_retire.append(artifact.key)
+            return
         if forced:
             line = self._owed_line(artifact.key)
             if line is not None:
