@@ -44,7 +44,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from marin_rules.model.config import ModelConfig
+from marin_rules.model.config import MOE_SETTINGS, ModelConfig
 from marin_rules.model.flops import active_params, flops_per_token, total_params
 from marin_rules.model.peak import local_peak_flops
 from marin_rules.model.sharding import make_mesh
@@ -55,20 +55,21 @@ from marin_rules.train.steps import batch_sharding, global_batch, init_model, ma
 # the default experiment's model (experiments/default.yaml): what this project trains
 MOE = dict(
     vocab_size=4096, max_seq_len=128, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2,
-    d_ff=512, n_experts=4, top_k=2, d_expert=256, moe_every=1,
+    n_experts=4, top_k=2, d_expert=256, moe_every=1,
 )  # fmt: skip
 
 
 def widened(model: dict, d_model: int) -> dict:
     """The model at width `d_model`: FFN and expert sizes and heads (of 32) scale with it."""
     scale = d_model / model["d_model"]
-    sizes = {k: max(1, int(model[k] * scale)) for k in ("d_ff", "d_expert", "n_heads", "n_kv_heads")}
+    sizes = {k: max(1, int(model[k] * scale)) for k in ("d_ff", "d_expert", "n_heads", "n_kv_heads") if k in model}
     return {**model, **sizes, "d_model": d_model}
 
 
 def dense_baseline(model: dict) -> dict:
     hidden = model["top_k"] * model["d_expert"] + (model["d_expert"] if model.get("shared_expert") else 0)
-    return {**model, "moe_every": 0, "d_ff": hidden}
+    dense = {k: v for k, v in model.items() if k not in MOE_SETTINGS}  # settings a dense model refuses (unused)
+    return {**dense, "moe_every": 0, "d_ff": hidden}
 
 
 def sized(model: dict, args: argparse.Namespace) -> dict:

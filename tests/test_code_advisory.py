@@ -34,7 +34,7 @@ CHAIN = {
     "mid/b@v1": {"step": "usersteps:make", "deps": {"src": "raw/a@v1"}, "config": {"text": "b"}},
 }
 TRAIN = {
-    "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "d_ff": 64, "n_experts": 4,
+    "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "n_experts": 4,
               "top_k": 2, "d_expert": 32, "max_seq_len": 32, "vocab_size": 512},
     "optimizer": {"name": "adamw", "learning_rate": 0.01},
     "num_train_steps": 10, "batch_size": 4, "seq_len": 32,

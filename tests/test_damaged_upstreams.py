@@ -181,7 +181,7 @@ TOKENS_AND_MODEL = {
     "tokenized/s@v1": {"step": "tokenize", "deps": {"corpus": "raw/s@v1", "tokenizer": "tokenizers/bpe@v1"},
                        "config": {"validation_fraction": 0.05}},
     "checkpoints/nano@v1": {"step": "train", "deps": {"data": "tokenized/s@v1"}, "config": {
-        "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "d_ff": 64, "n_experts": 4, "top_k": 2,
+        "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "n_experts": 4, "top_k": 2,
                   "d_expert": 32, "max_seq_len": 32},
         "optimizer": {"name": "adamw", "learning_rate": 0.01}, "num_train_steps": 4, "batch_size": 4, "seq_len": 32}},
 }  # fmt: skip

@@ -166,6 +166,11 @@ CASES: list[tuple[str, object]] = [
     ("moe_every above n_layers", chain("checkpoints/m@v1", config__model={"d_model": 64, "n_heads": 4, "n_layers": 2,
                                                                          "moe_every": 3})),  # fmt: skip
     ("muon_lr without muon", chain("checkpoints/m@v1", config__optimizer__muon_lr=0.02)),
+    ("d_ff when every layer is MoE", chain("checkpoints/m@v1", config__model__d_ff=512)),
+    ("capacity_factor without capacity buckets", chain("checkpoints/m@v1", config__model__capacity_factor=2.0)),
+    ("balance_loss_coef with quantile balance", chain("checkpoints/m@v1", config__model__balance="quantile",
+                                                      config__model__balance_loss_coef=0.02)),  # fmt: skip
+    ("MoE setting on a dense model", chain("checkpoints/m@v1", config__model__moe_every=0, config__model__top_k=1)),
     ("betas", chain("checkpoints/m@v1", config__optimizer__betas=[0.9])),
     ("vocabulary too small", chain("tokenizers/t@v1", config__vocab_size=300)),
     ("vocabulary missing", chain("tokenizers/t@v1", config={})),

@@ -35,7 +35,7 @@ from marin_rules.train.load import load_trained
 
 HELDOUT = "macbeth"
 TINY_MODEL = {
-    "d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "d_ff": 64,
+    "d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1,
     "n_experts": 4, "top_k": 2, "d_expert": 32, "max_seq_len": 64,
 }  # fmt: skip
 

@@ -43,7 +43,7 @@ artifacts:
     step: train
     deps: {data: tokenized/s@v1}
     config:
-      model: {d_model: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, d_ff: 128, n_experts: 4, top_k: 2, d_expert: 32, max_seq_len: 64}
+      model: {d_model: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, n_experts: 4, top_k: 2, d_expert: 32, max_seq_len: 64}
       optimizer: {name: adamw, learning_rate: 0.003}
       num_train_steps: 100
       batch_size: 8

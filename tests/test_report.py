@@ -37,7 +37,7 @@ artifacts:
     step: train
     deps: {data: tokenized/s@v1}
     config:
-      model: {d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 1, d_ff: 64, n_experts: 4, top_k: 2, d_expert: 32, max_seq_len: 32}
+      model: {d_model: 32, n_layers: 2, n_heads: 2, n_kv_heads: 1, n_experts: 4, top_k: 2, d_expert: 32, max_seq_len: 32}
       optimizer: {name: adamw, learning_rate: 0.01}
       num_train_steps: 10
       batch_size: 4

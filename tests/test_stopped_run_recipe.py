@@ -42,7 +42,7 @@ from train_helpers.tokens import make_tokens
 
 KEY, PATH = "checkpoints/long@v1", "checkpoints/long/v1"
 CONFIG = {
-    "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "d_ff": 64, "n_experts": 4, "top_k": 2,
+    "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "n_experts": 4, "top_k": 2,
               "d_expert": 32, "max_seq_len": 32},
     "optimizer": {"name": "adamw", "learning_rate": 0.01},
     "num_train_steps": 5000,  # never reached: the run is killed after checkpoint 5

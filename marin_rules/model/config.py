@@ -34,6 +34,12 @@ SIZE_WHY = "model sizes are int32 in jitted code"
 Size = Annotated[int, Int(min=1, max=INT32_MAX, max_why=SIZE_WHY)]
 
 
+MOE_SETTINGS = (
+    "n_experts", "top_k", "d_expert", "shared_expert", "router_gate", "balance", "balance_loss_coef",
+    "z_loss_coef", "moe_impl", "capacity_factor",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: Annotated[Size, "token ids; filled in from the tokenizer when left out"] = 4096
@@ -90,6 +96,30 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def unused_settings(self, given: frozenset[str] = frozenset()) -> dict[str, str]:
+        """{setting: why, and how to fix} for each setting this model never reads: an
+        experiment that writes one would change its fingerprint, and `marin diff` would
+        show it, for nothing (`train.config.parse_train_config` refuses those written).
+        `given`: the settings the experiment wrote (the others are named as defaults)."""
+
+        def setting(name: str) -> str:
+            value = getattr(self, name)
+            return f"{name}: {value}" + ("" if name in given else " (the default)")
+
+        if self.moe_every == 0:
+            return {name: "the model is dense (moe_every: 0); remove it, or set moe_every > 0" for name in MOE_SETTINGS}
+        unused = {}
+        if self.moe_every == 1:
+            unused["d_ff"] = (f"every layer is MoE, {setting('moe_every')}, and its experts are d_expert wide; remove "
+                              "it, or set moe_every > 1 to have dense layers of d_ff between MoE ones")  # fmt: skip
+        if self.moe_impl != "capacity":
+            unused["capacity_factor"] = (f"only moe_impl: capacity has buckets, and {setting('moe_impl')} drops no "
+                                         "token; remove it, or set moe_impl: capacity")  # fmt: skip
+        if self.balance != "aux_loss":
+            unused["balance_loss_coef"] = (f"with {setting('balance')} a router bias balances the experts, not a loss "
+                                           "term; remove it, or set balance: aux_loss")  # fmt: skip
+        return unused
 
     def dropless(self) -> ModelConfig:
         """This model with a dropless MoE dispatch, as evaluation, `load_trained` and

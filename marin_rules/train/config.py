@@ -94,6 +94,10 @@ def parse_train_config(config: Any, vocab_size: int | None = None) -> TrainConfi
     tc = parse(TrainConfig, config, "config")
     if vocab_size is not None and "vocab_size" not in config["model"]:
         tc = dataclasses.replace(tc, model=dataclasses.replace(tc.model, vocab_size=vocab_size))
+    written_model = frozenset(config["model"])
+    for name, why in tc.model.unused_settings(written_model).items():
+        if name in written_model:  # else it changes the fingerprint and shows in marin diff for nothing
+            raise ConfigError(f"config.model.{name}", f"not used by this model: {why}")
     if tc.batch_size % tc.grad_accum_steps:
         raise ConfigError(
             "config.grad_accum_steps",

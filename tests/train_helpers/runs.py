@@ -20,7 +20,7 @@ HELPER = Path(__file__).with_name("run_train.py")
 
 # A model small enough to compile and train in seconds on 2 cores, big enough to learn.
 TINY_MODEL = {
-    "d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "d_ff": 64,
+    "d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1,
     "n_experts": 4, "top_k": 2, "d_expert": 32, "max_seq_len": 32,
 }  # fmt: skip
 
