@@ -203,3 +203,29 @@ def test_a_forced_sharded_artifact_killed_while_its_old_build_moved_aside_is_put
     assert storage.read_json(str(kept / ".artifact.json")) == old
     assert not (location / ".history/.rebuilding").exists() and not (location / ".history/.forced-record").exists()
     assert "Nothing to be done" in _out(ws.snakemake("-n"))
+
+
+def test_shard_jobs_forced_while_their_artifacts_own_job_is_left_out_leave_its_kept_build_as_it_is(built):
+    # `-R download --until dedup_shard`: Snakemake forces the dedup shard jobs (downstream of
+    # the corpus) and runs them, but not the gather, so dedup/s keeps its build (README).
+    # The shard jobs used to set their shards aside as stale and rebuild them in that build's
+    # folder, deleting the manifest its record lists: the kept build was damaged
+    ws = built
+    location = Path(ws.prefix) / "dedup/s/v1"
+    old = ws.record("dedup/s@v1")
+    def build_files() -> dict[str, bytes]:  # (.history/ gets the marker of the cascade this run owes it)
+        return {str(p.relative_to(location)): p.read_bytes() for p in location.rglob("*")
+                if p.is_file() and ".lease" not in p.name and ".history" not in p.parts}  # fmt: skip
+
+    files = build_files()
+    run = _out(ws.snakemake("-R", "download", "--until", "dedup_shard"))
+    assert run.count("rule dedup_shard:") == 2, run[-3000:]
+    for shard in ("00000-of-00002", "00001-of-00002"):  # each job's log (the console is not a terminal here)
+        log = (Path(ws.root) / f".snakemake/marin-logs/dedup/s/v1/shard-{shard}.log").read_text()
+        assert ("dedup/s@v1: it is built, and this run keeps that build (its own job is not in this run: "
+                f"--until or --omit-from); shard {shard} is left as it is") in log, log  # fmt: skip
+    assert ws.record("dedup/s@v1") == old
+    assert build_files() == files
+    from marin_rules.cli import main
+
+    assert main(["verify", "dedup/s@v1", "--configfile", str(Path(ws.root) / "exp.yaml"), "--prefix", ws.prefix]) == 0

@@ -9,6 +9,7 @@ set aside under `.history/<time>-stale/`, a dev version's deleted, and built ane
 are checked, then the step's shard function runs; its shard record is written last,
 only while the lease is still held. A failure writes the artifact's failure record
 naming the shard. Nothing here writes the artifact's success record: the gather does.
+A shard job of an artifact whose build this run keeps (`kept_build`) changes nothing.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Na
             f"{artifact.key}: runtime.shards is {shard_count(artifact.runtime)}, but this job is shard {shard.name}: "
             "the experiment changed since the run was planned; run snakemake again"
         )
+    if kept_build(location):
+        tell(f"{artifact.key}: it is built, and this run keeps that build (its own job is not in this run: "
+             f"--until or --omit-from); shard {shard.name} is left as it is")  # fmt: skip
+        if storage.exists(storage.join(shard.location(location), SHARD_RECORD)):
+            _mirror_shard(location, shard, artifact, args)
+        return 0
     upstreams = upstream_builds(artifact, experiment, args.prefix)  # None: one unreadable (the step refuses it)
 
     def made_from(record: dict[str, Any] | None) -> str | None:
@@ -97,6 +104,19 @@ def _run_shard(artifact: Any, experiment: Any, location: str, shard: Shard, args
     print(f"{artifact.key}: shard {shard.name} done", flush=True)
     _mirror_shard(location, shard, artifact, args)
     return 0
+
+
+def kept_build(location: str) -> bool:
+    """Is the artifact at `location` built (its record there, no rebuild pointer)? Every
+    run that rebuilds a sharded artifact moves its build aside before any shard job
+    (`workflow.forcing.retire_now`), so a shard job that finds one runs because
+    Snakemake forced it while leaving the artifact's own job out (`-R` of an upstream
+    with `--until {step}_shard`; the cascade it owes is marked for the next run): it
+    must not change the shards that build's record and index describe."""
+    from marin_rules.artifacts.identity import RECORD_FILE
+    from marin_rules.workflow.forcing import rebuilding_pointer
+
+    return storage.exists(storage.join(location, RECORD_FILE)) and not storage.exists(rebuilding_pointer(location))
 
 
 def _mirror_shard(location: str, shard: Shard, artifact: Any, args: argparse.Namespace) -> None:
