@@ -81,11 +81,12 @@ def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: di
             raise e.with_flags(hint_flags) from None
         how = rebuild_hint(location, hint_flags)
         if record is None:
-            raise MarinError(f"{artifact.key}: upstream {key} has no success record at {location}; {how}")
+            raise MarinError(f"{artifact.key}: upstream {key} has no success record at {location}; "
+                             f"{_being_rebuilt(location) or how}")  # fmt: skip
         problems = verify_files(location, record)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise MarinError(f"{artifact.key}: upstream {key}: {problems[0]}{more}; {how}")
+            raise MarinError(f"{artifact.key}: upstream {key}: {problems[0]}{more}; {_being_rebuilt(location) or how}")
         changed = source_problems(upstream, record)
         if changed:  # rebuilding would adopt the changed data under the same version: not the fix
             source = served_source(upstream, record)
@@ -94,6 +95,23 @@ def check_upstreams(artifact: Any, experiment: Any, prefix: str, deps_record: di
     for dep in deps_record.values():
         for d in dep if isinstance(dep, list) else [dep]:
             d.update(seen[f"{d['name']}@{d['version']}"])
+
+
+def _being_rebuilt(location: str) -> str | None:
+    """What to do about an upstream found unbuilt or incomplete while another run holds
+    its live lease: it is building it (a forced rebuild moves the old build aside, on a
+    bucket object by object, record last), so wait for that run, not rebuild it; None
+    when no live holder is there (or its lease cannot be read)."""
+    from marin_rules.artifacts.lease import held_live, read_lease
+
+    try:
+        holder = read_lease(location)
+    except (MarinError, OSError, ValueError):
+        return None
+    if not held_live(holder):
+        return None
+    return (f"another run is building it now (lease held by {holder.describe()}): run snakemake again once that "
+            "run has finished, and this step reads its build")  # fmt: skip
 
 
 def check_upstreams_unchanged(artifact: Any, experiment: Any, prefix: str, deps_record: dict) -> None:
