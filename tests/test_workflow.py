@@ -383,6 +383,11 @@ def test_configfile_and_config_experiment_select_one_experiment_never_merged(ws)
     assert "solo/x/v1" in proc.stdout
     proc = ws._run("-n", "--configfile", "exp.yaml", "--config", "experiment=other.yaml", cwd=ws.root, env=ws.env, check=False)
     assert proc.returncode != 0 and "name different experiments" in proc.stderr
+    # with -d a relative experiment= is read in that folder (--configfile where snakemake started): said so
+    (ws.root / "elsewhere").mkdir()
+    proc = ws._run("-n", "-d", "elsewhere", "--config", "experiment=other.yaml", cwd=ws.root, env=ws.env, check=False)
+    assert proc.returncode != 0 and (f"marin-rules: --config experiment=other.yaml: no such file in the working "
+                                     f"directory {ws.root / 'elsewhere'} (a relative path is read there") in proc.stderr  # fmt: skip
     # two experiment files: one line, whether given to one --configfile (Snakemake would merge
     # them) or to a repeated one (Snakemake would keep the last); one file given twice is one
     for two in (["--configfile", "exp.yaml", "other.yaml"], ["--configfile", "exp.yaml", "--configfile=other.yaml"]):

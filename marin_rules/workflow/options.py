@@ -305,6 +305,12 @@ def select_experiment(
         raise MarinError(
             f"--config experiment={chosen} and --configfile {experiment_files[0]} name different experiments; give one"
         )
+    if chosen and not os.path.exists(os.path.join(workdir, str(chosen))):  # (an absolute path joins as itself)
+        raise MarinError(
+            f"--config experiment={chosen}: no such file in the working directory {workdir} (a relative path is "
+            "read there, in the folder -d names; --configfile reads one where snakemake was started): give its "
+            "path from that folder, or an absolute one"
+        )
     if chosen:
         return str(chosen)
     if experiment_files:
