@@ -118,7 +118,7 @@ def scaling_fit(ctx: StepContext) -> dict:
 
 def table(fit: dict) -> str:
     """The runs and the fitted laws as a Markdown table."""
-    lines = ["| run | budget | FLOPs | N | D | val loss |", "|---|---|---|---|---|---|"]
+    lines = ["| run | budget | FLOPs | N (FLOPs/token / 6) | D | val loss |", "|---|---|---|---|---|---|"]
     for r in sorted(fit["runs"], key=lambda r: (r["budget"], r["params"])):
         lines.append(f"| {r['key']} | {r['budget']:.3g} | {r['flops']:.3g} | {r['params']:.3g} | "
                      f"{r['tokens']:.3g} | {r['loss']:.4f} |")
@@ -134,6 +134,8 @@ def table(fit: dict) -> str:
         + (f" (95%: {band[0]:.4f}-{band[1]:.4f})" if band else "")
         + f", N = {pred['params']:.3g}; approach 3: L = {pred['chinchilla']['loss']:.4f}, "
         f"N = {pred['chinchilla']['params']:.3g}",
+        f"N is FLOP-equivalent: FLOPs per token / 6 (active matmul parameters plus the attention term), so "
+        "C = 6 N D; marin plan shows the parameter counts",
         f"Leave one budget out: largest change {100 * fit['loo_spread']:.2f}% (frontier law), "
         f"{100 * fit['loo_spread_chinchilla']:.2f}% (approach 3)"
         if fit["leave_one_budget_out"] else "Leave one budget out: needs at least 4 budgets",
