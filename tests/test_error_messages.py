@@ -166,7 +166,7 @@ CASES: list[tuple[str, object]] = [
     ("moe_every above n_layers", chain("checkpoints/m@v1", config__model={"d_model": 64, "n_heads": 4, "n_layers": 2,
                                                                          "moe_every": 3})),  # fmt: skip
     ("muon_lr without muon", chain("checkpoints/m@v1", config__optimizer__muon_lr=0.02)),
-    ("d_ff when every layer is MoE", chain("checkpoints/m@v1", config__model__d_ff=512)),
+    ("d_ff when every layer is MoE", chain("checkpoints/m@v1", config__model__d_ff=1024)),
     ("capacity_factor without capacity buckets", chain("checkpoints/m@v1", config__model__capacity_factor=2.0)),
     ("balance_loss_coef with quantile balance", chain("checkpoints/m@v1", config__model__balance="quantile",
                                                       config__model__balance_loss_coef=0.02)),  # fmt: skip

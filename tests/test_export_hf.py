@@ -27,12 +27,12 @@ torch = pytest.importorskip("torch", reason="torch is not installed: install the
 transformers = pytest.importorskip("transformers", reason="transformers is not installed: install the test extra")
 
 BASE = {
-    "d_model": 32, "n_layers": 3, "n_heads": 4, "n_kv_heads": 2, "d_ff": 48, "n_experts": 4,
+    "d_model": 32, "n_layers": 3, "n_heads": 4, "n_kv_heads": 2, "n_experts": 4,
     "top_k": 2, "d_expert": 24, "max_seq_len": 64, "init_std": 0.15, "moe_impl": "dense",
 }  # fmt: skip
 LAYOUTS = {
     "mixtral": ({}, MIXTRAL),
-    "qwen2-shared-and-dense-layers": ({"shared_expert": True, "moe_every": 2}, QWEN2_MOE),
+    "qwen2-shared-and-dense-layers": ({"shared_expert": True, "moe_every": 2, "d_ff": 48}, QWEN2_MOE),
     "qwen2-top1": ({"top_k": 1}, QWEN2_MOE),
     "untied-head": ({"tie_embeddings": False}, MIXTRAL),
     # rows of 20 and 13 floats: transformers' grouped-matmul kernel refuses them

@@ -100,7 +100,7 @@ class ModelConfig:
     def unused_settings(self, given: frozenset[str] = frozenset()) -> dict[str, str]:
         """{setting: why, and how to fix} for each setting this model never reads: an
         experiment that writes one would change its fingerprint, and `marin diff` would
-        show it, for nothing (`train.config.parse_train_config` refuses those written).
+        show it, for nothing (`train.config.parse_train_config` refuses those written away from their default).
         `given`: the settings the experiment wrote (the others are named as defaults)."""
 
         def setting(name: str) -> str:

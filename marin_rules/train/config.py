@@ -96,8 +96,10 @@ def parse_train_config(config: Any, vocab_size: int | None = None) -> TrainConfi
         tc = dataclasses.replace(tc, model=dataclasses.replace(tc.model, vocab_size=vocab_size))
     written_model = frozenset(config["model"])
     for name, why in tc.model.unused_settings(written_model).items():
-        if name in written_model:  # else it changes the fingerprint and shows in marin diff for nothing
-            raise ConfigError(f"config.model.{name}", f"not used by this model: {why}")
+        # set away from its default it changes the fingerprint and shows in marin diff for nothing
+        # (a default written out, as a file copied from an older default experiment has, is let be)
+        if name in written_model and getattr(tc.model, name) != ModelConfig.__dataclass_fields__[name].default:
+            raise ConfigError(f"config.model.{name}", f"{getattr(tc.model, name)} is not used by this model: {why}")
     if tc.batch_size % tc.grad_accum_steps:
         raise ConfigError(
             "config.grad_accum_steps",
