@@ -187,7 +187,7 @@ def test_a_stop_while_a_checkpoint_is_written_finishes_it_and_the_run_resumes_fr
     proc = runs.start(spec, env, tmp_path / "stopped")
     assert proc.wait(timeout=300) != 0
     assert "JobTerminated: terminated by signal SIGTERM" in runs.tail(tmp_path / "stopped")
-    assert sorted(p.name for p in (output / "checkpoints").iterdir()) == ["10", "recipe.json"]  # committed, no tmp
+    assert sorted(p.name for p in (output / "checkpoints").iterdir()) == ["10", "10.digests.json", "recipe.json"]  # committed, no tmp
     again = runs.write_spec(tmp_path / "again.json", output=str(output), config=runs.tiny_config(), data=tokens,
                             compile_cache=cache)  # fmt: skip
     resumed = runs.run(again, env, tmp_path / "resumed")
@@ -199,9 +199,9 @@ def killed_at_10(baseline_output: Path, dest: Path) -> Path:
     """A copy of the reference run as a run killed after checkpoint 10 leaves it."""
     shutil.copytree(baseline_output, dest)
     shutil.rmtree(dest / "checkpoints" / str(STEPS))
-    for name in ("model.json", "loss.png"):
+    for name in ("model.json", "loss.png", f"checkpoints/{STEPS}.digests.json"):
         (dest / name).unlink()
-    assert sorted(p.name for p in (dest / "checkpoints").iterdir()) == ["10", "recipe.json"]
+    assert sorted(p.name for p in (dest / "checkpoints").iterdir()) == ["10", "10.digests.json", "recipe.json"]
     return dest
 
 
@@ -213,6 +213,7 @@ def test_a_damaged_last_checkpoint_is_set_aside_and_the_run_resumes_bitwise_from
         (output / name).unlink()
     chunk = sorted((output / "checkpoints" / str(STEPS) / "model").glob("params.*/0*"))[0]
     chunk.write_bytes(os.urandom(chunk.stat().st_size))
+    (output / "checkpoints" / f"{STEPS}.digests.json").unlink()  # no note of its digests: orbax's own failure
     spec = runs.write_spec(tmp_path / "spec.json", output=str(output), config=runs.tiny_config(), data=tokens,
                            compile_cache=cache)  # fmt: skip
     resumed = runs.run(spec, runs.train_env(1), tmp_path / "log")
@@ -226,6 +227,35 @@ def test_a_damaged_last_checkpoint_is_set_aside_and_the_run_resumes_bitwise_from
     assert f"train: resuming from checkpoint 10 of {STEPS} ({output / 'checkpoints' / '10'})\n" in err
     assert (aside / chunk.relative_to(bad)).read_bytes() != (baseline_output / chunk.relative_to(output)).read_bytes()
     assert (bad / "commit_success.txt").exists()  # saved again by the resumed run
+
+
+def test_a_checkpoint_garbled_in_place_that_would_restore_is_refused_by_its_digests_and_the_run_resumes_before_it(
+    baseline, tokens, cache, tmp_path
+):
+    # one byte flipped inside a zstd frame (no checksum) can decode to other weights with
+    # no error: a resume trained on from them and recorded another model as built. Each
+    # checkpoint's digests are noted once it is committed, and checked before a restore
+    result, baseline_output = baseline
+    output = tmp_path / "artifact"
+    shutil.copytree(baseline_output, output)
+    for name in ("model.json", "loss.png"):  # as if stopped right after saving the last checkpoint
+        (output / name).unlink()
+    assert sorted(p.name for p in (output / "checkpoints").iterdir() if p.name.endswith(".digests.json")) == [
+        "10.digests.json", f"{STEPS}.digests.json"
+    ]
+    chunk = sorted((output / "checkpoints" / str(STEPS) / "model").glob("params.*/0*"))[0]
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    spec = runs.write_spec(tmp_path / "spec.json", output=str(output), config=runs.tiny_config(), data=tokens,
+                           compile_cache=cache)  # fmt: skip
+    resumed = runs.run(spec, runs.train_env(1), tmp_path / "log")
+    assert resumed["resumed_from_step"] == 10
+    assert_same_run(resumed, output, result, baseline_output)  # bitwise, as if never damaged
+    err = runs.tail(tmp_path / "log")
+    rel = chunk.relative_to(output)
+    assert f"checkpoint {STEPS} does not restore (changed {rel}: its content is not what was recorded (xxh3:" in err
+    assert f", since it was saved ({output / 'checkpoints' / f'{STEPS}.digests.json'})); trying the one before" in err
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

@@ -34,8 +34,15 @@ scratch) instead of silently throwing the training away. On a multi-process run 
 processes agree on every attempt, so all resume from the same step.
 
 A checkpoint garbled in place may still restore: orbax stores zstd frames without a
-checksum, so changed bytes can decode to other numbers (weights of 1e33). The run's
-result therefore records `final_checkpoint_digests` (`model_digests`: every file of the
+checksum, so changed bytes can decode to other numbers (weights of 1e33). So process 0
+notes the digests of every file of each checkpoint (orbax's commit notes aside, which
+`neutral_commit_notes` rewrites) once it is committed, in `checkpoints/<step>.digests.json`
+beside it (`record_step_digests`: when the next save begins, which waits for it, and
+when the run's saves end, a stop's too; a listing's crc32c on gs://, one read of each
+file locally), and `restore_latest` compares a checkpoint with them before restoring it:
+one that differs does not restore, as a damaged one (a checkpoint saved before these
+notes, or by a run killed before its note, is restored unchecked). The run's
+result also records `final_checkpoint_digests` (`model_digests`: every file of the
 final checkpoint's `model` item and its step metadata, `files.file_digests`), written by
 process 0 once the last save is committed and its commit notes rewritten; `load_trained`
 compares them before restoring.
@@ -197,10 +204,59 @@ def set_aside(output: str, step: int, keep_history: bool = True) -> str:
     (`<UTC time>-damaged/checkpoints/<step>`), out of orbax's sight and out of the data
     files; returns where it went. Without `keep_history` (a dev version) it is deleted
     instead; returns DISCARDED."""
+    if storage.exists(digests_file(output, step)):  # (its digests go with it: no orbax step names them now)
+        discard(digests_file(output, step))
     if not keep_history:
         discard(storage.join(checkpoint_dir(output), str(step)))
         return DISCARDED
     return move_into_history(_absolute(output), f"checkpoints/{step}", DAMAGED)
+
+
+DIGESTS_SUFFIX = ".digests.json"
+
+
+def digests_file(output: str, step: int) -> str:
+    """Where `record_step_digests` notes checkpoint `step`'s digests (beside its folder:
+    a plain file, which orbax ignores)."""
+    return storage.join(output, "checkpoints", f"{step}{DIGESTS_SUFFIX}")
+
+
+def record_step_digests(output: str, step: int) -> None:
+    """On process 0, once checkpoint `step` is committed: note the digest of each of its
+    files but orbax's commit notes (rewritten later: `neutral_commit_notes`), and drop
+    the notes of checkpoints orbax has deleted since (`max_to_keep`)."""
+    digests = file_digests(output, f"checkpoints/{step}")
+    storage.write_json_atomic(digests_file(output, step), {k: v for k, v in digests.items() if not _commit_note(k)})
+    for path in storage.list_files(storage.join(output, "checkpoints"), f"*{DIGESTS_SUFFIX}"):
+        name = path.rstrip("/").rsplit("/", 1)[-1].removesuffix(DIGESTS_SUFFIX)
+        if name.isdigit() and not storage.exists(storage.join(output, "checkpoints", name)):
+            discard(path)
+
+
+def _commit_note(rel: str) -> bool:
+    return rel.rsplit("/", 1)[-1] == COMMIT_NOTE
+
+
+def changed_since_saved(output: str, step: int) -> str | None:
+    """How checkpoint `step` differs from the digests noted when it was saved (its first
+    changed or missing file; an unreadable note says so); None when it matches or no
+    note was made."""
+    from marin_rules.artifacts.files import content_problems
+
+    path = digests_file(output, step)
+    try:
+        expected = storage.read_json(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        return f"its digests file {path} is unreadable ({type(e).__name__})"
+    if not isinstance(expected, dict) or not all(isinstance(v, str) for v in expected.values()):
+        return f"its digests file {path} is not a mapping of file digests"
+    problems = list(content_problems(output, expected).values())
+    if not problems:
+        return None
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"{problems[0]}{more}, since it was saved ({path})"
 
 
 def restore_latest(
@@ -213,10 +269,11 @@ def restore_latest(
     folder = checkpoint_dir(output)
     failed: list[tuple[int, str]] = []
     for step in sorted(manager.all_steps(), reverse=True):
+        reason = changed_since_saved(output, step) or ""  # garbled in place: it may restore as other numbers
         try:
-            with quiet_abandoned_reads():
-                weights, opt_state = restore(manager, step, model, optimizer)
-            reason = ""
+            if not reason:
+                with quiet_abandoned_reads():
+                    weights, opt_state = restore(manager, step, model, optimizer)
         except Exception as error:  # noqa: BLE001 - any failure to read it: try the one before
             reason = failure_reason(error)
         if not _everywhere(not reason):

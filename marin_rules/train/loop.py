@@ -233,7 +233,7 @@ def train_steps(
     clock, and the MFU ceiling (`raised_ceiling`: measured again if the run beat it)."""
     config = plan.config
     pid, nproc, accum = jax.process_index(), jax.process_count(), config.grad_accum_steps
-    clock, last = Clock(), None
+    clock, last, saved = Clock(), None, None
     name = plan.output.rstrip("/").rsplit("/", 1)[-1]
     bar = tqdm(total=config.num_train_steps, initial=start, desc=f"train {name}", file=sys.stderr,
                disable=not plan.writer, dynamic_ncols=True,
@@ -262,10 +262,20 @@ def train_steps(
                 if plan.writer:
                     log.log({"split": "val", "step": step, "loss": val})
             if step % config.checkpoint_every == 0 or final:
-                checkpoint.save(manager, step, ts.weights(), ts.opt_state)
+                checkpoint.save(manager, step, ts.weights(), ts.opt_state)  # begins once the one before is committed
+                if plan.writer and saved is not None:
+                    checkpoint.record_step_digests(plan.output, saved)
+                saved = step
     finally:
         bar.close()
         manager.wait_until_finished()
+        latest = manager.latest_step()  # the last one committed, a stop's too (a resume checks it)
+        if plan.writer and latest is not None and latest > start:
+            try:
+                checkpoint.record_step_digests(plan.output, latest)
+            except Exception as e:  # noqa: BLE001 - never in place of the error that stopped the run
+                print(f"train: no digests noted for checkpoint {latest} ({type(e).__name__}: {e}); a resume from it "
+                      "restores it unchecked", file=sys.stderr, flush=True)  # fmt: skip
     return ts, last, clock, plan.peak_flops
 
 
