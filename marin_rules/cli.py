@@ -314,8 +314,8 @@ def _command(args, experiment: Experiment | None, prefix: str, flags: str) -> in
 
             artifact = _stored_id(args.key, experiment, prefix, args.dev_user)
             location = artifact_location(prefix, artifact)
-            ours = experiment is not None and artifact.key in experiment.artifacts
-            events = artifact_history(location, artifact, flags if ours else None)  # an older version: no command
+            other = experiment is not None and artifact.key not in experiment.artifacts  # an older version: no command
+            events = artifact_history(location, artifact, None if other else flags)
             if not events and (experiment is None or artifact.key not in experiment.artifacts):
                 others = [k for k in _known_keys(experiment, prefix, artifact.name) if k != artifact.key]
                 hint = reading.suggestion(artifact.key, others)

@@ -222,10 +222,22 @@ def test_shard_jobs_forced_while_their_artifacts_own_job_is_left_out_leave_its_k
     assert run.count("rule dedup_shard:") == 2, run[-3000:]
     for shard in ("00000-of-00002", "00001-of-00002"):  # each job's log (the console is not a terminal here)
         log = (Path(ws.root) / f".snakemake/marin-logs/dedup/s/v1/shard-{shard}.log").read_text()
-        assert ("dedup/s@v1: it is built, and this run keeps that build (its own job is not in this run: "
-                f"--until or --omit-from); shard {shard} is left as it is") in log, log  # fmt: skip
+        assert ("dedup/s@v1: it is built, and this run does not rebuild it (its own job is not in this run, or "
+                f"another run built it meanwhile); shard {shard} is left as that build has it") in log, log  # fmt: skip
     assert ws.record("dedup/s@v1") == old
     assert build_files() == files
     from marin_rules.cli import main
 
     assert main(["verify", "dedup/s@v1", "--configfile", str(Path(ws.root) / "exp.yaml"), "--prefix", ws.prefix]) == 0
+    # runtime.shards changed since (not fingerprinted): no shard record of the kept build to serve, said in one line
+    import yaml
+
+    artifacts = yaml.safe_load((Path(ws.root) / "exp.yaml").read_text())["artifacts"]
+    artifacts["dedup/s@v1"]["runtime"] = {"shards": 3}
+    ws.write(artifacts)
+    proc = ws.snakemake("-R", "download", "--until", "dedup_shard", check=False)
+    assert proc.returncode != 0
+    log = (Path(ws.root) / ".snakemake/marin-logs/dedup/s/v1/shard-00002-of-00003.log").read_text()
+    assert ("dedup/s@v1: shard 00002-of-00003: the artifact is built, with no such shard (runtime.shards changed "
+            "since?)") in log, log  # fmt: skip
+    assert build_files() == files

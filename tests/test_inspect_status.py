@@ -537,6 +537,9 @@ def test_the_score_is_the_first_task_the_experiment_lists_not_the_first_by_name(
     assert headline({"config": {"tasks": ["b_bpb", "a_cloze"]}, "result": result}) == (3.0, "b_bpb bits_per_byte 2.250")
     assert headline({"config": {"tasks": ["a_cloze", "b_bpb"]}, "result": result}) == (3.0, "a_cloze acc 0.500")
     assert headline({"result": result}) == (3.0, "a_cloze acc 0.500")  # no list (a hand-made record): by name
+    listed = [{"name": "b_bpb", "limit": 10}, "a_cloze"]  # an entry written as a mapping
+    assert headline({"config": {"tasks": listed}, "result": result}) == (3.0, "b_bpb bits_per_byte 2.250")
+    assert headline({"config": {"tasks": "b_bpb"}, "result": result}) == (3.0, "b_bpb bits_per_byte 2.250")
 
 
 def test_an_unbuilt_artifact_with_a_garbled_lease_file_says_so(experiment_file, tmp_path, capsys):

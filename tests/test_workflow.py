@@ -591,3 +591,19 @@ def test_a_working_directory_or_experiment_file_with_braces_is_refused_in_one_li
         assert lines == [f"marin-rules: {named} holds a brace, which Snakemake reads as a wildcard; use a path without braces "
                          "(a relative prefix or experiment lies under the working directory)"], proc.stderr  # fmt: skip
         assert "WildcardError" not in proc.stderr
+
+
+def test_a_missing_config_experiment_is_named_for_what_it_is(tmp_path):
+    from marin_rules.artifacts.errors import MarinError
+    from marin_rules.workflow.options import select_experiment
+
+    cases = {
+        "exp.yaml": f"--config experiment=exp.yaml: no such file in the working directory {tmp_path} (a relative",
+        str(tmp_path / "nope.yaml"): f"--config experiment={tmp_path / 'nope.yaml'}: no such file",
+        "gs://bucket/exp.yaml": "--config experiment=gs://bucket/exp.yaml: an experiment file is read from this machine",
+        "a\x1b[2Jb.yaml": "--config experiment=a\\x1b[2Jb.yaml: no such file in the working directory",
+    }
+    for chosen, start in cases.items():
+        with pytest.raises(MarinError) as error:
+            select_experiment({"experiment": chosen}, [], str(tmp_path), str(tmp_path))
+        assert str(error.value).startswith(start), str(error.value)

@@ -129,7 +129,9 @@ def headline(record: Mapping[str, Any] | None) -> tuple[float | None, str]:
     val = next((result[k] for k in VAL_LOSS_KEYS if isinstance(result.get(k), (int, float))), None)
     config = (record or {}).get("config")
     listed = config.get("tasks") if isinstance(config, Mapping) else None
-    listed = [t for t in listed if isinstance(t, str)] if isinstance(listed, list) else []
+    listed = [listed] if isinstance(listed, str) else listed if isinstance(listed, list) else []
+    listed = [t.get("name") if isinstance(t, Mapping) else t for t in listed]  # `{name: ..., num_fewshot: ...}` too
+    listed = [t for t in listed if isinstance(t, str)]
     named = [t for t in listed if t in result] + sorted(t for t in result if t not in listed)
     scores = []  # (lossy, figure): each task's first metric in SCORE_METRICS' order, the experiment's first task first
     for task in (t for t in named if isinstance(result[t], Mapping)):

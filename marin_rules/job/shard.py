@@ -44,10 +44,15 @@ def build_shard(artifact: Any, experiment: Any, location: str, args: argparse.Na
             "the experiment changed since the run was planned; run snakemake again"
         )
     if kept_build(location):
-        tell(f"{artifact.key}: it is built, and this run keeps that build (its own job is not in this run: "
-             f"--until or --omit-from); shard {shard.name} is left as it is")  # fmt: skip
-        if storage.exists(storage.join(shard.location(location), SHARD_RECORD)):
-            _mirror_shard(location, shard, artifact, args)
+        if not storage.exists(storage.join(shard.location(location), SHARD_RECORD)):  # built with another count
+            raise StepError(
+                f"{artifact.key}: shard {shard.name}: the artifact is built, with no such shard (runtime.shards "
+                "changed since?), and this run keeps that build: its own job is not in this run; force it without "
+                "--until/--omit-from to rebuild it with today's count"
+            )
+        tell(f"{artifact.key}: it is built, and this run does not rebuild it (its own job is not in this run, or "
+             f"another run built it meanwhile); shard {shard.name} is left as that build has it")  # fmt: skip
+        _mirror_shard(location, shard, artifact, args)
         return 0
     upstreams = upstream_builds(artifact, experiment, args.prefix)  # None: one unreadable (the step refuses it)
 

@@ -306,10 +306,15 @@ def select_experiment(
             f"--config experiment={chosen} and --configfile {experiment_files[0]} name different experiments; give one"
         )
     if chosen and not os.path.exists(os.path.join(workdir, str(chosen))):  # (an absolute path joins as itself)
+        named = printable(str(chosen))
+        if "://" in str(chosen):
+            raise MarinError(f"--config experiment={named}: an experiment file is read from this machine; copy it here")
+        if os.path.isabs(str(chosen)):
+            raise MarinError(f"--config experiment={named}: no such file")
         raise MarinError(
-            f"--config experiment={chosen}: no such file in the working directory {workdir} (a relative path is "
-            "read there, in the folder -d names; --configfile reads one where snakemake was started): give its "
-            "path from that folder, or an absolute one"
+            f"--config experiment={named}: no such file in the working directory {printable(workdir)} (a relative "
+            "path is read there, in the folder -d names; --configfile reads one where snakemake was started): give "
+            "its path from that folder, or an absolute one"
         )
     if chosen:
         return str(chosen)
