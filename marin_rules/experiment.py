@@ -108,6 +108,17 @@ class Runtime:
     distributed: Annotated[Any, Distributed(), "train: join several processes ('auto' on a TPU VM); set per run on a pod"] = None
 
 
+def step_default(step: str, path: tuple[str, ...]) -> Any:
+    """The default now of the config setting at `path` of the built-in step `step`
+    (`validation.default_at`), else `drift.NO_DEFAULT` (user steps have none): how the
+    drift diff tells a default written out from a changed recipe."""
+    builtin = BUILTIN_STEPS.get(step)
+    if builtin is None or not builtin.settings:
+        return NO_DEFAULT
+    found, value = default_at(import_function(builtin.settings), path)
+    return value if found else NO_DEFAULT
+
+
 @dataclass(frozen=True)
 class Artifact:
     """One validated entry. `deps` maps role -> key, or role -> {key: weight}."""
@@ -142,14 +153,8 @@ class Artifact:
         return builtin is not None and bool(builtin.settings)
 
     def config_default(self, path: tuple[str, ...]) -> Any:
-        """The default now of the config setting at `path` of this artifact's built-in
-        step (`validation.default_at`), else `drift.NO_DEFAULT` (user steps have none):
-        how the drift diff tells a default written out from a changed recipe."""
-        builtin = BUILTIN_STEPS.get(self.step)
-        if builtin is None or not builtin.settings:
-            return NO_DEFAULT
-        found, value = default_at(import_function(builtin.settings), path)
-        return value if found else NO_DEFAULT
+        """The default now of the config setting at `path` of this artifact's step (`step_default`)."""
+        return step_default(self.step, path)
 
 
     def progress_setting(self, path: tuple[str, ...]) -> bool:

@@ -3,7 +3,8 @@
 Model: `A` and `B` are success records (any two artifacts, usually two versions of
 one name), or, for an artifact of the experiment not built yet, its recipe there
 (`recipe_record`: no results). The recipe part is the drift warning's field diff (`recipe_diff` of the
-two fingerprint payloads, lines `field: a -> b`, `field (added: b)`, `field (removed: a)`).
+two fingerprint payloads, lines `field: a -> b`, `field (added: b)`, `field (removed: a)`, the
+last two with `; its default: d` where the step has a default for it: what the side without it used).
 The result part flattens both `result` mappings to dotted keys (`final_val_loss`,
 `marin_shakespeare_cloze.acc`; a train run's checkpoint digests as one row, `N files
 <digest of them all>`) and shows A, B and, for two numbers, B - A; with
@@ -22,7 +23,7 @@ import xxhash
 from marin_rules.artifacts.drift import printable, recipe_diff
 from marin_rules.artifacts.files import RECORDED_DIGESTS
 from marin_rules.artifacts.records import recorded_payload
-from marin_rules.experiment import Artifact
+from marin_rules.experiment import Artifact, step_default
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,9 @@ def recipe_record(artifact: Artifact) -> dict[str, Any]:
 
 
 def format_diff(key_a: str, a: Mapping[str, Any], key_b: str, b: Mapping[str, Any], only_changed: bool) -> str:
-    recipe = recipe_diff(recorded_payload(a), recorded_payload(b), values=True)
+    step = a.get("step") if a.get("step") == b.get("step") and isinstance(a.get("step"), str) else None
+    default = None if step is None else (lambda path: step_default(step, path))  # what a side without a field used
+    recipe = recipe_diff(recorded_payload(a), recorded_payload(b), default=default, values=True)
     lines = [f"recipe: {key_a} -> {key_b}: " + (f"{len(recipe)} field(s) differ" if recipe else "same recipe")]
     lines += [f"  {line}" for line in recipe]
     if only_changed and not (a.get("result") and b.get("result")):  # one side not built: every row would differ
