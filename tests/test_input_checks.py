@@ -417,3 +417,26 @@ def test_marin_takes_snakemakes_config_settings_and_no_abbreviated_flag(tmp_path
     assert capsys.readouterr().err == (
         "marin: --config: expected KEY=VALUE settings after it, such as --config prefix=gs://bucket/path\n"
     )
+
+
+def test_a_seq_len_longer_than_a_built_split_is_refused_while_planning_and_nothing_is_written(tmp_path, snakemake_cmd):
+    # the job's loader refused it at start, after a plan had priced it and the job had
+    # begun its attempt (a failure record, a lease): the tokenize record gives the counts
+    from test_inspect_status import EXPERIMENT, build
+    from marin_rules.experiment import load_experiment
+
+    (tmp_path / "exp.yaml").write_text(EXPERIMENT)
+    experiment = load_experiment(str(tmp_path / "exp.yaml"))
+    prefix = str(tmp_path / "artifacts")
+    for key in ("raw/s@v1", "tokenizers/bpe@v1"):
+        build(prefix, experiment, key)
+    seq_len = experiment["checkpoints/nano@v1"].config["seq_len"]
+    build(prefix, experiment, "tokenized/s@v1", result={"train_tokens": 10**6, "validation_tokens": seq_len})
+    proc = snakemake_cmd("-n", "--configfile", "exp.yaml", "--config", f"prefix={prefix}", cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    assert (f"marin-rules: checkpoints/nano@v1: config.seq_len: {seq_len} needs seq_len + 1 = {seq_len + 1} tokens "
+            f"in each split of deps.data, but the validation split of tokenized/s@v1 has {seq_len}; lower seq_len, "
+            "or give it more data (under a new version)") in proc.stderr  # fmt: skip
+    assert not (tmp_path / "artifacts/checkpoints").exists()
+    build(prefix, experiment, "tokenized/s@v1", result={"train_tokens": 10**6, "validation_tokens": seq_len + 1})
+    assert snakemake_cmd("-n", "--configfile", "exp.yaml", "--config", f"prefix={prefix}", cwd=tmp_path).returncode == 0

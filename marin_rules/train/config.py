@@ -193,6 +193,25 @@ def check_deps(deps: Any) -> None:
     check_mixture(deps["data"], "deps.data")
 
 
+def check_built_data(config: Mapping[str, Any], built: Mapping[str, Mapping[str, Any]]) -> None:
+    """While planning, against the results of the `tokenize` builds of `deps.data` that
+    this run serves as they are (`built`: key -> result): every split must hold at least
+    seq_len + 1 tokens, or the run's loader refuses it at the job's start, after a plan
+    priced it and the job began its attempt (`data.loader.TokenLoader`)."""
+    seq_len = config.get("seq_len")
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool):
+        return
+    for key, result in built.items():
+        for split in ("train", "validation"):
+            tokens = result.get(f"{split}_tokens")
+            if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens < seq_len + 1:
+                raise ConfigError(
+                    "config.seq_len",
+                    f"{seq_len} needs seq_len + 1 = {seq_len + 1} tokens in each split of deps.data, but the {split} "
+                    f"split of {key} has {tokens}; lower seq_len, or give it more data (under a new version)",
+                )
+
+
 def check_train(config: Any, deps: Any) -> None:
     """The experiment loader's checker for `step: train` (no JAX imported)."""
     parse_train_config(config)

@@ -74,11 +74,11 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from marin_rules.adopt import STEP as ADOPT_STEP, check_layout, served_source, source_changed, source_problems
 from marin_rules.artifacts import storage
-from marin_rules.artifacts.errors import MarinError, decode_json
+from marin_rules.artifacts.errors import ConfigError, MarinError, decode_json
 from marin_rules.artifacts.identity import RECORD_FILE, artifact_location
 from marin_rules.artifacts.lease import LeaseHolder, new_holder
 from marin_rules.artifacts.provenance import iso, utc_now
@@ -543,6 +543,7 @@ class Session:
             if problems:
                 print(f"{artifact.key}: {source_changed(served_source(artifact, record), problems)}", file=sys.stderr)
         if artifact.step == "train" and (forced or record is None) and not self.left_out(artifact.key):
+            self._refuse_short_data(artifact)
             self.training.append(artifact.key)
             if len(self.training) == 1 and getattr(self.workflow, "dryrun", False):  # -n (not --dag: no plan asked)
                 atexit.register(self.print_plan)  # `onstart:` does not run in dry runs
@@ -600,6 +601,24 @@ class Session:
             if key not in rebuilt and not artifact.id.is_dev and rebuilt & set(artifact.upstream_keys())
             and not set(self._rules(key)) & allowed and self.recorded(key) is not None
         ]  # fmt: skip
+
+    def _refuse_short_data(self, artifact: Artifact) -> None:
+        """A train artifact this run builds, whose token data this run serves as built,
+        with a split shorter than its sequences (`train.config.check_built_data`):
+        refused while planning, before anything is written."""
+        from marin_rules.train.config import check_built_data
+
+        data = artifact.deps.get("data")
+        members = [data] if isinstance(data, str) else [k for k, w in (data or {}).items() if w]  # weight 0: left out
+        built = {}
+        for key in members:
+            record = None if self.is_forced(key) else self.recorded(key)
+            if record is not None and record.step == "tokenize" and isinstance(record.result, Mapping):
+                built[key] = record.result
+        try:
+            check_built_data(artifact.config, built)
+        except ConfigError as e:
+            raise stop(MarinError(f"{artifact.key}: {e}")) from None
 
     def _mark_left_out(self, artifact: Artifact) -> None:
         """A forced artifact whose job this run leaves out (`left_out`): nothing is moved
