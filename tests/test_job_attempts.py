@@ -129,6 +129,8 @@ def test_training_judges_a_changed_recipe_itself(tmp_path):
     (tmp_path / "checkpoints/recipe.json").write_text("{}")
     assert attempt.begin(str(tmp_path), "b" * 16, {}, "train") is None
     assert (tmp_path / "checkpoints/recipe.json").exists()
-    assert json.loads((tmp_path / ".attempt.json").read_text()) == {"fingerprint": "b" * 16, "upstreams": {}}
+    noted = json.loads((tmp_path / ".attempt.json").read_text())
+    assert noted == {"fingerprint": "b" * 16, "upstreams": {}, "started": noted["started"]}
+    assert noted["started"].endswith("Z")  # when it began (`marin status` tells a later attempt by it)
     moved = attempt.begin(str(tmp_path), "c" * 16, {}, "usersteps:make")
     assert moved is not None and (Path(moved[0]) / "checkpoints/recipe.json").exists()

@@ -214,22 +214,20 @@ def last_failure(location: str) -> dict[str, Any] | None:
     return read_json_file(files[-1]) if files else None
 
 
-def written_after_last_failure(location: str) -> bool:
-    """Did a data file of the artifact change after its newest failure record was
-    written (both times as the storage gives them, one clock)? With no success record
-    and no lease, a later attempt then ended without failing: its record was deleted
-    (`snakemake --delete-all-output`), so the artifact is not a failed one."""
-    from marin_rules.artifacts.files import list_data_files
-
-    files = failure_files(location)
-    if not files:
-        return False
+def attempt_after(location: str, failure: Mapping[str, Any]) -> bool:
+    """Did an attempt of the artifact begin after `failure` (its newest failure record)
+    ended, by the start its `.attempt.json` notes (`job.attempt.begin`; times written
+    inside the files, so copying a prefix changes nothing)? With no success record, no
+    lease and no failure since, that attempt ended without failing: its record was
+    deleted (`snakemake --delete-all-output`), so the artifact is not a failed one.
+    Sharded steps keep no attempt file: False."""
+    provenance = failure.get("provenance")
+    ended = provenance.get("ended") if isinstance(provenance, Mapping) else None
     try:
-        fs, root = storage.filesystem(location)
-        failed_at = fs.modified(storage.filesystem(files[-1])[1]).timestamp()
-        return any(fs.modified(f"{root.rstrip('/')}/{rel}").timestamp() > failed_at for rel in list_data_files(location))
-    except (OSError, NotImplementedError, ValueError, KeyError):  # a store that gives no times: the failure stands
+        started = storage.read_json(storage.join(location, ATTEMPT_FILE)).get("started")
+    except (OSError, ValueError, AttributeError):
         return False
+    return isinstance(started, str) and isinstance(ended, str) and started > ended  # both `provenance.iso`
 
 
 FOUND_BY = (RECORD_FILE, FAILURES_DIR, HISTORY_DIR, LEASE_FILE, ATTEMPT_FILE)  # what marks a version folder

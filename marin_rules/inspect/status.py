@@ -485,7 +485,7 @@ def location_status(
             reason += _lock_clause()
         elif unreadable:
             state, reason = "failed", f"last attempt failed: {unreadable}"
-        elif last_failure is not None and reading.written_after_last_failure(location):
+        elif last_failure is not None and reading.attempt_after(location, last_failure):
             last_failure = None  # a later attempt ended well, its record deleted since: said below
         elif last_failure is not None:
             state, reason, failed = "failed", "", f"last attempt failed at {_failure_line(last_failure)}"

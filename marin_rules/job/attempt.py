@@ -37,6 +37,7 @@ from typing import Any, Mapping
 from marin_rules.artifacts import storage
 from marin_rules.artifacts.builds import upstream_change
 from marin_rules.artifacts.drift import printable
+from marin_rules.artifacts.provenance import iso, utc_now
 from marin_rules.artifacts.files import ATTEMPT_FILE, list_data_files, remove_interrupted_writes, removed_writes_phrase
 from marin_rules.steps import OWN_RECIPE_STEPS
 from marin_rules.train.recipe import make_recipe, stored_recipe_refusal  # (no JAX)
@@ -56,7 +57,8 @@ def begin(location: str, fingerprint: str, upstreams: Mapping[str, Any], step: s
     previous = _read(path)
     why = None if previous is None else _differs(previous, step, fingerprint, upstreams)
     moved = (set_aside(location, "stale"), why) if why is not None and list_data_files(location) else None
-    storage.write_json_atomic(path, {"fingerprint": fingerprint, "upstreams": dict(upstreams)})
+    started = iso(utc_now())  # (`marin status`: an attempt begun after the last failure record, none since)
+    storage.write_json_atomic(path, {"fingerprint": fingerprint, "upstreams": dict(upstreams), "started": started})
     return moved
 
 
