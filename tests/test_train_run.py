@@ -528,3 +528,22 @@ def test_the_mfu_ceiling_counts_the_devices_the_mesh_computes_on(monkeypatch):
     assert peak.run_peak_flops("bfloat16", mesh=two_of_eight) == 2e9 and measured == [host[:2]]
     spanning = SimpleNamespace(devices=np.array(host[2:6]).reshape(4, 1))  # 2 of mine, 2 of the other process
     assert peak.run_peak_flops("bfloat16", mesh=spanning) == 4e9 and measured[-1] == host[2:4]
+
+
+def test_a_damaged_digests_note_restores_its_checkpoint_unchecked_and_says_so(tmp_path, capsys):
+    # the note, not the checkpoint, is damaged: no reason to set a good checkpoint aside
+    from marin_rules.train.checkpoint import changed_since_saved, digests_file, record_step_digests
+
+    output = str(tmp_path / "artifact")
+    (tmp_path / "artifact/checkpoints/5/model").mkdir(parents=True)
+    (tmp_path / "artifact/checkpoints/5/model/w").write_bytes(b"weights")
+    record_step_digests(output, 5)
+    assert changed_since_saved(output, 5) is None  # as saved
+    (tmp_path / "artifact/checkpoints/5/model/w").write_bytes(b"weighTs")
+    assert changed_since_saved(output, 5).startswith("changed checkpoints/5/model/w: its content is not what was recorded")
+    for garbage in ('{"checkpoints/5/model/w": ', "[1, 2]"):
+        with open(digests_file(output, 5), "w") as f:
+            f.write(garbage)
+        assert changed_since_saved(output, 5) is None
+        err = capsys.readouterr().err
+        assert err.startswith(f"{digests_file(output, 5)}: ") and err.endswith("; restoring checkpoint 5 unchecked\n")

@@ -239,8 +239,8 @@ def _commit_note(rel: str) -> bool:
 
 def changed_since_saved(output: str, step: int) -> str | None:
     """How checkpoint `step` differs from the digests noted when it was saved (its first
-    changed or missing file; an unreadable note says so); None when it matches or no
-    note was made."""
+    changed or missing file); None when it matches or no note was made, or the note
+    itself is damaged (said on stderr: the checkpoint is restored unchecked)."""
     from marin_rules.artifacts.files import content_problems
 
     path = digests_file(output, step)
@@ -248,10 +248,12 @@ def changed_since_saved(output: str, step: int) -> str | None:
         expected = storage.read_json(path)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
-        return f"its digests file {path} is unreadable ({type(e).__name__})"
-    if not isinstance(expected, dict) or not all(isinstance(v, str) for v in expected.values()):
-        return f"its digests file {path} is not a mapping of file digests"
+    except ValueError as e:  # the note, not the checkpoint, is damaged: no reason to drop the checkpoint
+        expected = f"unreadable ({type(e).__name__})"
+    if not isinstance(expected, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in expected.items()):
+        why = expected if isinstance(expected, str) else "not a mapping of file digests"
+        print(f"{path}: {why}; restoring checkpoint {step} unchecked", file=sys.stderr, flush=True)
+        return None
     problems = list(content_problems(output, expected).values())
     if not problems:
         return None
@@ -269,13 +271,18 @@ def restore_latest(
     folder = checkpoint_dir(output)
     failed: list[tuple[int, str]] = []
     for step in sorted(manager.all_steps(), reverse=True):
-        reason = changed_since_saved(output, step) or ""  # garbled in place: it may restore as other numbers
-        try:
-            if not reason:
+        try:  # garbled in place, it may restore as other numbers: its digests first
+            reason = changed_since_saved(output, step) or ""
+        except Exception as error:  # noqa: BLE001 - its files cannot be read: try the one before
+            reason = failure_reason(error)
+        if _everywhere(not reason):  # every process restores, or none (orbax's restore ends in a barrier)
+            try:
                 with quiet_abandoned_reads():
                     weights, opt_state = restore(manager, step, model, optimizer)
-        except Exception as error:  # noqa: BLE001 - any failure to read it: try the one before
-            reason = failure_reason(error)
+            except Exception as error:  # noqa: BLE001 - any failure to read it: try the one before
+                reason = failure_reason(error)
+        else:
+            reason = reason or "its files differ from its digests on another process of the run"
         if not _everywhere(not reason):
             reason = reason or "it did not restore on another process of the run"
             print(f"{storage.join(folder, str(step))}: checkpoint {step} does not restore ({reason}); "

@@ -264,19 +264,25 @@ def train_steps(
             if step % config.checkpoint_every == 0 or final:
                 checkpoint.save(manager, step, ts.weights(), ts.opt_state)  # begins once the one before is committed
                 if plan.writer and saved is not None:
-                    checkpoint.record_step_digests(plan.output, saved)
+                    note_digests(plan.output, saved)
                 saved = step
     finally:
         bar.close()
         manager.wait_until_finished()
         latest = manager.latest_step()  # the last one committed, a stop's too (a resume checks it)
         if plan.writer and latest is not None and latest > start:
-            try:
-                checkpoint.record_step_digests(plan.output, latest)
-            except Exception as e:  # noqa: BLE001 - never in place of the error that stopped the run
-                print(f"train: no digests noted for checkpoint {latest} ({type(e).__name__}: {e}); a resume from it "
-                      "restores it unchecked", file=sys.stderr, flush=True)  # fmt: skip
+            note_digests(plan.output, latest)
     return ts, last, clock, plan.peak_flops
+
+
+def note_digests(output: str, step: int) -> None:
+    """`checkpoint.record_step_digests`, which never stops the run (nor replaces the error
+    that did): without its note a resume restores that checkpoint unchecked, as it says."""
+    try:
+        checkpoint.record_step_digests(output, step)
+    except Exception as e:  # noqa: BLE001 - a listing or write that failed: the checkpoint itself is whole
+        print(f"train: no digests noted for checkpoint {step} ({type(e).__name__}: {e}); a resume from it "
+              "restores it unchecked", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def run(
