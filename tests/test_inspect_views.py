@@ -83,8 +83,8 @@ def test_diff_shows_the_value_of_a_field_added_or_removed(two_versions, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[:3] == [
         "recipe: checkpoints/nano@v2 -> checkpoints/nano@v3: 2 field(s) differ",
-        "  model.router_gate (added: sigmoid; its default: softmax)",  # what v2, without it, used
-        "  optimizer.learning_rate (removed: 0.001; its default: 0.003)",
+        "  model.router_gate (added: sigmoid; its default now: softmax)",  # what v2, without it, used (today)
+        "  optimizer.learning_rate (removed: 0.001; its default now: 0.003)",
     ]
 
 
@@ -99,8 +99,8 @@ def test_diff_against_a_version_not_built_yet_compares_with_its_recipe_in_the_ex
     lines = out.splitlines()
     assert lines[:3] == [
         "recipe: checkpoints/nano@v2 -> checkpoints/nano@v3: 2 field(s) differ",
-        "  model.router_gate (added: sigmoid; its default: softmax)",  # what v2, without it, used
-        "  optimizer.learning_rate (removed: 0.001; its default: 0.003)",
+        "  model.router_gate (added: sigmoid; its default now: softmax)",  # what v2, without it, used (today)
+        "  optimizer.learning_rate (removed: 0.001; its default now: 0.003)",
     ]
     rows = {line.split()[0]: line.split()[1:] for line in lines[3:]}
     assert rows["final_val_loss"] == ["3.25", "-"]

@@ -76,8 +76,8 @@ def diff_values(
     settings: `experiment.Artifact.config_default`), a field added or removed at the
     value that is its default now says so: `seed (added: 0, the default now)`. With
     `values` (`marin diff`), every added or removed field shows its value, and with
-    `default` the default a side without it used: `model.router_gate (added: sigmoid;
-    its default: softmax)`; the drift warning keeps the contract's
+    `default` the default now of a side without it: `model.router_gate (added: sigmoid;
+    its default now: softmax)`); the drift warning keeps the contract's
     bare `(added)`. With `progress` (`experiment.Artifact.progress_setting`), a field
     that only decides when the step writes its progress says so:
     `log_every: 5 -> 7 (when progress is written, not what is built)`."""
@@ -96,7 +96,7 @@ def diff_values(
             elif progress is not None and progress((*keys, key)):
                 lines.append(ProgressOnly(f"{sub} ({change}: {_show(value)}, {PROGRESS_ONLY})"))
             elif values and known is not NO_DEFAULT:  # `marin diff`: what a side without it used
-                lines.append(f"{sub} ({change}: {_show(value)}; its default: {_show(known)})")
+                lines.append(f"{sub} ({change}: {_show(value)}; its default now: {_show(known)})")
             else:
                 lines.append(f"{sub} ({change}: {_show(value)})" if values else f"{sub} ({change})")
         return lines

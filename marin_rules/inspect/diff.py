@@ -4,7 +4,7 @@ Model: `A` and `B` are success records (any two artifacts, usually two versions 
 one name), or, for an artifact of the experiment not built yet, its recipe there
 (`recipe_record`: no results). The recipe part is the drift warning's field diff (`recipe_diff` of the
 two fingerprint payloads, lines `field: a -> b`, `field (added: b)`, `field (removed: a)`, the
-last two with `; its default: d` where the step has a default for it: what the side without it used).
+last two with `; its default now: d` where the step has one: what the side without it uses today).
 The result part flattens both `result` mappings to dotted keys (`final_val_loss`,
 `marin_shakespeare_cloze.acc`; a train run's checkpoint digests as one row, `N files
 <digest of them all>`) and shows A, B and, for two numbers, B - A; with
