@@ -77,7 +77,7 @@ def diff_values(
     value that is its default now says so: `seed (added: 0, the default now)`. With
     `values` (`marin diff`), every added or removed field shows its value, and with
     `default` the default now of a side without it: `model.router_gate (added: sigmoid;
-    its default now: softmax)`); the drift warning keeps the contract's
+    its default now: softmax)`; the drift warning keeps the contract's
     bare `(added)`. With `progress` (`experiment.Artifact.progress_setting`), a field
     that only decides when the step writes its progress says so:
     `log_every: 5 -> 7 (when progress is written, not what is built)`."""
