@@ -180,6 +180,14 @@ def test_a_users_rule_names_an_artifacts_record_through_record_path_under_any_pr
     _snakemake(tmp_path, env, "--workflow-profile", str(PROFILE), "mine", "--config", "prefix=elsewhere")
     assert json.loads((tmp_path / "mine.txt").read_text())["result"] == {"ok": True}
     assert (tmp_path / "elsewhere/feat/a/v1/.artifact.json").exists() and not (tmp_path / "artifacts").exists()
+    # a wildcard in the key (known per job only): one line saying to give the input as a function
+    wild = rule.replace('"feat/a@v1"', '"feat/a@{v}"').replace('"mine.txt"', '"mine-{v}.txt"')
+    env = _user_workflow(tmp_path, MODULE + "\n" + wild)
+    proc = subprocess.run([SNAKEMAKE, "-n", "--configfile", "exp.yaml", "--workflow-profile", str(PROFILE),
+                           "mine-v1.txt"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode != 0 and ("record_path('feat/a@{v}'): takes one artifact's key, and a wildcard has no value "
+                                     "while the Snakefile is read; for a wildcard, give the input as a function: "
+                                     'lambda w: mr.record_path(f"name@{w.version}")') in proc.stderr, proc.stderr[-2000:]
 
 
 def test_no_experiment_named_in_a_users_workflow_is_one_line_saying_how_to_name_one(tmp_path):

@@ -226,3 +226,22 @@ def test_refusal_ahead_without_a_finished_checkpoint_predicts_a_fresh_start(tmp_
     (tmp_path / "out" / "checkpoints" / "recipe.json").write_text("{not json")
     (tmp_path / "out" / "checkpoints" / "5").mkdir()
     assert refusal_ahead(output, now, {}).endswith(f"delete {output}/checkpoints to start the run over")
+
+
+def test_a_deleted_recipe_beside_checkpoints_with_digests_notes_is_refused_not_resumed_unchecked(tmp_path):
+    # today's code writes recipe.json before the first checkpoint and a digests note beside
+    # each: without the recipe, a resume ran under whatever recipe the experiment now gives
+    from marin_rules.artifacts.errors import StepError
+    from marin_rules.train.recipe import check_recipe
+
+    output = str(tmp_path / "out")
+    now = _stopped_at(output, 0.01)
+    os.remove(tmp_path / "out" / "checkpoints" / "recipe.json")
+    assert refusal_ahead(output, now, {}) is None  # older code's checkpoints: resumed unchecked, as before
+    check_recipe(output, now)
+    (tmp_path / "out" / "checkpoints" / "5.digests.json").write_text("{}")
+    message = refusal_ahead(output, now, {})
+    assert message.startswith(f"{output}/checkpoints/recipe.json: missing, though the checkpoints beside it were "
+                              "written by code that records their recipe there")  # fmt: skip
+    with pytest.raises(StepError, match="which recipe trained them is unknown"):
+        check_recipe(output, now)

@@ -76,7 +76,7 @@ from marin_rules.artifacts.errors import StepError
 from marin_rules.artifacts.files import FINAL_CHECKPOINT_DIGESTS, discard, file_digests, move_into_history
 from marin_rules.artifacts.records import rebuild_hint
 from marin_rules.dev_versions import DISCARDED
-from marin_rules.train.recipe import COMMIT_NOTE  # orbax's mark of a finished checkpoint
+from marin_rules.train.recipe import COMMIT_NOTE, DIGESTS_SUFFIX  # orbax's mark of a finished checkpoint; the notes
 
 
 OCDBT_MERGE_SKIPPED = "Skipping merge of OCDBT checkpoints"
@@ -212,9 +212,6 @@ def set_aside(output: str, step: int, keep_history: bool = True) -> str:
     return move_into_history(_absolute(output), f"checkpoints/{step}", DAMAGED)
 
 
-DIGESTS_SUFFIX = ".digests.json"
-
-
 def digests_file(output: str, step: int) -> str:
     """Where `record_step_digests` notes checkpoint `step`'s digests (beside its folder:
     a plain file, which orbax ignores)."""
@@ -246,7 +243,10 @@ def changed_since_saved(output: str, step: int) -> str | None:
     path = digests_file(output, step)
     try:
         expected = storage.read_json(path)
-    except FileNotFoundError:
+    except FileNotFoundError:  # killed before its note was written, or saved by older code
+        if jax.process_index() == 0:
+            print(f"{path}: no such note (the run was killed before it, or older code saved it): restoring "
+                  f"checkpoint {step} unchecked", file=sys.stderr, flush=True)  # fmt: skip
         return None
     except ValueError as e:  # the note, not the checkpoint, is damaged: no reason to drop the checkpoint
         expected = f"unreadable ({type(e).__name__})"

@@ -18,8 +18,9 @@ including a default now written out explicitly (the fingerprint counts it too),
 `eval_batches` (the run's validation records would average different batches
 before and after the resume) and `mesh` (the `capacity` MoE backend buckets tokens
 per shard, so the mesh decides which tokens are dropped). `runtime` is not part of
-the recipe. Checkpoints with no `recipe.json` (written by older code) resume
-unchecked, as before.
+the recipe. Checkpoints with no `recipe.json` written by older code resume unchecked,
+as before; today's code also notes each checkpoint's digests beside it, so with those
+notes a missing `recipe.json` was deleted, and a resume is refused (`read_recipe`).
 
 `stored_recipe_refusal` says beforehand what a resume would be refused with, when a
 finished checkpoint (`checkpoints/<step>/`) is there to resume; planning and `marin
@@ -107,11 +108,19 @@ def record_recipe(output: str, recipe: Mapping[str, Any]) -> None:
 
 
 def read_recipe(output: str) -> dict[str, Any] | None:
-    """The stored recipe of the checkpoints at `output`; None when older code wrote them."""
+    """The stored recipe of the checkpoints at `output`; None when older code wrote them
+    (no `recipe.json`, and none of the digests notes today's code writes beside each
+    checkpoint: with those, a missing recipe was deleted, and is refused)."""
     location = recipe_location(output)
-    if not storage.exists(location):
-        return None
     checkpoints = _checkpoints(output)
+    if not storage.exists(location):
+        if storage.exists(checkpoints) and storage.list_files(checkpoints, f"*{DIGESTS_SUFFIX}"):
+            raise StepError(
+                f"{location}: missing, though the checkpoints beside it were written by code that records their "
+                f"recipe there (they have digests notes): which recipe trained them is unknown; delete {checkpoints} "
+                "to start the run over, or force this artifact (snakemake -f on its record) to set them aside"
+            )
+        return None
     try:
         stored = storage.read_json(location)
     except (ValueError, UnicodeDecodeError) as e:
@@ -180,6 +189,7 @@ def stored_recipe_refusal(output: str, recipe: Mapping[str, Any]) -> str | None:
 
 
 COMMIT_NOTE = "commit_success.txt"  # orbax ends every finished checkpoint (and item) with this file (`checkpoint.py`)
+DIGESTS_SUFFIX = ".digests.json"  # `checkpoints/<step>.digests.json`: each checkpoint's digests (`checkpoint.py`)
 
 
 def _has_checkpoint(output: str) -> bool:

@@ -83,6 +83,10 @@ def record_path(key: str) -> str:
     if _session is None:
         raise stop(MarinError("marin_rules.workflow.record_path: marin-rules has not read the experiment yet; call "
                               "it after `module marin: ...` / `use rule * from marin` (or `include:`)"))  # fmt: skip
+    if key not in _session.experiment.artifacts and "{" in key:  # a wildcard: known only per job
+        raise stop(MarinError(f"record_path({key!r}): takes one artifact's key, and a wildcard has no value while the "
+                              "Snakefile is read; for a wildcard, give the input as a function: "
+                              "lambda w: mr.record_path(f\"name@{w.version}\")"))  # fmt: skip
     if key not in _session.experiment.artifacts:
         from marin_rules.inspect.reading import suggestion
 
