@@ -664,3 +664,28 @@ def test_an_attempt_begun_after_the_last_failure_with_no_record_left_is_a_delete
     storage.write_json_atomic(storage.join(location, ".attempt.json"), {**attempt, "started": "2026-12-02T09:00:00.000Z"})
     row = status_json(experiment_file, prefix, capsys)["raw/s@v1"]
     assert row["state"] == "missing" and row["reason"].startswith("record deleted, data still there"), row
+
+
+def test_a_failed_attempt_made_from_an_upstream_rebuilt_since_says_the_next_run_starts_over(experiment_file, tmp_path, capsys):
+    # its next job sets what that attempt left aside (`job.attempt.begin`) and trains from
+    # scratch; status said only "failed" (an outside report)
+    from marin_rules.artifacts.builds import build_of
+
+    prefix = str(tmp_path / "artifacts")
+    experiment = load_experiment(experiment_file)
+    raw = build(prefix, experiment, "raw/s@v1")
+    location = artifact_location(prefix, experiment["tokenizers/bpe@v1"].id)
+    storage.write_bytes_atomic(storage.join(location, "data.bin"), b"partial")
+    then = {"raw/s@v1": build_of(raw)}
+    attempt = {"fingerprint": experiment["tokenizers/bpe@v1"].fingerprint, "upstreams": then,
+               "started": "2026-12-02T07:00:00.000Z"}  # fmt: skip
+    storage.write_json_atomic(storage.join(location, ".attempt.json"), attempt)
+    fail(prefix, experiment, "tokenizers/bpe@v1", "terminated by signal SIGTERM", "2026-12-02T08:00:00.000Z")
+    row = status_json(experiment_file, prefix, capsys)["tokenizers/bpe@v1"]
+    assert row["state"] == "failed" and "starts over" not in row["reason"]  # the same upstream build: it resumes
+    build(prefix, experiment, "raw/s@v1", ended="2026-12-03T10:00:00.000Z")  # rebuilt since
+    row = status_json(experiment_file, prefix, capsys)["tokenizers/bpe@v1"]
+    assert row["state"] == "failed"
+    assert row["reason"].startswith("the next run starts over: what the last attempt left was made from other "
+                                    "upstream builds (upstream raw/s@v1: ")
+    assert "(it moves to .history/); last attempt failed at 2026-12-02 08:00:00: " in row["reason"]

@@ -418,6 +418,25 @@ def _refusal_ahead(location: str, artifact: Artifact | None, recipe: Mapping[str
         return None
 
 
+def _starts_over(location: str, artifact: Artifact | None, upstream_records: Mapping[str, dict | None] | None) -> str | None:
+    """Why the next job of this unbuilt artifact sets aside what its last attempt left
+    (`attempt.begin`: made from another recipe or other upstream builds than today's),
+    else None: also when an upstream is unbuilt or the artifact is sharded (its shards
+    say so themselves) or a dev version (rebuilt from scratch anyway)."""
+    from marin_rules.job.attempt import sets_aside_why
+    from marin_rules.steps import SHARDED_STEPS
+
+    if artifact is None or artifact.step in SHARDED_STEPS or artifact.id.is_dev:
+        return None
+    upstreams = upstream_builds(artifact.upstream_keys(), (upstream_records or {}).get)
+    if upstreams is None:
+        return None
+    try:
+        return sets_aside_why(location, artifact.step, artifact.fingerprint, upstreams)
+    except (MarinError, OSError, ValueError):
+        return None
+
+
 def _already_refused(ahead: str, failed: str) -> bool:
     """Does the last failure's line already give this refusal: the same recipe changes
     (the prefix may be spelled otherwise there), so the prediction would repeat it?"""
@@ -511,6 +530,8 @@ def location_status(
             reason += f"; {done} shard(s) built, {len(building)} building"
         if ahead and not _already_refused(ahead, failed):
             reason += f"; the next run will refuse to resume: {ahead}"
+        elif not holder and (over := _starts_over(location, artifact, upstream_records)):
+            reason += f"; the next run starts over: what the last attempt left {over} (it moves to .history/)"
         reason = "; ".join(part for part in (reason.removeprefix("; "), failed) if part)
         return Status(key, step, state, reason, fingerprint, "-", "-", in_experiment=artifact is not None), None
     step = str(record.get("step") or step)

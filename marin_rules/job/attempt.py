@@ -120,6 +120,16 @@ def _sets_aside(location: str, step: str, upstreams: Mapping[str, Any]) -> bool:
     return previous is not None and _differs(previous, step, "", upstreams) is not None
 
 
+def sets_aside_why(location: str, step: str, fingerprint: str, upstreams: Mapping[str, Any]) -> str | None:
+    """Why `begin` will move what an earlier attempt left at `location` aside (the phrase
+    that follows "what the last attempt left"), for `marin status`; None when it keeps it
+    (or nothing is there)."""
+    previous = _read(storage.join(location, ATTEMPT_FILE))
+    if previous is None or not list_data_files(location):
+        return None
+    return _differs(previous, step, fingerprint, upstreams)
+
+
 UNREADABLE: dict[str, Any] = {}  # an attempt file that cannot be read: its leftovers are never trusted
 
 
