@@ -205,21 +205,34 @@ def killed_at_10(baseline_output: Path, dest: Path) -> Path:
     return dest
 
 
-def test_a_damaged_last_checkpoint_is_set_aside_and_the_run_resumes_bitwise_from_the_one_before(baseline, tokens, cache, tmp_path):
-    result, baseline_output = baseline
-    output = tmp_path / "artifact"
+def stopped_after_the_last_save(baseline_output: Path, output: Path) -> Path:
+    """A copy of the reference run as a stop right after saving its last checkpoint leaves
+    it at `output`; returns the first weights chunk of that checkpoint (to damage)."""
     shutil.copytree(baseline_output, output)
-    for name in ("model.json", "loss.png"):  # as if stopped right after saving the last checkpoint
+    for name in ("model.json", "loss.png"):
         (output / name).unlink()
-    chunk = sorted((output / "checkpoints" / str(STEPS) / "model").glob("params.*/0*"))[0]
-    chunk.write_bytes(os.urandom(chunk.stat().st_size))
-    (output / "checkpoints" / f"{STEPS}.digests.json").unlink()  # no note of its digests: orbax's own failure
+    return sorted((output / "checkpoints" / str(STEPS) / "model").glob("params.*/0*"))[0]
+
+
+def resumed_from_10_as_never_damaged(baseline, output: Path, tokens, cache, tmp_path: Path) -> str:
+    """Resume the run at `output`: from checkpoint 10, ending bitwise as the reference run;
+    returns its log."""
+    result, baseline_output = baseline
     spec = runs.write_spec(tmp_path / "spec.json", output=str(output), config=runs.tiny_config(), data=tokens,
                            compile_cache=cache)  # fmt: skip
     resumed = runs.run(spec, runs.train_env(1), tmp_path / "log")
     assert resumed["resumed_from_step"] == 10
-    assert_same_run(resumed, output, result, baseline_output)  # bitwise, as if never damaged
-    err = runs.tail(tmp_path / "log")
+    assert_same_run(resumed, output, result, baseline_output)
+    return runs.tail(tmp_path / "log")
+
+
+def test_a_damaged_last_checkpoint_is_set_aside_and_the_run_resumes_bitwise_from_the_one_before(baseline, tokens, cache, tmp_path):
+    output = tmp_path / "artifact"
+    chunk = stopped_after_the_last_save(baseline[1], output)
+    chunk.write_bytes(os.urandom(chunk.stat().st_size))
+    (output / "checkpoints" / f"{STEPS}.digests.json").unlink()  # no note of its digests: orbax's own failure
+    err = resumed_from_10_as_never_damaged(baseline, output, tokens, cache, tmp_path)
+    baseline_output = baseline[1]
     bad = output / "checkpoints" / str(STEPS)
     assert f"{bad}: checkpoint {STEPS} does not restore (ValueError: " in err and "TensorStore(" not in err
     (aside,) = (output / ".history").glob(f"*-damaged/checkpoints/{STEPS}")
@@ -235,24 +248,15 @@ def test_a_checkpoint_garbled_in_place_that_would_restore_is_refused_by_its_dige
     # one byte flipped inside a zstd frame (no checksum) can decode to other weights with
     # no error: a resume trained on from them and recorded another model as built. Each
     # checkpoint's digests are noted once it is committed, and checked before a restore
-    result, baseline_output = baseline
     output = tmp_path / "artifact"
-    shutil.copytree(baseline_output, output)
-    for name in ("model.json", "loss.png"):  # as if stopped right after saving the last checkpoint
-        (output / name).unlink()
+    chunk = stopped_after_the_last_save(baseline[1], output)
     assert sorted(p.name for p in (output / "checkpoints").iterdir() if p.name.endswith(".digests.json")) == [
         "10.digests.json", f"{STEPS}.digests.json"
     ]
-    chunk = sorted((output / "checkpoints" / str(STEPS) / "model").glob("params.*/0*"))[0]
     data = bytearray(chunk.read_bytes())
     data[len(data) // 2] ^= 0xFF
     chunk.write_bytes(bytes(data))
-    spec = runs.write_spec(tmp_path / "spec.json", output=str(output), config=runs.tiny_config(), data=tokens,
-                           compile_cache=cache)  # fmt: skip
-    resumed = runs.run(spec, runs.train_env(1), tmp_path / "log")
-    assert resumed["resumed_from_step"] == 10
-    assert_same_run(resumed, output, result, baseline_output)  # bitwise, as if never damaged
-    err = runs.tail(tmp_path / "log")
+    err = resumed_from_10_as_never_damaged(baseline, output, tokens, cache, tmp_path)
     rel = chunk.relative_to(output)
     assert f"checkpoint {STEPS} does not restore (changed {rel}: its content is not what was recorded (xxh3:" in err
     assert f", since it was saved ({output / 'checkpoints' / f'{STEPS}.digests.json'})); trying the one before" in err
