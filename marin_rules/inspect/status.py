@@ -489,7 +489,8 @@ def location_status(
         if building and not holder:
             holder = f"{building[0]} for a shard"
         ahead = None if holder else _refusal_ahead(location, artifact, recipe, upstream_records)
-        resumes = "" if ahead or (expected is not None and expected.is_dev) else " and resumes"
+        over = None if holder or ahead else _starts_over(location, artifact, upstream_records)
+        resumes = "" if ahead or over or (expected is not None and expected.is_dev) else " and resumes"
         if holder:
             state, reason = "building", f"lease held by {holder}"
         elif gone or gone_shards:
@@ -530,7 +531,7 @@ def location_status(
             reason += f"; {done} shard(s) built, {len(building)} building"
         if ahead and not _already_refused(ahead, failed):
             reason += f"; the next run will refuse to resume: {ahead}"
-        elif not holder and (over := _starts_over(location, artifact, upstream_records)):
+        elif over:
             reason += f"; the next run starts over: what the last attempt left {over} (it moves to .history/)"
         reason = "; ".join(part for part in (reason.removeprefix("; "), failed) if part)
         return Status(key, step, state, reason, fingerprint, "-", "-", in_experiment=artifact is not None), None
