@@ -439,4 +439,13 @@ def test_a_seq_len_longer_than_a_built_split_is_refused_while_planning_and_nothi
             "or give it more data (under a new version)") in proc.stderr  # fmt: skip
     assert not (tmp_path / "artifacts/checkpoints").exists()
     build(prefix, experiment, "tokenized/s@v1", result={"train_tokens": 10**6, "validation_tokens": seq_len + 1})
-    assert snakemake_cmd("-n", "--configfile", "exp.yaml", "--config", f"prefix={prefix}", cwd=tmp_path).returncode == 0
+    proc = snakemake_cmd("-n", "--configfile", "exp.yaml", "--config", f"prefix={prefix}", cwd=tmp_path)
+    # one sequence of validation data: its evaluations read it again and again, which a note says
+    config = experiment["checkpoints/nano@v1"].config
+    batches = config.get("eval_batches", 4) * config["batch_size"]
+    assert (f"checkpoints/nano@v1: config.eval_batches: {config.get('eval_batches', 4)} batches of "
+            f"{config['batch_size']} sequences ({batches}) is more than the 1 sequence(s) of {seq_len} tokens the "
+            "validation split of tokenized/s@v1 holds: each validation loss averages repeats") in proc.stderr  # fmt: skip
+    build(prefix, experiment, "tokenized/s@v1", result={"train_tokens": 10**6, "validation_tokens": 10**6})
+    assert "config.eval_batches" not in snakemake_cmd("-n", "--configfile", "exp.yaml", "--config", f"prefix={prefix}",
+                                                      cwd=tmp_path).stderr  # fmt: skip

@@ -212,6 +212,27 @@ def check_built_data(config: Mapping[str, Any], built: Mapping[str, Mapping[str,
                 )
 
 
+def repeated_validation(config: Mapping[str, Any], built: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """A note (or None) when each validation reads more sequences (`eval_batches` x
+    `batch_size`) than the validation split of a single built `deps.data` holds (its
+    tokens - 1 over seq_len): the loader then draws them again, so the validation loss
+    averages repeats, which take longer and add nothing."""
+    seq_len, batch, batches = (config.get(k) for k in ("seq_len", "batch_size", "eval_batches"))
+    batches = 4 if batches is None else batches  # (TrainConfig's default)
+    if len(built) != 1 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (seq_len, batch, batches)):
+        return None
+    ((key, result),) = built.items()
+    tokens = result.get("validation_tokens")
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens <= seq_len:
+        return None
+    held = (tokens - 1) // seq_len
+    if batches * batch <= held:
+        return None
+    return (f"config.eval_batches: {batches} batches of {batch} sequences ({batches * batch}) is more than the {held} "
+            f"sequence(s) of {seq_len} tokens the validation split of {key} holds: each validation loss averages "
+            f"repeats (slower, no more exact); at most {max(1, held // batch)} batch(es) read each once")
+
+
 def check_train(config: Any, deps: Any) -> None:
     """The experiment loader's checker for `step: train` (no JAX imported)."""
     parse_train_config(config)

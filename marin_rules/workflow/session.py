@@ -605,8 +605,9 @@ class Session:
     def _refuse_short_data(self, artifact: Artifact) -> None:
         """A train artifact this run builds, whose token data this run serves as built,
         with a split shorter than its sequences (`train.config.check_built_data`):
-        refused while planning, before anything is written."""
-        from marin_rules.train.config import check_built_data
+        refused while planning, before anything is written; validations that would read
+        the split's sequences more than once get a note (`repeated_validation`)."""
+        from marin_rules.train.config import check_built_data, repeated_validation
 
         data = artifact.deps.get("data")
         members = [data] if isinstance(data, str) else [k for k, w in (data or {}).items() if w]  # weight 0: left out
@@ -619,6 +620,9 @@ class Session:
             check_built_data(artifact.config, built)
         except ConfigError as e:
             raise stop(MarinError(f"{artifact.key}: {e}")) from None
+        note = repeated_validation(artifact.config, built)
+        if note is not None:
+            print(f"{artifact.key}: {note}", file=sys.stderr)
 
     def _mark_left_out(self, artifact: Artifact) -> None:
         """A forced artifact whose job this run leaves out (`left_out`): nothing is moved
