@@ -442,10 +442,17 @@ def test_a_seq_len_longer_than_a_built_split_is_refused_while_planning_and_nothi
     proc = snakemake_cmd("-n", "--configfile", "exp.yaml", "--config", f"prefix={prefix}", cwd=tmp_path)
     # one sequence of validation data: its evaluations read it again and again, which a note says
     config = experiment["checkpoints/nano@v1"].config
-    batches = config.get("eval_batches", 4) * config["batch_size"]
-    assert (f"checkpoints/nano@v1: config.eval_batches: {config.get('eval_batches', 4)} batches of "
-            f"{config['batch_size']} sequences ({batches}) is more than the 1 sequence(s) of {seq_len} tokens the "
-            "validation split of tokenized/s@v1 holds: each validation loss averages repeats") in proc.stderr  # fmt: skip
+    assert (f"checkpoints/nano@v1: deps.data: the validation split of tokenized/s@v1 holds 1 sequence(s) of {seq_len} "
+            f"tokens, fewer than one validation batch of {config['batch_size']}: each validation loss averages "
+            "repeats") in proc.stderr  # fmt: skip
+    one_batch = seq_len * config["batch_size"] + 1  # a batch's sequences: the default 4 batches read them 4 times
+    build(prefix, experiment, "tokenized/s@v1", result={"train_tokens": 10**6, "validation_tokens": one_batch})
+    proc = snakemake_cmd("-n", "--configfile", "exp.yaml", "--config", f"prefix={prefix}", cwd=tmp_path)
+    batches = config.get("eval_batches", 4)
+    assert (f"checkpoints/nano@v1: config.eval_batches: {batches} batches of {config['batch_size']} sequences "
+            f"({batches * config['batch_size']}) is more than the {config['batch_size']} sequence(s) of {seq_len} tokens "
+            "the validation split of tokenized/s@v1 holds: each validation loss averages repeats (slower, no more exact); "
+            "at most 1 batch(es) read each once") in proc.stderr  # fmt: skip
     build(prefix, experiment, "tokenized/s@v1", result={"train_tokens": 10**6, "validation_tokens": 10**6})
     assert "config.eval_batches" not in snakemake_cmd("-n", "--configfile", "exp.yaml", "--config", f"prefix={prefix}",
                                                       cwd=tmp_path).stderr  # fmt: skip

@@ -228,9 +228,13 @@ def repeated_validation(config: Mapping[str, Any], built: Mapping[str, Mapping[s
     held = (tokens - 1) // seq_len
     if batches * batch <= held:
         return None
+    if held < batch:  # no eval_batches helps: one batch already repeats them
+        return (f"deps.data: the validation split of {key} holds {held} sequence(s) of {seq_len} tokens, fewer than "
+                f"one validation batch of {batch}: each validation loss averages repeats; give it more validation "
+                "tokens (a new version) or lower seq_len")  # fmt: skip
     return (f"config.eval_batches: {batches} batches of {batch} sequences ({batches * batch}) is more than the {held} "
             f"sequence(s) of {seq_len} tokens the validation split of {key} holds: each validation loss averages "
-            f"repeats (slower, no more exact); at most {max(1, held // batch)} batch(es) read each once")
+            f"repeats (slower, no more exact); at most {held // batch} batch(es) read each once")
 
 
 def check_train(config: Any, deps: Any) -> None:

@@ -620,7 +620,7 @@ class Session:
             check_built_data(artifact.config, built)
         except ConfigError as e:
             raise stop(MarinError(f"{artifact.key}: {e}")) from None
-        note = repeated_validation(artifact.config, built)
+        note = repeated_validation(artifact.config, built) if len(members) == 1 else None  # (a mixture: per member)
         if note is not None:
             print(f"{artifact.key}: {note}", file=sys.stderr)
 
