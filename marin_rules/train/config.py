@@ -218,7 +218,7 @@ def repeated_validation(config: Mapping[str, Any], built: Mapping[str, Mapping[s
     tokens - 1 over seq_len): the loader then draws them again, so the validation loss
     averages repeats, which take longer and add nothing."""
     seq_len, batch, batches = (config.get(k) for k in ("seq_len", "batch_size", "eval_batches"))
-    batches = 4 if batches is None else batches  # (TrainConfig's default)
+    batches = TrainConfig.__dataclass_fields__["eval_batches"].default if batches is None else batches
     if len(built) != 1 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (seq_len, batch, batches)):
         return None
     ((key, result),) = built.items()
